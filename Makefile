@@ -1,0 +1,32 @@
+# The two README commands: `make run` and `make test`. Each installs what is missing
+# (Debian packages, as root), configures, builds with -j2, then runs.
+BUILD_DIR ?= build
+JOBS ?= 2
+PIPECHECK := $(BUILD_DIR)/pipecheck
+
+.PHONY: all deps configure build run test bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
+
+configure: deps $(BUILD_DIR)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD_DIR) -j$(JOBS)
+
+run: build
+	$(PIPECHECK) reference --scenarios scenarios/core.csv
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
+
+bench: build
+	$(BUILD_DIR)/benchmarks/bench_reference --benchmark_min_time=2
+
+clean:
+	rm -rf $(BUILD_DIR)

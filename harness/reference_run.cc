@@ -1,0 +1,59 @@
+// The reference trainer over a suite (see reference_run.h).
+#include "harness/reference_run.h"
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "harness/errors.h"
+#include "harness/scenario_model.h"
+#include "reference/trainer.h"
+
+namespace pipecheck::harness {
+namespace {
+
+// Trains one scenario; returns "" on success or what went wrong.
+std::string RunOne(const scenarios::Scenario& scenario, std::ostream& out) {
+  auto config = ToTrainConfig(scenario);
+  config.record_gradients = false;
+  reference::ReferenceTrainer trainer(config);
+  const auto result = trainer.Train();
+  std::vector<std::string> losses;
+  bool finite = true;
+  for (const auto& step : result.steps) {
+    losses.push_back(fmt::format("{:.12f}", step.loss));
+    finite = finite && std::isfinite(step.loss);
+  }
+  const double median_ms = result.MedianStepMs();
+  const double tokens_per_s = median_ms > 0 ? result.steps.back().tokens / (median_ms / 1000.0) : 0.0;
+  fmt::print(out, "{:<32} {:>8.2f} {:>12.0f}  {}\n", scenario.name, median_ms, tokens_per_s, fmt::join(losses, " "));
+  return finite ? "" : "non-finite loss";
+}
+
+}  // namespace
+
+int RunReferenceSuite(const std::vector<scenarios::Scenario>& scenarios, std::ostream& out) {
+  fmt::print(out, "{:<32} {:>8} {:>12}  {}\n", "scenario", "step_ms", "tokens/s", "loss per step");
+  int failures = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& scenario : scenarios) {
+    std::string problem;
+    try {
+      problem = RunOne(scenario, out);
+    } catch (const std::exception& error) {
+      problem = ErrorMessage(error);
+    }
+    if (!problem.empty()) {
+      ++failures;
+      fmt::print(out, "{:<32} ERROR: {}\n", scenario.name, problem);
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print(out, "{} scenarios, {} failed, {:.1f} s (step_ms: median after one warm-up step)\n",
+             scenarios.size(), failures, seconds);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace pipecheck::harness

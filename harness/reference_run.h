@@ -1,0 +1,16 @@
+// `pipecheck reference`: the reference trainer alone over a suite, printing each step's loss
+// and the median step time. Useful on its own (a baseline of the oracle's numbers) and the
+// default `make run` until the pipeline harness lands.
+#pragma once
+
+#include <ostream>
+#include <vector>
+
+#include "scenarios/scenario.h"
+
+namespace pipecheck::harness {
+
+// Returns the exit code: 0 when every scenario trained to finite losses, 1 otherwise.
+int RunReferenceSuite(const std::vector<scenarios::Scenario>& scenarios, std::ostream& out);
+
+}  // namespace pipecheck::harness

@@ -1,0 +1,60 @@
+// Scenario -> trainer configuration (see scenario_model.h).
+#include "harness/scenario_model.h"
+
+#include <stdexcept>
+
+namespace pipecheck::harness {
+
+torch::Dtype ParseDtype(const std::string& dtype) {
+  if (dtype == "float64") return torch::kFloat64;
+  if (dtype == "float32") return torch::kFloat32;
+  if (dtype == "bfloat16") return torch::kBFloat16;
+  throw std::invalid_argument("unknown dtype '" + dtype + "' (float64, float32, bfloat16)");
+}
+
+torch::Device ScenarioDevice(const scenarios::Scenario& scenario) {
+  if (scenario.device == "cuda") {
+    TORCH_CHECK(torch::cuda::is_available(), "scenario ", scenario.name, " (", scenario.source,
+                ") asks for device cuda, but this build or machine has no CUDA device");
+    return torch::Device(torch::kCUDA, 0);
+  }
+  return torch::kCPU;
+}
+
+reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario) {
+  reference::ModelConfig model;
+  model.flavor = scenario.flavor == "gpt2" ? reference::Flavor::kGpt2 : reference::Flavor::kLlama;
+  model.layers = scenario.layers;
+  model.hidden = scenario.hidden;
+  model.heads = scenario.heads;
+  model.ffn = scenario.ffn;
+  model.vocab = scenario.vocab;
+  model.max_seq_len = scenario.seq_len;
+  model.tied = scenario.tied;
+  return model;
+}
+
+reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario) {
+  reference::TrainConfig config;
+  config.model = ToModelConfig(scenario);
+  config.data.batch = scenario.batch;
+  config.data.seq_len = scenario.seq_len;
+  config.data.seq_len_min = scenario.seq_len_min;
+  config.data.vocab = scenario.vocab;
+  config.optimizer.kind =
+      scenario.optimizer == "sgd" ? reference::OptimizerKind::kSgd : reference::OptimizerKind::kAdamW;
+  config.optimizer.lr = scenario.lr;
+  config.seed = scenario.seed;
+  config.steps = scenario.steps;
+  config.clip = scenario.clip;
+  config.dtype = ParseDtype(scenario.dtype);
+  config.device = ScenarioDevice(scenario);
+  return config;
+}
+
+scenarios::Scenario WithEffectiveValues(scenarios::Scenario scenario) {
+  scenario.ffn = ToModelConfig(scenario).FfnSize();
+  return scenario;
+}
+
+}  // namespace pipecheck::harness

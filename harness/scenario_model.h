@@ -1,0 +1,21 @@
+// From a scenario row to the trainers' configuration: the one place where CSV strings become
+// model, data and optimiser settings, so the reference and the pipeline read them alike.
+#pragma once
+
+#include "reference/trainer.h"
+#include "scenarios/scenario.h"
+
+namespace pipecheck::harness {
+
+torch::Dtype ParseDtype(const std::string& dtype);
+
+// The device a scenario asks for; throws when it is not available in this process.
+torch::Device ScenarioDevice(const scenarios::Scenario& scenario);
+
+reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario);
+reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario);
+
+// The scenario with every default made explicit (ffn resolved from the flavour).
+scenarios::Scenario WithEffectiveValues(scenarios::Scenario scenario);
+
+}  // namespace pipecheck::harness

@@ -1,0 +1,127 @@
+// Building blocks of the transformer (see layers.h).
+#include "reference/layers.h"
+
+#include <cmath>
+
+namespace pipecheck::reference {
+namespace {
+
+constexpr double kNormEps = 1e-5;
+constexpr double kRopeTheta = 10000.0;
+
+// Norm statistics are computed in at least float32, as Hugging Face Llama does for bf16.
+torch::Dtype StatisticsDtype(torch::Dtype dtype) {
+  return dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// Hugging Face's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of head_dim.
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+AttentionContext MakeAttentionContext(const ModelConfig& config, const torch::Tensor& lengths,
+                                      int64_t time, torch::Dtype dtype, torch::Device device) {
+  AttentionContext context;
+  auto index_options = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  auto positions = torch::arange(time, index_options);                     // (T)
+  auto causal = positions.unsqueeze(1) >= positions.unsqueeze(0);          // (T, T) [t, s]
+  auto key_valid = positions.unsqueeze(0) < lengths.to(device).unsqueeze(1);  // (B, T) [b, s]
+  context.keep = (causal.unsqueeze(0) & key_valid.unsqueeze(1)).unsqueeze(1);  // (B, 1, T, T)
+  if (config.flavor == Flavor::kLlama) {
+    // Tables in float64, then cast: the angles are exact to the model's precision.
+    const int64_t head_dim = config.HeadDim();
+    auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+    auto exponents = torch::arange(0, head_dim, 2, f64) / static_cast<double>(head_dim);
+    auto inv_freq = 1.0 / torch::pow(kRopeTheta, exponents);              // (head_dim / 2)
+    auto angles = torch::outer(torch::arange(time, f64), inv_freq);        // (T, head_dim / 2)
+    auto table = torch::cat({angles, angles}, -1);                         // (T, head_dim)
+    context.cos = table.cos().to(device, dtype);
+    context.sin = table.sin().to(device, dtype);
+  }
+  return context;
+}
+
+NormImpl::NormImpl(Flavor flavor, int64_t hidden) : flavor_(flavor), hidden_(hidden) {
+  weight_ = register_parameter("weight", torch::ones({hidden}));
+  if (flavor_ == Flavor::kGpt2) bias_ = register_parameter("bias", torch::zeros({hidden}));
+}
+
+torch::Tensor NormImpl::forward(const torch::Tensor& x) {
+  const auto dtype = x.scalar_type();
+  auto stats = x.to(StatisticsDtype(dtype));
+  if (flavor_ == Flavor::kLlama) {
+    auto normed = stats * torch::rsqrt(stats.pow(2).mean(-1, /*keepdim=*/true) + kNormEps);
+    return weight_ * normed.to(dtype);
+  }
+  auto centred = stats - stats.mean(-1, /*keepdim=*/true);
+  auto variance = centred.pow(2).mean(-1, /*keepdim=*/true);  // biased, as LayerNorm
+  auto normed = centred * torch::rsqrt(variance + kNormEps);
+  return weight_ * normed.to(dtype) + bias_;
+}
+
+void NormImpl::pretty_print(std::ostream& stream) const {
+  stream << (flavor_ == Flavor::kLlama ? "RMSNorm(" : "LayerNorm(") << hidden_ << ", eps=" << kNormEps
+         << ")";
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& config) : config_(config) {
+  const bool bias = config.flavor == Flavor::kGpt2;
+  wq_ = register_module("wq", MakeLinear(config.hidden, config.hidden, bias));
+  wk_ = register_module("wk", MakeLinear(config.hidden, config.hidden, bias));
+  wv_ = register_module("wv", MakeLinear(config.hidden, config.hidden, bias));
+  wo_ = register_module("wo", MakeLinear(config.hidden, config.hidden, bias));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionContext& context) {
+  const int64_t batch = x.size(0), time = x.size(1);
+  const int64_t heads = config_.heads, head_dim = config_.HeadDim();
+  auto split_heads = [&](const torch::Tensor& t) {  // (B, T, C) -> (B, H, T, head_dim)
+    return t.view({batch, time, heads, head_dim}).transpose(1, 2);
+  };
+  auto q = split_heads(wq_(x));
+  auto k = split_heads(wk_(x));
+  auto v = split_heads(wv_(x));
+  if (config_.flavor == Flavor::kLlama) {
+    q = q * context.cos + RotateHalf(q) * context.sin;
+    k = k * context.cos + RotateHalf(k) * context.sin;
+  }
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+  scores = scores.masked_fill(context.keep.logical_not(), -std::numeric_limits<double>::infinity());
+  auto weights = torch::softmax(scores, -1);                            // (B, H, T, T)
+  auto mixed = torch::matmul(weights, v);                               // (B, H, T, head_dim)
+  return wo_(mixed.transpose(1, 2).reshape({batch, time, config_.hidden}));  // (B, T, C)
+}
+
+FeedForwardImpl::FeedForwardImpl(const ModelConfig& config) : flavor_(config.flavor) {
+  const bool bias = flavor_ == Flavor::kGpt2;
+  const int64_t ffn = config.FfnSize();
+  w1_ = register_module("w1", MakeLinear(config.hidden, ffn, bias));
+  w2_ = register_module("w2", MakeLinear(ffn, config.hidden, bias));
+  if (flavor_ == Flavor::kLlama) w3_ = register_module("w3", MakeLinear(config.hidden, ffn, false));
+}
+
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
+  if (flavor_ == Flavor::kLlama) return w2_(torch::silu(w1_(x)) * w3_(x));
+  return w2_(torch::gelu(w1_(x), "tanh"));
+}
+
+TransformerBlockImpl::TransformerBlockImpl(const ModelConfig& config) {
+  attention_norm_ = register_module("attention_norm", Norm(config.flavor, config.hidden));
+  attention_ = register_module("attention", Attention(config));
+  ffn_norm_ = register_module("ffn_norm", Norm(config.flavor, config.hidden));
+  feed_forward_ = register_module("feed_forward", FeedForward(config));
+}
+
+torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const AttentionContext& context) {
+  auto h = x + attention_->forward(attention_norm_->forward(x), context);
+  return h + feed_forward_->forward(ffn_norm_->forward(h));
+}
+
+}  // namespace pipecheck::reference

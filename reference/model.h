@@ -1,0 +1,61 @@
+// The decoder-only transformer as a *slice*: optional embedding, layers [first, end), optional
+// final norm + head. The reference trainer builds the whole model as one slice; a pipeline
+// stage builds its own, with the same global parameter names and the same initial values.
+// Not a generation model: no KV cache, no sampling.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "reference/layers.h"
+#include "reference/model_config.h"
+
+namespace pipecheck::reference {
+
+struct SliceSpec {
+  int64_t first_layer = 0;
+  int64_t end_layer = 0;  // exclusive; first == end is an empty slice of layers
+  bool has_embedding = false;
+  bool has_head = false;
+};
+
+// The whole model: embedding, every layer, head.
+SliceSpec WholeModel(const ModelConfig& config);
+
+class TransformerSliceImpl : public torch::nn::Module {
+ public:
+  TransformerSliceImpl(const ModelConfig& config, const SliceSpec& spec);
+
+  // input: tokens (B, T) int64 with the embedding, else hidden states (B, T, hidden).
+  // Returns logits (B, T, vocab) with the head, else hidden states (B, T, hidden).
+  torch::Tensor forward(const torch::Tensor& input, const AttentionContext& context);
+
+  const ModelConfig& config() const { return config_; }
+  const SliceSpec& spec() const { return spec_; }
+  void pretty_print(std::ostream& stream) const override;
+
+ private:
+  torch::Tensor Embed(const torch::Tensor& tokens);
+  torch::Tensor Head(const torch::Tensor& hidden);
+
+  ModelConfig config_;
+  SliceSpec spec_;
+  torch::nn::Embedding tok_embeddings_{nullptr};  // also the tied head's weight
+  torch::nn::Embedding pos_embeddings_{nullptr};  // gpt2 only
+  std::vector<TransformerBlock> blocks_;
+  Norm norm_{nullptr};
+  torch::nn::Linear output_{nullptr};  // untied only
+};
+TORCH_MODULE(TransformerSlice);
+
+// A slice with every parameter set by InitializeParameters(seed), in `dtype` on `device`.
+TransformerSlice BuildSlice(const ModelConfig& config, const SliceSpec& spec, uint64_t seed,
+                            torch::Dtype dtype, torch::Device device);
+
+// Throws a clear error when this build cannot train in `dtype` on `device` (bfloat16 on a CPU
+// without kernels for it, say), instead of failing somewhere inside the first step.
+void CheckDtypeSupported(torch::Dtype dtype, torch::Device device);
+
+}  // namespace pipecheck::reference

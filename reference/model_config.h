@@ -1,0 +1,38 @@
+// The shape of the decoder-only transformer both trainers build (DESIGN.md §2).
+// Plain data: no LibTorch, so loaders and schedulers can use it cheaply.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace pipecheck::reference {
+
+enum class Flavor { kLlama, kGpt2 };
+
+const char* FlavorName(Flavor flavor);
+
+struct ModelConfig {
+  Flavor flavor = Flavor::kLlama;
+  int64_t layers = 4;
+  int64_t hidden = 64;
+  int64_t heads = 4;
+  int64_t ffn = 0;  // 0: the flavour's default (see FfnSize)
+  int64_t vocab = 256;
+  int64_t max_seq_len = 32;  // rows of gpt2's learned position table
+  bool tied = false;         // output projection weight IS the token-embedding weight
+
+  int64_t HeadDim() const { return hidden / heads; }
+  // 4*hidden for gpt2; ceil(8*hidden/3) rounded up to a multiple of 4 for llama.
+  int64_t FfnSize() const;
+};
+
+inline const char* FlavorName(Flavor flavor) { return flavor == Flavor::kLlama ? "llama" : "gpt2"; }
+
+inline int64_t ModelConfig::FfnSize() const {
+  if (ffn > 0) return ffn;
+  if (flavor == Flavor::kGpt2) return 4 * hidden;
+  const int64_t two_thirds = (8 * hidden + 2) / 3;  // ceil(8h/3)
+  return (two_thirds + 3) / 4 * 4;
+}
+
+}  // namespace pipecheck::reference

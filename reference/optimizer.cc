@@ -1,0 +1,42 @@
+// Optimisers and clipping (see optimizer.h).
+#include "reference/optimizer.h"
+
+namespace pipecheck::reference {
+
+const char* OptimizerName(OptimizerKind kind) { return kind == OptimizerKind::kSgd ? "sgd" : "adamw"; }
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerConfig& config,
+                                                       const std::vector<torch::Tensor>& parameters) {
+  if (config.kind == OptimizerKind::kSgd) {
+    return std::make_unique<torch::optim::SGD>(parameters, torch::optim::SGDOptions(config.lr));
+  }
+  return std::make_unique<torch::optim::AdamW>(
+      parameters, torch::optim::AdamWOptions(config.lr)
+                      .betas({kAdamBeta1, kAdamBeta2})
+                      .eps(kAdamEps)
+                      .weight_decay(kAdamWeightDecay));
+}
+
+double GradSquaredSum(const std::vector<torch::Tensor>& parameters) {
+  double sum = 0.0;
+  for (const auto& parameter : parameters) {
+    if (parameter.grad().defined()) sum += parameter.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  return sum;
+}
+
+double ClipFactor(double total_norm, double max_norm) {
+  if (max_norm <= 0.0) return 1.0;
+  const double factor = max_norm / (total_norm + 1e-6);
+  return factor < 1.0 ? factor : 1.0;
+}
+
+void ScaleGradients(const std::vector<torch::Tensor>& parameters, double factor) {
+  if (factor == 1.0) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& parameter : parameters) {
+    if (parameter.grad().defined()) parameter.grad().mul_(factor);
+  }
+}
+
+}  // namespace pipecheck::reference

@@ -1,0 +1,77 @@
+// The oracle: the whole model on one device, the whole batch in one forward and backward,
+// optional global-norm clipping, then SGD or AdamW, for N steps. Everything pipecheck
+// concludes is measured against what this produces.
+// Not fast on purpose, and never includes pipeline/.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "reference/data.h"
+#include "reference/model.h"
+#include "reference/model_config.h"
+#include "reference/optimizer.h"
+
+namespace pipecheck::reference {
+
+// Parameter name -> tensor, in the model's registration order.
+using NamedTensors = torch::OrderedDict<std::string, torch::Tensor>;
+
+struct TrainConfig {
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  uint64_t seed = 1234;
+  int64_t steps = 2;
+  double clip = 0.0;  // global-norm clipping threshold; 0 = off
+  torch::Dtype dtype = torch::kFloat64;
+  torch::Device device = torch::kCPU;
+  bool record_gradients = true;  // keep every step's (clipped) gradients
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0.0;
+  double grad_norm = 0.0;  // global norm before clipping
+  double step_ms = 0.0;    // forward + backward + clip + optimizer step
+  int64_t tokens = 0;      // labelled tokens of the batch
+  NamedTensors gradients;  // the gradients the optimizer applied (empty unless recorded)
+};
+
+struct TrainResult {
+  std::vector<StepRecord> steps;
+  NamedTensors final_weights;
+
+  // Median step time, leaving out step 0 (warm-up) when there is more than one step.
+  double MedianStepMs() const;
+};
+
+class ReferenceTrainer {
+ public:
+  explicit ReferenceTrainer(const TrainConfig& config);
+
+  // Forward and backward of `batch` in one piece; gradients are accumulated into the
+  // parameters. Returns the token-normalised loss (0-dim, detached).
+  torch::Tensor ForwardBackward(const Batch& batch);
+
+  // One training step on MakeBatch(seed, step).
+  StepRecord Step(int64_t step);
+
+  // `steps` steps from the initial weights.
+  TrainResult Train();
+
+  NamedTensors Weights() const;    // detached copies
+  NamedTensors Gradients() const;  // detached copies; undefined gradients are skipped
+  TransformerSlice& model() { return model_; }
+
+ private:
+  TrainConfig config_;
+  TransformerSlice model_{nullptr};
+  std::vector<torch::Tensor> parameters_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+}  // namespace pipecheck::reference

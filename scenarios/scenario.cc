@@ -1,0 +1,420 @@
+// Scenario CSV loading and validation (see scenario.h). Parsing is fccp's; this file adds the
+// column table, strict value parsing and the cross-column rules, each error carrying its
+// location.
+#include "scenarios/scenario.h"
+
+#include <fmt/format.h>
+#include <fnmatch.h>
+#include <libfccp/csv.h>
+
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <utility>
+
+namespace pipecheck::scenarios {
+namespace {
+
+constexpr std::array<const char*, 27> kColumnNames = {
+    "name",        "flavor",       "layers", "hidden",   "heads",          "ffn",   "vocab",
+    "tied",        "world_size",   "schedule", "virtual_stages", "partition", "batch", "microbatches",
+    "seq_len",     "seq_len_min",  "dtype",  "steps",    "optimizer",      "lr",    "clip",
+    "recompute",   "seed",         "device", "tol",      "fault",          "expect"};
+constexpr size_t kColumnCount = kColumnNames.size();
+
+const std::vector<std::string> kFlavors = {"llama", "gpt2"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
+const std::vector<std::string> kDtypes = {"float64", "float32", "bfloat16"};
+const std::vector<std::string> kOptimizers = {"sgd", "adamw"};
+const std::vector<std::string> kDevices = {"cpu", "cuda"};
+const std::vector<std::string> kFaults = {"none"};
+const std::vector<std::string> kExpectations = {"pass", "fail"};
+
+constexpr int64_t kMaxCount = 1 << 20;  // generous bound on sizes: catches typos like 1e9
+
+// A bad value; the loader adds file, line and column.
+struct ValueProblem {
+  std::string what;
+};
+
+int64_t ParseInteger(const std::string& text, int64_t min, int64_t max) {
+  int64_t value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || value < min || value > max) {
+    throw ValueProblem{fmt::format("expected an integer in [{}, {}]", min, max)};
+  }
+  return value;
+}
+
+uint64_t ParseSeed(const std::string& text) {
+  uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end) throw ValueProblem{"expected an integer in [0, 2^64 - 1]"};
+  return value;
+}
+
+// A finite real number above `min` (or at least `min` when `min_allowed`).
+double ParseReal(const std::string& text, double min, bool min_allowed) {
+  double value = 0.0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  const bool in_range = min_allowed ? value >= min : value > min;
+  if (ec != std::errc() || ptr != end || !std::isfinite(value) || !in_range) {
+    throw ValueProblem{fmt::format("expected a finite number {} {}", min_allowed ? ">=" : ">", min)};
+  }
+  return value;
+}
+
+std::string ParseChoice(const std::string& text, const std::vector<std::string>& choices) {
+  for (const auto& choice : choices) {
+    if (text == choice) return text;
+  }
+  throw ValueProblem{fmt::format("expected one of: {}", fmt::join(choices, ", "))};
+}
+
+bool ParseFlag(const std::string& text) {
+  if (text == "0") return false;
+  if (text == "1") return true;
+  throw ValueProblem{"expected 0 or 1"};
+}
+
+std::string ParseName(const std::string& text) {
+  const bool valid = !text.empty() && text.find_first_not_of(
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") == std::string::npos;
+  if (!valid) throw ValueProblem{"expected a non-empty name of letters, digits, '_', '.' and '-'"};
+  return text;
+}
+
+std::string ParsePartition(const std::string& text) {
+  if (text == "uniform" || text == "params") return text;
+  std::stringstream stream(text);
+  std::string count;
+  size_t entries = 0;
+  while (std::getline(stream, count, ';')) {
+    try {
+      ParseInteger(count, 0, kMaxCount);
+    } catch (const ValueProblem&) {
+      throw ValueProblem{"expected uniform, params, or layer counts per stage such as 2;0;3;1"};
+    }
+    ++entries;
+  }
+  if (entries == 0 || text.back() == ';') {
+    throw ValueProblem{"expected uniform, params, or layer counts per stage such as 2;0;3;1"};
+  }
+  return text;
+}
+
+std::string FormatReal(double value) { return fmt::format("{}", value); }
+
+// How one column is read into a Scenario and written back out.
+struct Column {
+  std::function<void(Scenario&, const std::string&)> parse;
+  std::function<std::string(const Scenario&)> format;
+};
+
+Column IntegerColumn(int64_t Scenario::*field, int64_t min) {
+  return {[=](Scenario& s, const std::string& v) { s.*field = ParseInteger(v, min, kMaxCount); },
+          [=](const Scenario& s) { return std::to_string(s.*field); }};
+}
+
+Column ChoiceColumn(std::string Scenario::*field, const std::vector<std::string>& choices) {
+  return {[field, &choices](Scenario& s, const std::string& v) { s.*field = ParseChoice(v, choices); },
+          [=](const Scenario& s) { return s.*field; }};
+}
+
+Column FlagColumn(bool Scenario::*field) {
+  return {[=](Scenario& s, const std::string& v) { s.*field = ParseFlag(v); },
+          [=](const Scenario& s) { return std::string(s.*field ? "1" : "0"); }};
+}
+
+Column RealColumn(double Scenario::*field, double min, bool min_allowed) {
+  return {[=](Scenario& s, const std::string& v) { s.*field = ParseReal(v, min, min_allowed); },
+          [=](const Scenario& s) { return FormatReal(s.*field); }};
+}
+
+// Indexed like kColumnNames.
+const std::array<Column, kColumnCount>& Columns() {
+  static const std::array<Column, kColumnCount> columns = {
+      Column{[](Scenario& s, const std::string& v) { s.name = ParseName(v); },
+             [](const Scenario& s) { return s.name; }},
+      ChoiceColumn(&Scenario::flavor, kFlavors),
+      IntegerColumn(&Scenario::layers, 1),
+      IntegerColumn(&Scenario::hidden, 1),
+      IntegerColumn(&Scenario::heads, 1),
+      IntegerColumn(&Scenario::ffn, 1),
+      IntegerColumn(&Scenario::vocab, 2),
+      FlagColumn(&Scenario::tied),
+      IntegerColumn(&Scenario::world_size, 1),
+      ChoiceColumn(&Scenario::schedule, kSchedules),
+      IntegerColumn(&Scenario::virtual_stages, 1),
+      Column{[](Scenario& s, const std::string& v) { s.partition = ParsePartition(v); },
+             [](const Scenario& s) { return s.partition; }},
+      IntegerColumn(&Scenario::batch, 1),
+      IntegerColumn(&Scenario::microbatches, 1),
+      IntegerColumn(&Scenario::seq_len, 2),
+      IntegerColumn(&Scenario::seq_len_min, 2),
+      ChoiceColumn(&Scenario::dtype, kDtypes),
+      IntegerColumn(&Scenario::steps, 1),
+      ChoiceColumn(&Scenario::optimizer, kOptimizers),
+      RealColumn(&Scenario::lr, 0.0, /*min_allowed=*/false),
+      RealColumn(&Scenario::clip, 0.0, /*min_allowed=*/true),
+      FlagColumn(&Scenario::recompute),
+      Column{[](Scenario& s, const std::string& v) { s.seed = ParseSeed(v); },
+             [](const Scenario& s) { return std::to_string(s.seed); }},
+      ChoiceColumn(&Scenario::device, kDevices),
+      RealColumn(&Scenario::tol, 0.0, /*min_allowed=*/false),
+      ChoiceColumn(&Scenario::fault, kFaults),
+      ChoiceColumn(&Scenario::expect, kExpectations),
+  };
+  return columns;
+}
+
+// Where the columns of this file sit, for messages: column name -> 1-based position.
+struct Header {
+  unsigned line = 0;
+  std::map<std::string, size_t> positions;
+};
+
+// Formats the standard message for a problem at (line, column) of `file`.
+class Locator {
+ public:
+  Locator(std::string file, const Header& header) : file_(std::move(file)), header_(header) {}
+
+  ScenarioError At(unsigned line, const std::string& column, const std::string& value,
+                   const std::string& problem) const {
+    auto found = header_.positions.find(column);
+    if (found == header_.positions.end()) {  // a default value that breaks a rule
+      return ScenarioError(fmt::format("{}:{}: column '{}' (not in file, default '{}'): {}", file_, line,
+                                       column, value, problem));
+    }
+    return ScenarioError(fmt::format("{}:{}:{}: column '{}', value '{}': {}", file_, line, found->second,
+                                     column, value, problem));
+  }
+
+  ScenarioError AtLine(unsigned line, const std::string& problem) const {
+    return ScenarioError(fmt::format("{}:{}: {}", file_, line, problem));
+  }
+
+ private:
+  std::string file_;
+  const Header& header_;
+};
+
+std::string Trim(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  const auto last = text.find_last_not_of(" \t");
+  return text.substr(first, last - first + 1);
+}
+
+// Reads the header with fccp's line reader and checks it: every column known, none twice,
+// `name` present. fccp would reject the same headers, but cannot say at which column.
+Header ReadHeader(const std::string& file, const std::string& text) {
+  io::LineReader lines(file, text.data(), text.data() + text.size());
+  Header header;
+  const char* line = nullptr;
+  while ((line = lines.next_line()) != nullptr) {
+    if (!io::single_and_empty_line_comment<'#'>::is_comment(line)) break;
+  }
+  if (line == nullptr) {
+    throw ScenarioError(fmt::format("{}: empty file: expected a header row naming the columns (at least 'name')", file));
+  }
+  header.line = lines.get_file_line();
+  std::stringstream stream(line);
+  std::string cell;
+  size_t position = 0;
+  while (std::getline(stream, cell, ',')) {
+    ++position;
+    cell = Trim(cell);
+    if (cell.size() >= 2 && cell.front() == '"' && cell.back() == '"') cell = cell.substr(1, cell.size() - 2);
+    const bool known = std::find(kColumnNames.begin(), kColumnNames.end(), cell) != kColumnNames.end();
+    if (!known) {
+      throw ScenarioError(fmt::format("{}:{}:{}: unknown column '{}'; allowed columns: {}", file, header.line,
+                                      position, cell, fmt::join(kColumnNames, ", ")));
+    }
+    if (!header.positions.emplace(cell, position).second) {
+      throw ScenarioError(fmt::format("{}:{}:{}: column '{}' appears twice (first at column {})", file,
+                                      header.line, position, cell, header.positions[cell]));
+    }
+  }
+  if (!header.positions.count("name")) {
+    throw ScenarioError(fmt::format("{}:{}: the header has no 'name' column (it is required)", file, header.line));
+  }
+  return header;
+}
+
+// Rules that involve several columns; defaults resolved first.
+void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
+  if (s.seq_len_min == 0) s.seq_len_min = s.seq_len;
+  if (s.tol == 0.0) s.tol = DefaultTolerance(s.dtype);
+  if (s.hidden % s.heads != 0) {
+    throw at.At(line, "heads", std::to_string(s.heads), fmt::format("heads must divide hidden ({})", s.hidden));
+  }
+  if (s.flavor == "llama" && (s.hidden / s.heads) % 2 != 0) {
+    throw at.At(line, "heads", std::to_string(s.heads),
+                fmt::format("llama's rotary embedding needs an even head dimension, but hidden {} / heads {} = {}",
+                            s.hidden, s.heads, s.hidden / s.heads));
+  }
+  if (s.seq_len_min > s.seq_len) {
+    throw at.At(line, "seq_len_min", std::to_string(s.seq_len_min),
+                fmt::format("seq_len_min must not exceed seq_len ({})", s.seq_len));
+  }
+  if (s.microbatches > s.batch) {
+    throw at.At(line, "microbatches", std::to_string(s.microbatches),
+                fmt::format("microbatches must not exceed batch ({}): every microbatch needs a sequence", s.batch));
+  }
+  if (s.virtual_stages > 1) {
+    throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
+                fmt::format("schedule '{}' runs one stage per rank; virtual stages need an interleaved schedule, "
+                            "which this version does not have", s.schedule));
+  }
+  const auto counts = s.PartitionCounts();
+  if (!counts.empty()) {
+    const int64_t stages = s.world_size * s.virtual_stages;
+    int64_t total = 0;
+    for (int64_t count : counts) total += count;
+    if (static_cast<int64_t>(counts.size()) != stages) {
+      throw at.At(line, "partition", s.partition,
+                  fmt::format("{} counts given, but world_size {} x virtual_stages {} = {} stages", counts.size(),
+                              s.world_size, s.virtual_stages, stages));
+    }
+    if (total != s.layers) {
+      throw at.At(line, "partition", s.partition,
+                  fmt::format("the counts add up to {} layers, but the model has {}", total, s.layers));
+    }
+  }
+}
+
+using Reader = io::CSVReader<kColumnCount, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>,
+                             io::throw_on_overflow, io::single_and_empty_line_comment<'#'>>;
+
+template <size_t... I>
+void ReadFccpHeader(Reader& reader, std::index_sequence<I...>) {
+  reader.read_header(io::ignore_missing_column, kColumnNames[I]...);
+}
+
+template <size_t... I>
+bool ReadFccpRow(Reader& reader, std::array<std::string, kColumnCount>& cells, std::index_sequence<I...>) {
+  return reader.read_row(cells[I]...);
+}
+
+Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Header& header, unsigned line,
+                  const std::string& file, const Locator& at) {
+  Scenario scenario;
+  scenario.source = fmt::format("{}:{}", file, line);
+  for (size_t i = 0; i < kColumnCount; ++i) {
+    const std::string column = kColumnNames[i];
+    const bool present = header.positions.count(column) > 0;
+    if (!present || cells[i].empty()) {
+      if (column == "name") throw at.At(line, column, cells[i], "every scenario needs a name");
+      continue;  // the column's default
+    }
+    try {
+      Columns()[i].parse(scenario, cells[i]);
+    } catch (const ValueProblem& problem) {
+      throw at.At(line, column, cells[i], problem.what);
+    }
+  }
+  CheckCombinations(scenario, line, at);
+  return scenario;
+}
+
+}  // namespace
+
+std::vector<int64_t> Scenario::PartitionCounts() const {
+  std::vector<int64_t> counts;
+  if (partition == "uniform" || partition == "params") return counts;
+  std::stringstream stream(partition);
+  std::string count;
+  while (std::getline(stream, count, ';')) counts.push_back(std::stoll(count));
+  return counts;
+}
+
+const std::vector<std::string>& ColumnNames() {
+  static const std::vector<std::string> names(kColumnNames.begin(), kColumnNames.end());
+  return names;
+}
+
+std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& scenario) {
+  std::vector<std::pair<std::string, std::string>> values;
+  for (size_t i = 0; i < kColumnCount; ++i) values.emplace_back(kColumnNames[i], Columns()[i].format(scenario));
+  return values;
+}
+
+double DefaultTolerance(const std::string& dtype) {
+  if (dtype == "float64") return 1e-9;
+  if (dtype == "float32") return 1e-4;
+  return 3e-2;
+}
+
+std::vector<Scenario> ParseScenarios(const std::string& text, const std::string& file) {
+  const Header header = ReadHeader(file, text);
+  const Locator at(file, header);
+  std::vector<Scenario> scenarios;
+  std::map<std::string, unsigned> first_line;
+  try {
+    Reader reader(file, text.data(), text.data() + text.size());
+    ReadFccpHeader(reader, std::make_index_sequence<kColumnCount>());
+    std::array<std::string, kColumnCount> cells;
+    while (true) {
+      cells.fill("");
+      if (!ReadFccpRow(reader, cells, std::make_index_sequence<kColumnCount>())) break;
+      const unsigned line = reader.get_file_line();
+      Scenario scenario = ParseRow(cells, header, line, file, at);
+      auto [previous, inserted] = first_line.emplace(scenario.name, line);
+      if (!inserted) {
+        throw at.At(line, "name", scenario.name,
+                    fmt::format("duplicate scenario name (first defined on line {})", previous->second));
+      }
+      scenarios.push_back(std::move(scenario));
+    }
+  } catch (const io::error::too_few_columns& error) {
+    throw at.AtLine(error.file_line, fmt::format("too few fields: the header has {} columns", header.positions.size()));
+  } catch (const io::error::too_many_columns& error) {
+    throw at.AtLine(error.file_line, fmt::format("too many fields: the header has {} columns", header.positions.size()));
+  } catch (const io::error::escaped_string_not_closed& error) {
+    throw at.AtLine(error.file_line, "a quoted field is not closed");
+  } catch (const io::error::base& error) {
+    throw ScenarioError(fmt::format("{}: {}", file, error.what()));
+  }
+  if (scenarios.empty()) {
+    throw at.AtLine(header.line, "the file has a header but no scenario rows");
+  }
+  return scenarios;
+}
+
+std::vector<Scenario> LoadScenarios(const std::string& path) {
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) throw ScenarioError(fmt::format("{}: cannot open scenario file: {}", path, std::strerror(errno)));
+  std::stringstream contents;
+  contents << stream.rdbuf();
+  return ParseScenarios(contents.str(), path);
+}
+
+std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& glob) {
+  std::vector<Scenario> selected;
+  for (const auto& scenario : scenarios) {
+    if (glob.empty() || fnmatch(glob.c_str(), scenario.name.c_str(), 0) == 0) selected.push_back(scenario);
+  }
+  return selected;
+}
+
+const Scenario& FindScenario(const std::vector<Scenario>& scenarios, const std::string& name,
+                             const std::string& path) {
+  for (const auto& scenario : scenarios) {
+    if (scenario.name == name) return scenario;
+  }
+  throw ScenarioError(fmt::format("{}: no scenario named '{}'", path, name));
+}
+
+}  // namespace pipecheck::scenarios

@@ -1,0 +1,79 @@
+// Scenario suites: CSV files with one scenario per row (DESIGN.md §6), loaded with the fccp
+// parser and validated completely before anything runs. Every error names file, line,
+// column, the bad value and what is allowed.
+// Not a model or trainer description: the harness maps a Scenario onto those.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pipecheck::scenarios {
+
+// Bad scenario input. what() reads "FILE:LINE:COLUMN: column 'NAME': value 'V': problem".
+class ScenarioError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Scenario {
+  std::string name;
+  std::string flavor = "llama";
+  int64_t layers = 4;
+  int64_t hidden = 64;
+  int64_t heads = 4;
+  int64_t ffn = 0;  // 0: the flavour's default, resolved by the harness
+  int64_t vocab = 256;
+  bool tied = false;
+  int64_t world_size = 2;
+  std::string schedule = "1f1b";
+  int64_t virtual_stages = 1;
+  std::string partition = "uniform";  // uniform, params, or explicit counts "2;0;3;1"
+  int64_t batch = 8;
+  int64_t microbatches = 4;
+  int64_t seq_len = 32;
+  int64_t seq_len_min = 0;  // resolved to seq_len when not given
+  std::string dtype = "float64";
+  int64_t steps = 2;
+  std::string optimizer = "adamw";
+  double lr = 1e-3;
+  double clip = 0.0;
+  bool recompute = false;
+  uint64_t seed = 1234;
+  std::string device = "cpu";
+  double tol = 0.0;  // resolved from dtype when not given
+  std::string fault = "none";
+  std::string expect = "pass";
+
+  // Where it came from, for messages: "core.csv:7".
+  std::string source;
+
+  // Explicit partition counts, empty for uniform/params.
+  std::vector<int64_t> PartitionCounts() const;
+};
+
+// The columns, in DESIGN.md §6 order.
+const std::vector<std::string>& ColumnNames();
+
+// Each column's value for this scenario, formatted as the CSV would hold it.
+std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& scenario);
+
+// Default tolerance on gradients and loss for a dtype name.
+double DefaultTolerance(const std::string& dtype);
+
+// Loads and validates a suite; throws ScenarioError.
+std::vector<Scenario> LoadScenarios(const std::string& path);
+
+// The same from text in memory; `display_name` stands for the file in messages.
+std::vector<Scenario> ParseScenarios(const std::string& text, const std::string& display_name);
+
+// Scenarios whose name matches a shell glob (`*`, `?`, `[...]`); an empty glob matches all.
+std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& glob);
+
+// The scenario called `name`; throws ScenarioError naming the file when there is none.
+const Scenario& FindScenario(const std::vector<Scenario>& scenarios, const std::string& name,
+                             const std::string& path);
+
+}  // namespace pipecheck::scenarios
