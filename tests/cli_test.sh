@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The pipecheck CLI's exit codes and messages on good and bad input (DESIGN.md §5).
+set -uo pipefail
+pipecheck="$1"
+source_dir="$2"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+
+# expect CODE PATTERN COMMAND...: runs COMMAND, checks its exit code and that its output matches PATTERN.
+expect() {
+  local code="$1" pattern="$2"
+  shift 2
+  local output actual
+  output=$("$@" 2>&1)
+  actual=$?
+  if [ "$actual" -eq "$code" ] && grep -qE -- "$pattern" <<<"$output"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL: $* -> exit $actual (want $code), output:"
+    echo "$output" | head -20
+    echo "  (wanted a line matching: $pattern)"
+  fi
+}
+
+printf 'name,layers,colour\nx,2,red\n' >"$work/unknown.csv"
+printf 'name,layers\nx,2\ny,two\n' >"$work/badvalue.csv"
+printf 'name,layers,hidden\nok,1,16\n' >"$work/good.csv"
+
+expect 2 "unknown.csv:1:3: unknown column 'colour'" "$pipecheck" validate --scenarios "$work/unknown.csv"
+expect 2 "badvalue.csv:3:2: column 'layers', value 'two'" "$pipecheck" reference --scenarios "$work/badvalue.csv"
+expect 2 "badvalue.csv:3:2" "$pipecheck" dump --scenarios "$work/badvalue.csv" --scenario x --out "$work/d"
+expect 2 "cannot open scenario file" "$pipecheck" reference --scenarios "$work/missing.csv"
+expect 2 "no scenario named 'nope'" "$pipecheck" dump --scenarios "$work/good.csv" --scenario nope --out "$work/d"
+expect 2 "matches --only 'zz\*'" "$pipecheck" reference --scenarios "$work/good.csv" --only 'zz*'
+expect 2 "--bogus" "$pipecheck" reference --bogus
+expect 2 "threads" "$pipecheck" reference --threads -1
+expect 2 "A subcommand is required|subcommand" "$pipecheck"
+expect 0 "Usage|usage" "$pipecheck" --help
+expect 0 "1 scenarios, all valid" "$pipecheck" validate --scenarios "$work/good.csv"
+expect 0 "^ok +[0-9.]+ +[0-9]+ +[0-9]+\.[0-9]+ [0-9]+\.[0-9]+" "$pipecheck" reference --scenarios "$work/good.csv"
+expect 0 "wrote" "$pipecheck" dump --scenarios "$work/good.csv" --scenario ok --out "$work/d"
+touch "$work/file"
+expect 2 "$work/file" "$pipecheck" dump --scenarios "$work/good.csv" --scenario ok --out "$work/file/sub"
+expect 0 "ws1_gpipe_llama" "$pipecheck" reference --scenarios "$source_dir/scenarios/core.csv" --only 'ws1_gpipe*'
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,249 @@
+// The reference's properties that parity rests on: per-name initialisation, padding
+// invariance, independence of sequences, the data generator's rules, the loss's
+// normalisation, clipping and the optimisers.
+#include <gtest/gtest.h>
+
+#include "reference/init.h"
+#include "reference/loss.h"
+#include "tests/test_support.h"
+
+namespace pipecheck {
+namespace {
+
+using reference::Flavor;
+
+// Loss and gradients of the whole model on `batch`, from a fresh trainer.
+struct Outcome {
+  double loss;
+  reference::NamedTensors gradients;
+};
+
+Outcome LossAndGradients(const reference::TrainConfig& config, const reference::Batch& batch) {
+  reference::ReferenceTrainer trainer(config);
+  const double loss = trainer.ForwardBackward(batch).item<double>();
+  return {loss, trainer.Gradients()};
+}
+
+torch::Tensor TokenLossesOf(const reference::TrainConfig& config, const reference::Batch& batch) {
+  torch::NoGradGuard no_grad;
+  auto model = reference::BuildSlice(config.model, reference::WholeModel(config.model), config.seed,
+                                     torch::kFloat64, torch::kCPU);
+  auto context = reference::MakeAttentionContext(config.model, batch.lengths, batch.time(), torch::kFloat64,
+                                                 torch::kCPU);
+  return reference::TokenLosses(model->forward(batch.tokens, context), batch.labels);  // (B, T)
+}
+
+class EachFlavor : public ::testing::TestWithParam<Flavor> {};
+
+TEST_P(EachFlavor, InitialValuesDependOnlyOnSeedAndName) {
+  auto config = testing::TinyConfig(GetParam(), /*tied=*/false);
+  auto whole = reference::BuildSlice(config.model, reference::WholeModel(config.model), 5, torch::kFloat64,
+                                     torch::kCPU);
+  for (const auto& item : whole->named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), reference::InitialValue(5, item.key(), item.value().sizes())))
+        << item.key();
+  }
+  // A middle slice and a deeper model build identical values under the same names.
+  auto middle = reference::BuildSlice(config.model, {1, 2, false, false}, 5, torch::kFloat64, torch::kCPU);
+  auto deeper_config = config.model;
+  deeper_config.layers = 5;
+  auto deeper = reference::BuildSlice(deeper_config, reference::WholeModel(deeper_config), 5, torch::kFloat64,
+                                      torch::kCPU);
+  const auto whole_parameters = whole->named_parameters();
+  const auto deeper_parameters = deeper->named_parameters();
+  for (const auto& item : middle->named_parameters()) {
+    ASSERT_EQ(item.key().rfind("layers.1.", 0), 0u) << item.key();
+    EXPECT_TRUE(torch::equal(item.value(), whole_parameters[item.key()])) << item.key();
+  }
+  for (const auto& item : whole_parameters) {
+    EXPECT_TRUE(torch::equal(item.value(), deeper_parameters[item.key()])) << item.key();
+  }
+  // Different seeds and different names give different draws.
+  auto other_seed = reference::InitialValue(6, "layers.0.attention.wq.weight", {8, 8});
+  EXPECT_FALSE(torch::equal(other_seed, whole_parameters["layers.0.attention.wq.weight"]));
+  EXPECT_FALSE(torch::equal(whole_parameters["layers.0.attention.wk.weight"],
+                            whole_parameters["layers.0.attention.wq.weight"]));
+}
+
+TEST_P(EachFlavor, ParameterNamesFollowTheDesign) {
+  auto config = testing::TinyConfig(GetParam(), /*tied=*/false);
+  auto model = reference::BuildSlice(config.model, reference::WholeModel(config.model), 1, torch::kFloat64,
+                                     torch::kCPU);
+  const auto parameters = model->named_parameters();
+  const bool gpt2 = GetParam() == Flavor::kGpt2;
+  EXPECT_TRUE(parameters.contains("tok_embeddings.weight"));
+  EXPECT_EQ(parameters.contains("pos_embeddings.weight"), gpt2);
+  EXPECT_TRUE(parameters.contains("layers.1.attention.wo.weight"));
+  EXPECT_EQ(parameters.contains("layers.1.attention.wo.bias"), gpt2);
+  EXPECT_EQ(parameters.contains("layers.0.feed_forward.w3.weight"), !gpt2);
+  EXPECT_EQ(parameters.contains("layers.0.ffn_norm.bias"), gpt2);
+  EXPECT_TRUE(parameters.contains("norm.weight"));
+  EXPECT_TRUE(parameters.contains("output.weight"));
+  const int64_t ffn = config.model.FfnSize();
+  EXPECT_EQ(parameters["layers.0.feed_forward.w1.weight"].sizes(), torch::IntArrayRef({ffn, 8}));
+  EXPECT_EQ(parameters["output.weight"].sizes(), torch::IntArrayRef({13, 8}));
+}
+
+TEST_P(EachFlavor, TiedModelHasOneSharedMatrix) {
+  auto config = testing::TinyConfig(GetParam(), /*tied=*/true);
+  auto model = reference::BuildSlice(config.model, reference::WholeModel(config.model), 1, torch::kFloat64,
+                                     torch::kCPU);
+  EXPECT_FALSE(model->named_parameters().contains("output.weight"));
+  // The last stage of a pipeline owns a copy under the embedding's name, equal at start.
+  auto head_only = reference::BuildSlice(config.model, {2, 2, false, true}, 1, torch::kFloat64, torch::kCPU);
+  EXPECT_TRUE(torch::equal(head_only->named_parameters()["tok_embeddings.weight"],
+                           model->named_parameters()["tok_embeddings.weight"]));
+}
+
+TEST_P(EachFlavor, ExtraPaddingChangesNothing) {
+  auto config = testing::TinyConfig(GetParam(), /*tied=*/false);
+  auto tokens = torch::randint(0, 13, {3, 9}, torch::kInt64);
+  auto lengths = torch::tensor({5, 7, 3}, torch::kInt64);
+  const auto tight = reference::MakeBatchFromSequences(tokens, lengths, 7);
+  const auto padded = reference::MakeBatchFromSequences(tokens, lengths, 9, /*pad_token=*/11);
+  ASSERT_EQ(tight.valid_tokens, padded.valid_tokens);
+  const auto a = LossAndGradients(config, tight);
+  const auto b = LossAndGradients(config, padded);
+  EXPECT_LT(std::abs(a.loss - b.loss), 1e-12);
+  for (const auto& item : a.gradients) {
+    EXPECT_LT(testing::MaxAbsDiff(item.value(), b.gradients[item.key()]), 1e-12) << item.key();
+  }
+}
+
+TEST_P(EachFlavor, SequenceLossesIgnoreTheirNeighbours) {
+  auto config = testing::TinyConfig(GetParam(), /*tied=*/false);
+  auto first = torch::randint(0, 13, {1, 9}, torch::kInt64);
+  auto batch_a = reference::MakeBatchFromSequences(torch::cat({first, torch::randint(0, 13, {2, 9}, torch::kInt64)}),
+                                                   torch::tensor({6, 4, 3}, torch::kInt64), 6);
+  auto batch_b = reference::MakeBatchFromSequences(torch::cat({first, torch::randint(0, 13, {3, 9}, torch::kInt64)}),
+                                                   torch::tensor({6, 9, 8, 2}, torch::kInt64), 9);
+  auto losses_a = TokenLossesOf(config, batch_a);
+  auto losses_b = TokenLossesOf(config, batch_b);
+  EXPECT_GT(losses_a[0].abs().sum().item<double>(), 0.0);
+  EXPECT_LT(testing::MaxAbsDiff(losses_a[0].narrow(0, 0, 6), losses_b[0].narrow(0, 0, 6)), 1e-12);
+}
+
+INSTANTIATE_TEST_SUITE_P(Flavors, EachFlavor, ::testing::Values(Flavor::kLlama, Flavor::kGpt2),
+                         [](const auto& info) { return std::string(reference::FlavorName(info.param)); });
+
+TEST(ModelConfig, FfnDefaultsFollowTheFlavour) {
+  reference::ModelConfig config;
+  config.hidden = 64;
+  EXPECT_EQ(config.FfnSize(), 172);  // ceil(512 / 3) = 171 -> 172
+  config.hidden = 96;
+  EXPECT_EQ(config.FfnSize(), 256);
+  config.flavor = Flavor::kGpt2;
+  EXPECT_EQ(config.FfnSize(), 384);
+  config.ffn = 100;
+  EXPECT_EQ(config.FfnSize(), 100);
+}
+
+TEST(Data, BatchesAreDeterministicAndLabelledWithTheNextToken) {
+  reference::DataConfig config{6, 12, 4, 50};
+  const auto batch = reference::MakeBatch(config, 9, 3);
+  EXPECT_TRUE(torch::equal(batch.tokens, reference::MakeBatch(config, 9, 3).tokens));
+  EXPECT_FALSE(torch::equal(batch.lengths, reference::MakeBatch(config, 9, 4).lengths) &&
+               torch::equal(batch.tokens, reference::MakeBatch(config, 9, 4).tokens));
+  EXPECT_EQ(batch.time(), batch.lengths.max().item<int64_t>());
+  int64_t valid = 0;
+  for (int64_t b = 0; b < batch.size(); ++b) {
+    const int64_t length = batch.lengths[b].item<int64_t>();
+    EXPECT_GE(length, 4);
+    EXPECT_LE(length, 12);
+    for (int64_t t = 0; t < batch.time(); ++t) {
+      const int64_t label = batch.labels[b][t].item<int64_t>();
+      if (t + 1 < length) {
+        EXPECT_EQ(label, batch.tokens[b][t + 1].item<int64_t>());
+        ++valid;
+      } else {
+        EXPECT_EQ(label, reference::kIgnoreIndex) << "b=" << b << " t=" << t;
+      }
+    }
+  }
+  EXPECT_EQ(batch.valid_tokens, valid);
+}
+
+TEST(Data, MicrobatchesAreContiguousUnevenByAtMostOneAndTrimmed) {
+  EXPECT_EQ(reference::MicrobatchSizes(7, 3), (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(reference::MicrobatchSizes(4, 4), (std::vector<int64_t>{1, 1, 1, 1}));
+  EXPECT_THROW(reference::MicrobatchSizes(3, 4), c10::Error);
+  const auto batch = reference::MakeBatchFromSequences(torch::randint(0, 9, {5, 10}, torch::kInt64),
+                                                       torch::tensor({3, 4, 10, 2, 5}, torch::kInt64), 10);
+  const auto parts = reference::SplitMicrobatches(batch, 2);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].size(), 3);
+  EXPECT_EQ(parts[0].time(), 10);
+  EXPECT_EQ(parts[1].time(), 5);
+  EXPECT_TRUE(torch::equal(parts[1].tokens, batch.tokens.narrow(0, 3, 2).narrow(1, 0, 5)));
+  EXPECT_EQ(parts[0].valid_tokens + parts[1].valid_tokens, batch.valid_tokens);
+}
+
+TEST(Loss, MicrobatchSumsOverBatchTokensEqualTheWholeBatchLoss) {
+  auto config = testing::TinyConfig(Flavor::kLlama, false);
+  config.data.batch = 5;
+  const auto batch = reference::MakeBatch(config.data, 3, 0);
+  auto model = reference::BuildSlice(config.model, reference::WholeModel(config.model), 3, torch::kFloat64,
+                                     torch::kCPU);
+  torch::NoGradGuard no_grad;
+  auto loss_of = [&](const reference::Batch& part) {
+    auto context = reference::MakeAttentionContext(config.model, part.lengths, part.time(), torch::kFloat64,
+                                                   torch::kCPU);
+    return reference::TokenLossSum(model->forward(part.tokens, context), part.labels).item<double>();
+  };
+  const double whole = loss_of(batch) / batch.valid_tokens;
+  double summed = 0.0, mean_of_means = 0.0;
+  const auto parts = reference::SplitMicrobatches(batch, 3);
+  for (const auto& part : parts) {
+    summed += loss_of(part) / batch.valid_tokens;
+    mean_of_means += loss_of(part) / part.valid_tokens / parts.size();
+  }
+  EXPECT_LT(std::abs(whole - summed), 1e-12);
+  EXPECT_GT(std::abs(whole - mean_of_means), 1e-6) << "uneven microbatches should tell the two apart";
+}
+
+TEST(Trainer, SgdStepIsWeightMinusLrTimesClippedGradient) {
+  auto config = testing::TinyConfig(Flavor::kGpt2, true);
+  config.optimizer = {reference::OptimizerKind::kSgd, 0.5};
+  config.clip = 0.05;
+  reference::ReferenceTrainer trainer(config);
+  const auto before = trainer.Weights();
+  const auto record = trainer.Step(0);
+  ASSERT_GT(record.grad_norm, 0.05) << "the clip threshold should bite";
+  double clipped_squares = 0.0;
+  for (const auto& item : record.gradients) clipped_squares += item.value().pow(2).sum().item<double>();
+  EXPECT_NEAR(std::sqrt(clipped_squares), 0.05, 1e-6);
+  const auto after = trainer.Weights();
+  for (const auto& item : before) {
+    auto expected = item.value() - 0.5 * record.gradients[item.key()];
+    EXPECT_LT(testing::MaxAbsDiff(after[item.key()], expected), 1e-15) << item.key();
+  }
+}
+
+TEST(Trainer, AdamWTrainsSeveralStepsWithFiniteLosses) {
+  auto config = testing::TinyConfig(Flavor::kLlama, true);
+  config.steps = 3;
+  reference::ReferenceTrainer trainer(config);
+  const auto result = trainer.Train();
+  ASSERT_EQ(result.steps.size(), 3u);
+  for (const auto& step : result.steps) EXPECT_TRUE(std::isfinite(step.loss));
+  EXPECT_FALSE(torch::equal(result.final_weights["tok_embeddings.weight"],
+                            reference::InitialValue(config.seed, "tok_embeddings.weight", {13, 8})));
+}
+
+TEST(Trainer, Bfloat16StepStaysCloseToFloat64OrSaysWhyNot) {
+  auto config = testing::TinyConfig(Flavor::kLlama, false);
+  try {
+    reference::CheckDtypeSupported(torch::kBFloat16, torch::kCPU);
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("is not supported on cpu"), std::string::npos);
+    GTEST_SKIP() << "this CPU build has no bfloat16 kernels: " << error.what_without_backtrace();
+  }
+  const auto batch = reference::MakeBatch(config.data, config.seed, 0);
+  const double exact = LossAndGradients(config, batch).loss;
+  config.dtype = torch::kBFloat16;
+  const double low = LossAndGradients(config, batch).loss;
+  EXPECT_NEAR(low, exact, 3e-2 * exact);
+}
+
+}  // namespace
+}  // namespace pipecheck

@@ -1,0 +1,196 @@
+// The scenario loader: defaults, and every class of bad input with the exact location and
+// what is allowed in the message.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "scenarios/scenario.h"
+#include "tests/test_support.h"
+
+namespace pipecheck {
+namespace {
+
+using scenarios::ParseScenarios;
+using scenarios::ScenarioError;
+
+// The message ParseScenarios throws for `text`, or "" when it loads.
+std::string ErrorFor(const std::string& text) {
+  try {
+    ParseScenarios(text, "suite.csv");
+  } catch (const ScenarioError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(ScenarioLoader, AppliesDefaultsAndResolvesDependentOnes) {
+  const auto suite = ParseScenarios("name\nplain\n", "suite.csv");
+  ASSERT_EQ(suite.size(), 1u);
+  const auto& s = suite[0];
+  EXPECT_EQ(s.flavor, "llama");
+  EXPECT_EQ(s.layers, 4);
+  EXPECT_EQ(s.hidden, 64);
+  EXPECT_EQ(s.world_size, 2);
+  EXPECT_EQ(s.schedule, "1f1b");
+  EXPECT_EQ(s.seq_len_min, 32);
+  EXPECT_EQ(s.dtype, "float64");
+  EXPECT_DOUBLE_EQ(s.tol, 1e-9);
+  EXPECT_EQ(s.seed, 1234u);
+  EXPECT_EQ(s.expect, "pass");
+  EXPECT_EQ(s.source, "suite.csv:2");
+}
+
+TEST(ScenarioLoader, ReadsEveryColumnWithQuotesCommentsAndBlankLines) {
+  const std::string text =
+      "# a comment\n"
+      "\n"
+      "name,flavor,layers,hidden,heads,ffn,vocab,tied,world_size,schedule,virtual_stages,partition,batch,"
+      "microbatches,seq_len,seq_len_min,dtype,steps,optimizer,lr,clip,recompute,seed,device,tol,fault,expect\n"
+      "# another\n"
+      "full,gpt2,3,48,6,100,99,1,4,gpipe,1,\"1;0;2;0\",9,5,20,3,float32,3,sgd,0.25,1.5,1,18446744073709551615,"
+      "cpu,2e-4,none,fail\n"
+      "dtype_tol , llama , 2 ,,,,,,,,,,,,,,bfloat16,,,,,,,,,,\n";
+  const auto suite = ParseScenarios(text, "suite.csv");
+  ASSERT_EQ(suite.size(), 2u);
+  const auto& s = suite[0];
+  EXPECT_EQ(s.flavor, "gpt2");
+  EXPECT_EQ(s.ffn, 100);
+  EXPECT_TRUE(s.tied);
+  EXPECT_EQ(s.partition, "1;0;2;0");
+  EXPECT_EQ(s.PartitionCounts(), (std::vector<int64_t>{1, 0, 2, 0}));
+  EXPECT_EQ(s.seq_len_min, 3);
+  EXPECT_DOUBLE_EQ(s.lr, 0.25);
+  EXPECT_TRUE(s.recompute);
+  EXPECT_EQ(s.seed, 18446744073709551615ull);
+  EXPECT_DOUBLE_EQ(s.tol, 2e-4);
+  EXPECT_EQ(s.expect, "fail");
+  EXPECT_EQ(s.source, "suite.csv:5");
+  EXPECT_EQ(suite[1].name, "dtype_tol");
+  EXPECT_EQ(suite[1].layers, 2);
+  EXPECT_DOUBLE_EQ(suite[1].tol, 3e-2);
+}
+
+TEST(ScenarioLoader, ColumnValuesRoundTrip) {
+  const auto original = ParseScenarios("name,lr,partition,world_size,layers\nx,0.003,2;1,2,3\n", "a.csv")[0];
+  std::string header, row;
+  for (const auto& [column, value] : scenarios::ColumnValues(original)) {
+    header += (header.empty() ? "" : ",") + column;
+    row += (row.empty() ? "" : ",") + value;
+  }
+  const auto again = ParseScenarios(header + "\n" + row + "\n", "b.csv")[0];
+  EXPECT_EQ(scenarios::ColumnValues(again), scenarios::ColumnValues(original));
+}
+
+TEST(ScenarioLoader, RejectsUnknownColumnNamingItsPosition) {
+  EXPECT_EQ(ErrorFor("# c\nname,layers,colour\nx,2,red\n").rfind("suite.csv:2:3: unknown column 'colour'; allowed columns: name, flavor,", 0), 0u)
+      << ErrorFor("# c\nname,layers,colour\nx,2,red\n");
+}
+
+TEST(ScenarioLoader, RejectsDuplicateColumn) {
+  EXPECT_EQ(ErrorFor("name,layers,layers\nx,2,3\n"),
+            "suite.csv:1:3: column 'layers' appears twice (first at column 2)");
+}
+
+TEST(ScenarioLoader, RejectsHeaderWithoutName) {
+  EXPECT_EQ(ErrorFor("layers\n2\n"), "suite.csv:1: the header has no 'name' column (it is required)");
+}
+
+TEST(ScenarioLoader, RejectsEmptyFilesAndFilesWithoutRows) {
+  EXPECT_EQ(ErrorFor(""), "suite.csv: empty file: expected a header row naming the columns (at least 'name')");
+  EXPECT_EQ(ErrorFor("# only a comment\n\n"),
+            "suite.csv: empty file: expected a header row naming the columns (at least 'name')");
+  EXPECT_EQ(ErrorFor("name,layers\n# nothing\n"), "suite.csv:1: the file has a header but no scenario rows");
+}
+
+TEST(ScenarioLoader, RejectsDuplicateAndMissingNames) {
+  EXPECT_EQ(ErrorFor("name\na\nb\na\n"),
+            "suite.csv:4:1: column 'name', value 'a': duplicate scenario name (first defined on line 2)");
+  EXPECT_EQ(ErrorFor("layers,name\n2,\n"), "suite.csv:2:2: column 'name', value '': every scenario needs a name");
+  EXPECT_EQ(ErrorFor("name\nhas space\n"),
+            "suite.csv:2:1: column 'name', value 'has space': expected a non-empty name of letters, digits, '_', "
+            "'.' and '-'");
+}
+
+TEST(ScenarioLoader, RejectsBadNumbers) {
+  EXPECT_EQ(ErrorFor("name,layers\nx,abc\n"),
+            "suite.csv:2:2: column 'layers', value 'abc': expected an integer in [1, 1048576]");
+  EXPECT_EQ(ErrorFor("name,layers\nx,0\n"),
+            "suite.csv:2:2: column 'layers', value '0': expected an integer in [1, 1048576]");
+  EXPECT_EQ(ErrorFor("name,batch\nx,4.5\n"),
+            "suite.csv:2:2: column 'batch', value '4.5': expected an integer in [1, 1048576]");
+  EXPECT_EQ(ErrorFor("name,lr\nx,0\n"), "suite.csv:2:2: column 'lr', value '0': expected a finite number > 0");
+  EXPECT_EQ(ErrorFor("name,lr\nx,nan\n"), "suite.csv:2:2: column 'lr', value 'nan': expected a finite number > 0");
+  EXPECT_EQ(ErrorFor("name,clip\nx,-1\n"),
+            "suite.csv:2:2: column 'clip', value '-1': expected a finite number >= 0");
+  EXPECT_EQ(ErrorFor("name,seed\nx,-3\n"),
+            "suite.csv:2:2: column 'seed', value '-3': expected an integer in [0, 2^64 - 1]");
+  EXPECT_EQ(ErrorFor("name,tied\nx,yes\n"), "suite.csv:2:2: column 'tied', value 'yes': expected 0 or 1");
+}
+
+TEST(ScenarioLoader, RejectsUnknownEnumValuesListingTheAllowedOnes) {
+  EXPECT_EQ(ErrorFor("name,flavor\nx,bert\n"),
+            "suite.csv:2:2: column 'flavor', value 'bert': expected one of: llama, gpt2");
+  EXPECT_EQ(ErrorFor("name,schedule\nx,zigzag\n"),
+            "suite.csv:2:2: column 'schedule', value 'zigzag': expected one of: gpipe, 1f1b");
+  EXPECT_EQ(ErrorFor("name,dtype\nx,float16\n"),
+            "suite.csv:2:2: column 'dtype', value 'float16': expected one of: float64, float32, bfloat16");
+  EXPECT_EQ(ErrorFor("name,expect\nx,maybe\n"),
+            "suite.csv:2:2: column 'expect', value 'maybe': expected one of: pass, fail");
+  EXPECT_EQ(ErrorFor("name,partition\nx,2;;1\n"),
+            "suite.csv:2:2: column 'partition', value '2;;1': expected uniform, params, or layer counts per stage "
+            "such as 2;0;3;1");
+}
+
+TEST(ScenarioLoader, RejectsImpossibleCombinations) {
+  EXPECT_EQ(ErrorFor("name,hidden,heads\nx,64,5\n"),
+            "suite.csv:2:3: column 'heads', value '5': heads must divide hidden (64)");
+  EXPECT_EQ(ErrorFor("name,hidden,heads\nx,12,4\n"),
+            "suite.csv:2:3: column 'heads', value '4': llama's rotary embedding needs an even head dimension, "
+            "but hidden 12 / heads 4 = 3");
+  EXPECT_EQ(ErrorFor("name,flavor,hidden,heads\nx,gpt2,12,4\n"), "") << "gpt2 has no rotary embedding";
+  EXPECT_EQ(ErrorFor("name,hidden\nx,30\n"),
+            "suite.csv:2: column 'heads' (not in file, default '4'): heads must divide hidden (30)");
+  EXPECT_EQ(ErrorFor("name,seq_len,seq_len_min\nx,16,20\n"),
+            "suite.csv:2:3: column 'seq_len_min', value '20': seq_len_min must not exceed seq_len (16)");
+  EXPECT_EQ(ErrorFor("name,batch,microbatches\nx,3,4\n"),
+            "suite.csv:2:3: column 'microbatches', value '4': microbatches must not exceed batch (3): every "
+            "microbatch needs a sequence");
+  EXPECT_EQ(ErrorFor("name,layers,world_size,partition\nx,4,2,1;1;2\n"),
+            "suite.csv:2:4: column 'partition', value '1;1;2': 3 counts given, but world_size 2 x virtual_stages "
+            "1 = 2 stages");
+  EXPECT_EQ(ErrorFor("name,layers,world_size,partition\nx,4,2,1;2\n"),
+            "suite.csv:2:4: column 'partition', value '1;2': the counts add up to 3 layers, but the model has 4");
+  EXPECT_NE(ErrorFor("name,virtual_stages\nx,2\n").find("suite.csv:2:2: column 'virtual_stages', value '2'"),
+            std::string::npos);
+}
+
+TEST(ScenarioLoader, RejectsRowsWithTheWrongFieldCount) {
+  EXPECT_EQ(ErrorFor("name,layers\nx,2\ny\n"), "suite.csv:3: too few fields: the header has 2 columns");
+  EXPECT_EQ(ErrorFor("name,layers\nx,2,3\n"), "suite.csv:2: too many fields: the header has 2 columns");
+  EXPECT_EQ(ErrorFor("name,layers\n\"x,2\n"), "suite.csv:2: a quoted field is not closed");
+}
+
+TEST(ScenarioLoader, NamesAnUnreadableFile) {
+  try {
+    scenarios::LoadScenarios("/nonexistent/suite.csv");
+    FAIL() << "expected an error";
+  } catch (const ScenarioError& error) {
+    EXPECT_EQ(std::string(error.what()), "/nonexistent/suite.csv: cannot open scenario file: No such file or directory");
+  }
+}
+
+TEST(ScenarioLoader, SelectsByGlobAndFindsByName) {
+  const auto suite = ParseScenarios("name\nws1_a\nws2_b\nws1_c\n", "s.csv");
+  EXPECT_EQ(scenarios::SelectScenarios(suite, "ws1_*").size(), 2u);
+  EXPECT_EQ(scenarios::SelectScenarios(suite, "").size(), 3u);
+  EXPECT_EQ(scenarios::FindScenario(suite, "ws2_b", "s.csv").source, "s.csv:3");
+  EXPECT_THROW(scenarios::FindScenario(suite, "nope", "s.csv"), ScenarioError);
+}
+
+TEST(ScenarioLoader, CoreSuiteIsValid) {
+  const auto suite = scenarios::LoadScenarios(PIPECHECK_SOURCE_DIR "/scenarios/core.csv");
+  EXPECT_GE(suite.size(), 10u);
+}
+
+}  // namespace
+}  // namespace pipecheck

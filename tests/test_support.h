@@ -1,0 +1,38 @@
+// Helpers shared by the test suites: tiny model configurations and tensor comparisons.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "reference/trainer.h"
+
+namespace pipecheck::testing {
+
+// A model small enough for finite differences: 2 layers, hidden 8, 2 heads, vocab 13.
+inline reference::TrainConfig TinyConfig(reference::Flavor flavor, bool tied) {
+  reference::TrainConfig config;
+  config.model.flavor = flavor;
+  config.model.layers = 2;
+  config.model.hidden = 8;
+  config.model.heads = 2;
+  config.model.vocab = 13;
+  config.model.max_seq_len = 9;
+  config.model.tied = tied;
+  config.data.batch = 3;
+  config.data.seq_len = 9;
+  config.data.seq_len_min = 3;
+  config.data.vocab = 13;
+  config.seed = 77;
+  return config;
+}
+
+// max |a - b| in float64.
+inline double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+// A scratch directory unique to this test, removed first if it exists.
+std::string ScratchDirectory(const std::string& name);
+
+}  // namespace pipecheck::testing
