@@ -20,7 +20,7 @@ build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 run: build
-	$(PIPECHECK) reference --scenarios scenarios/core.csv
+	$(PIPECHECK) run --scenarios scenarios/core.csv
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)

@@ -9,6 +9,10 @@
 #include "harness/dump.h"
 #include "harness/errors.h"
 #include "harness/reference_run.h"
+#include "harness/run.h"
+#include "harness/worker.h"
+#include "pipeline/schedule.h"
+#include "pipeline/simulator.h"
 #include "scenarios/scenario.h"
 
 namespace {
@@ -16,12 +20,22 @@ namespace {
 constexpr int kExitBadInput = 2;
 constexpr const char* kDefaultSuite = "scenarios/core.csv";
 
+constexpr const char* kDefaultOut = "reports/latest";
+
 struct Options {
   std::string scenarios = kDefaultSuite;
   std::string only;
   std::string scenario;
   std::string out;
+  std::string device;
   int threads = 0;
+  double timeout = 300.0;
+  // schedule
+  std::string schedule = "1f1b";
+  int stages = 2;
+  int microbatches = 4;
+  int virtual_stages = 1;
+  double backward_cost = 2.0;
 };
 
 void ApplyThreads(int threads) {
@@ -46,6 +60,57 @@ int Reference(const Options& options) {
   }
   ApplyThreads(options.threads);
   return pipecheck::harness::RunReferenceSuite(selected, std::cout);
+}
+
+int Run(Options options) {
+  auto suite = pipecheck::scenarios::LoadScenarios(options.scenarios);
+  auto selected = pipecheck::scenarios::SelectScenarios(suite, options.only);
+  if (selected.empty()) {
+    fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios, options.only);
+    return kExitBadInput;
+  }
+  if (!options.device.empty()) {
+    for (auto& scenario : selected) scenario.device = options.device;
+  }
+  if (options.out.empty()) options.out = kDefaultOut;
+  std::filesystem::create_directories(options.out);
+  pipecheck::harness::RunOptions run;
+  run.scenarios_path = options.scenarios;
+  run.out = options.out;
+  run.timeout_seconds = options.timeout;
+  run.threads_per_rank = options.threads;
+  return pipecheck::harness::RunSuite(selected, run, std::cout);
+}
+
+int Worker(const Options& options) {
+  pipecheck::harness::WorkerOptions worker;
+  worker.scenarios_path = options.scenarios;
+  worker.scenario = options.scenario;
+  worker.out = options.out.empty() ? kDefaultOut : options.out;
+  worker.threads = options.threads;
+  return pipecheck::harness::RunWorker(worker);
+}
+
+int PrintSchedule(const Options& options) {
+  using namespace pipecheck::pipeline;
+  const PipelineShape shape{options.stages, options.virtual_stages, options.microbatches};
+  const Schedule lowered = AddCommunication(MakeSchedule(options.schedule, shape));
+  CostModel equal;
+  CostModel weighted;
+  weighted.backward = options.backward_cost;
+  const auto result = ValidateSchedule(lowered, weighted);
+  const auto equal_result = ValidateSchedule(lowered, equal);
+  fmt::print("schedule {}: {} ranks, {} microbatches ({} stages)\n\n", options.schedule, shape.ranks,
+             shape.microbatches, shape.stages());
+  fmt::print("actions per rank (communication included):\n{}\n", FormatActions(lowered));
+  fmt::print("timeline with F=1, B={} (one column per time unit):\n{}\n", options.backward_cost,
+             FormatTimeline(lowered, result, weighted));
+  std::vector<int> peaks = result.peak_in_flight;
+  fmt::print("bubble: {:.4f} with F=1, B={}; {:.4f} with equal costs ((p-1)/(m+p-1) = {:.4f})\n", result.bubble,
+             options.backward_cost, equal_result.bubble,
+             static_cast<double>(shape.ranks - 1) / (shape.microbatches + shape.ranks - 1));
+  fmt::print("peak in-flight microbatches per rank: {}\n", fmt::join(peaks, " "));
+  return 0;
 }
 
 int Dump(const Options& options) {
@@ -80,6 +145,35 @@ int main(int argc, char** argv) {
   dump->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
       ->check(CLI::NonNegativeNumber);
 
+  auto* run = app.add_subcommand("run", "Run scenarios through the pipeline and the reference; write reports");
+  run->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
+  run->add_option("--only", options.only, "Shell glob on scenario names");
+  run->add_option("--out", options.out, "Report directory (default reports/latest)");
+  run->add_option("--device", options.device, "Override every scenario's device")->check(CLI::IsMember({"cpu", "cuda"}));
+  run->add_option("--timeout", options.timeout, "Deadline per scenario, seconds")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  run->add_option("--threads", options.threads, "Intra-op threads per rank (0: cores / world_size)")
+      ->check(CLI::NonNegativeNumber);
+
+  auto* worker = app.add_subcommand("worker", "One rank of one scenario (environment: RANK, WORLD_SIZE, "
+                                              "MASTER_ADDR, MASTER_PORT, as torchrun and SLURM set them)");
+  worker->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
+  worker->add_option("--scenario", options.scenario, "Scenario name")->required();
+  worker->add_option("--out", options.out, "Where rank 0 writes the reports (default reports/latest)");
+  worker->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
+      ->check(CLI::NonNegativeNumber);
+
+  auto* schedule = app.add_subcommand("schedule", "Print a schedule's per-rank actions, timeline and bubble");
+  schedule->add_option("--schedule", options.schedule, "Schedule name")
+      ->check(CLI::IsMember(pipecheck::pipeline::ScheduleNames()))->capture_default_str();
+  schedule->add_option("--stages", options.stages, "Pipeline ranks")->check(CLI::Range(1, 1024))->capture_default_str();
+  schedule->add_option("--microbatches", options.microbatches, "Microbatches")->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  schedule->add_option("--virtual", options.virtual_stages, "Stages per rank")->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  schedule->add_option("--backward-cost", options.backward_cost, "Backward duration relative to forward")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -91,7 +185,13 @@ int main(int argc, char** argv) {
     if (validate->parsed()) return Validate(options);
     if (reference->parsed()) return Reference(options);
     if (dump->parsed()) return Dump(options);
+    if (run->parsed()) return Run(options);
+    if (worker->parsed()) return Worker(options);
+    if (schedule->parsed()) return PrintSchedule(options);
   } catch (const pipecheck::scenarios::ScenarioError& error) {
+    fmt::print(stderr, "pipecheck: {}\n", error.what());
+    return kExitBadInput;
+  } catch (const pipecheck::pipeline::ScheduleError& error) {
     fmt::print(stderr, "pipecheck: {}\n", error.what());
     return kExitBadInput;
   } catch (const std::filesystem::filesystem_error& error) {

@@ -52,6 +52,17 @@ reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario) {
   return config;
 }
 
+pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario) {
+  pipeline::PipelineConfig config;
+  config.train = ToTrainConfig(scenario);
+  config.world_size = static_cast<int>(scenario.world_size);
+  config.virtual_stages = static_cast<int>(scenario.virtual_stages);
+  config.microbatches = static_cast<int>(scenario.microbatches);
+  config.schedule = scenario.schedule;
+  config.partition = scenario.partition;
+  return config;
+}
+
 scenarios::Scenario WithEffectiveValues(scenarios::Scenario scenario) {
   scenario.ffn = ToModelConfig(scenario).FfnSize();
   return scenario;

@@ -2,6 +2,7 @@
 // model, data and optimiser settings, so the reference and the pipeline read them alike.
 #pragma once
 
+#include "pipeline/trainer.h"
 #include "reference/trainer.h"
 #include "scenarios/scenario.h"
 
@@ -14,6 +15,8 @@ torch::Device ScenarioDevice(const scenarios::Scenario& scenario);
 
 reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario);
 reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario);
+
+pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario);
 
 // The scenario with every default made explicit (ffn resolved from the flavour).
 scenarios::Scenario WithEffectiveValues(scenarios::Scenario scenario);

@@ -24,6 +24,11 @@ struct ModelConfig {
   int64_t HeadDim() const { return hidden / heads; }
   // 4*hidden for gpt2; ceil(8*hidden/3) rounded up to a multiple of 4 for llama.
   int64_t FfnSize() const;
+
+  // Parameter counts, for balancing stages without building them.
+  int64_t LayerParameterCount() const;
+  int64_t EmbeddingParameterCount() const;  // token (and gpt2 position) embeddings
+  int64_t HeadParameterCount() const;       // final norm and output matrix (a tied head's copy too)
 };
 
 inline const char* FlavorName(Flavor flavor) { return flavor == Flavor::kLlama ? "llama" : "gpt2"; }
@@ -33,6 +38,20 @@ inline int64_t ModelConfig::FfnSize() const {
   if (flavor == Flavor::kGpt2) return 4 * hidden;
   const int64_t two_thirds = (8 * hidden + 2) / 3;  // ceil(8h/3)
   return (two_thirds + 3) / 4 * 4;
+}
+
+inline int64_t ModelConfig::LayerParameterCount() const {
+  const int64_t h = hidden, f = FfnSize();
+  if (flavor == Flavor::kLlama) return 2 * h + 4 * h * h + 3 * h * f;
+  return 2 * 2 * h + 4 * (h * h + h) + (h * f + f) + (f * h + h);
+}
+
+inline int64_t ModelConfig::EmbeddingParameterCount() const {
+  return vocab * hidden + (flavor == Flavor::kGpt2 ? max_seq_len * hidden : 0);
+}
+
+inline int64_t ModelConfig::HeadParameterCount() const {
+  return (flavor == Flavor::kGpt2 ? 2 : 1) * hidden + vocab * hidden;
 }
 
 }  // namespace pipecheck::reference

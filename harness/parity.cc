@@ -1,0 +1,255 @@
+// Pipeline-versus-reference comparison (see parity.h).
+#include "harness/parity.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+namespace pipecheck::harness {
+namespace {
+
+using reports::FormatNumber;
+
+double Norm(const torch::Tensor& tensor) { return tensor.to(torch::kFloat64).norm().item<double>(); }
+
+double GlobalNorm(const reference::NamedTensors& tensors) {
+  double squares = 0.0;
+  for (const auto& item : tensors) squares += item.value().to(torch::kFloat64).pow(2).sum().item<double>();
+  return std::sqrt(squares);
+}
+
+struct TensorError {
+  double rel = 0.0;
+  double max_abs = 0.0;
+  double ref_norm = 0.0;
+  double pp_norm = 0.0;
+};
+
+TensorError Compare(const torch::Tensor& pipeline, const torch::Tensor& reference, double floor) {
+  auto difference = pipeline.to(torch::kFloat64) - reference.to(torch::kFloat64);
+  TensorError error;
+  error.ref_norm = Norm(reference);
+  error.pp_norm = Norm(pipeline);
+  error.max_abs = difference.numel() ? difference.abs().max().item<double>() : 0.0;
+  error.rel = Norm(difference) / std::max(error.ref_norm, floor);
+  return error;
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+// Steps that count for speed: all but the first (warm-up) when there are several.
+size_t FirstTimedStep(size_t steps) { return steps > 1 ? 1 : 0; }
+
+std::map<std::string, std::string> ScenarioColumns(const scenarios::Scenario& s) {
+  return {{"scenario", s.name},
+          {"expect", s.expect},
+          {"world_size", std::to_string(s.world_size)},
+          {"schedule", s.schedule},
+          {"virtual_stages", std::to_string(s.virtual_stages)},
+          {"microbatches", std::to_string(s.microbatches)},
+          {"dtype", s.dtype},
+          {"device", s.device},
+          {"steps", std::to_string(s.steps)}};
+}
+
+// 1 - busy / wall over every rank and timed step, from the executor's timelines.
+double MeasuredBubble(const std::vector<pipeline::RankResult>& ranks, size_t steps) {
+  double busy = 0.0, wall = 0.0;
+  for (const auto& rank : ranks) {
+    std::map<int64_t, double> step_end;
+    for (const auto& timing : rank.timeline) {
+      if (timing.step < static_cast<int64_t>(FirstTimedStep(steps))) continue;
+      step_end[timing.step] = std::max(step_end[timing.step], timing.end_us);
+      if (timing.action.IsCompute()) busy += timing.end_us - timing.start_us;
+    }
+    for (const auto& [step, end] : step_end) wall += end;
+  }
+  return wall > 0 ? 1.0 - busy / wall : std::numeric_limits<double>::quiet_NaN();
+}
+
+}  // namespace
+
+bool MeetsExpectation(const std::string& status, const std::string& expect) {
+  return expect == "pass" ? status == "PASS" : status != "PASS";
+}
+
+reports::ScenarioReport FailedScenarioReport(const scenarios::Scenario& scenario, const std::string& status,
+                                             const std::string& message) {
+  reports::ScenarioReport report;
+  report.summary = ScenarioColumns(scenario);
+  report.summary["status"] = status;
+  report.summary["ok"] = MeetsExpectation(status, scenario.expect) ? "1" : "0";
+  report.summary["message"] = message;
+  return report;
+}
+
+reports::ScenarioReport CompareWithReference(const ParityInput& input) {
+  const auto& scenario = input.scenario;
+  const auto& reference = input.reference;
+  const double tol = scenario.tol;
+  const size_t steps = reference.steps.size();
+  reports::ScenarioReport report;
+  report.summary = ScenarioColumns(scenario);
+  std::vector<std::string> failures;  // in order of discovery: step, then loss before gradients
+
+  // The rank holding the last stage knows the losses.
+  const pipeline::RankResult* loss_rank = &input.ranks.back();
+  for (const auto& rank : input.ranks) {
+    if (!rank.losses.empty() && !std::isnan(rank.losses[0])) loss_rank = &rank;
+  }
+
+  // Losses, every step.
+  double loss_max_abs_diff = 0.0;
+  for (size_t k = 0; k < steps; ++k) {
+    const double loss_ref = reference.steps[k].loss;
+    const double loss_pp = k < loss_rank->losses.size() ? loss_rank->losses[k] : std::nan("");
+    const double diff = std::abs(loss_pp - loss_ref);
+    loss_max_abs_diff = std::isnan(diff) ? diff : std::max(loss_max_abs_diff, diff);
+    report.steps.push_back({scenario.name, std::to_string(k), FormatNumber(loss_ref), FormatNumber(loss_pp),
+                            FormatNumber(diff)});
+    if (!(diff <= tol * std::max(1.0, std::abs(loss_ref)))) {
+      failures.push_back(fmt::format("loss at step {}: pipeline {:.12g} vs reference {:.12g} (diff {:.3g} > tol {:.3g})",
+                                     k, loss_pp, loss_ref, diff, tol));
+    }
+  }
+
+  // Gradients, every step, every parameter of every rank; params.csv keeps each parameter's
+  // worst step.
+  struct Worst {
+    TensorError error;
+    size_t step = 0;
+    int stage = 0;
+    int64_t numel = 0;
+  };
+  std::map<std::pair<std::string, int>, Worst> worst_by_param;  // (name, rank)
+  std::map<std::string, bool> numerically_zero;  // reference gradient under the floor at every step
+  double grad_max_rel = 0.0;
+  std::string worst_param;
+  size_t worst_step = 0;
+  for (size_t k = 0; k < steps; ++k) {
+    const auto& ref_gradients = reference.steps[k].gradients;
+    const double floor = FloorFraction(tol) * GlobalNorm(ref_gradients);
+    for (const auto& item : ref_gradients) {
+      const bool zero_now = Norm(item.value()) <= floor;
+      auto [entry, inserted] = numerically_zero.emplace(item.key(), zero_now);
+      if (!inserted) entry->second = entry->second && zero_now;
+    }
+    std::map<std::string, int> seen;
+    for (const auto& rank : input.ranks) {
+      if (k >= rank.gradients.size()) {
+        failures.push_back(fmt::format("rank {} reported no gradients for step {}", rank.rank, k));
+        continue;
+      }
+      for (const auto& item : rank.gradients[k]) {
+        const std::string& name = item.key();
+        ++seen[name];
+        if (!ref_gradients.contains(name)) {
+          failures.push_back(fmt::format("rank {} has a gradient for {}, which the reference does not", rank.rank, name));
+          continue;
+        }
+        const auto& ref = ref_gradients[name];
+        const auto error = Compare(item.value(), ref, floor);
+        auto& worst = worst_by_param[{name, rank.rank}];
+        if (error.rel >= worst.error.rel) worst = {error, k, 0, ref.numel()};
+        if (error.rel > grad_max_rel || worst_param.empty()) grad_max_rel = error.rel, worst_param = name, worst_step = k;
+        if (error.pp_norm == 0.0 && error.ref_norm > floor) {
+          failures.push_back(fmt::format("gradient of {} at step {} is all zero on rank {}; the reference's norm is {:.3g}",
+                                         name, k, rank.rank, error.ref_norm));
+        } else if (!(error.rel <= tol)) {
+          failures.push_back(fmt::format("gradient of {} at step {} on rank {}: rel err {:.3g} > tol {:.3g}", name, k,
+                                         rank.rank, error.rel, tol));
+        }
+      }
+    }
+    for (const auto& item : ref_gradients) {
+      if (!seen.count(item.key())) {
+        failures.push_back(fmt::format("gradient of {} at step {} is missing from every rank", item.key(), k));
+      }
+    }
+  }
+
+  // Final weights.
+  double weights_max_rel = 0.0;
+  const double weight_floor = FloorFraction(tol) * GlobalNorm(reference.final_weights);
+  for (const auto& rank : input.ranks) {
+    for (const auto& item : rank.final_weights) {
+      if (!reference.final_weights.contains(item.key()) || numerically_zero[item.key()]) continue;
+      const auto error = Compare(item.value(), reference.final_weights[item.key()], weight_floor);
+      weights_max_rel = std::max(weights_max_rel, error.rel);
+      if (!(error.rel <= tol)) {
+        failures.push_back(fmt::format("final weight {} on rank {}: rel err {:.3g} > tol {:.3g}", item.key(), rank.rank,
+                                       error.rel, tol));
+      }
+    }
+  }
+
+  // params.csv: one row per parameter copy (a tied weight has two: first and last stage).
+  for (const auto& rank : input.ranks) {
+    for (const auto& item : rank.final_weights) {
+      auto found = worst_by_param.find({item.key(), rank.rank});
+      if (found == worst_by_param.end()) continue;
+      const auto& w = found->second;
+      const int stage = rank.stages.empty() ? 0 : rank.stages.front();
+      report.params.push_back({scenario.name, item.key(), std::to_string(stage), std::to_string(rank.rank),
+                               std::to_string(w.numel), FormatNumber(w.error.ref_norm), FormatNumber(w.error.pp_norm),
+                               FormatNumber(w.error.max_abs), FormatNumber(w.error.rel),
+                               w.error.rel <= tol ? "1" : "0"});
+    }
+  }
+
+  // Speed: median step after warm-up; a pipeline step lasts as long as its slowest rank.
+  std::vector<double> ref_ms, pp_ms, ref_rate, pp_rate;
+  for (size_t k = FirstTimedStep(steps); k < steps; ++k) {
+    const double tokens = static_cast<double>(reference.steps[k].tokens);
+    double slowest = 0.0;
+    for (const auto& rank : input.ranks) slowest = std::max(slowest, k < rank.step_ms.size() ? rank.step_ms[k] : 0.0);
+    ref_ms.push_back(reference.steps[k].step_ms);
+    pp_ms.push_back(slowest);
+    ref_rate.push_back(tokens / (reference.steps[k].step_ms / 1000.0));
+    pp_rate.push_back(tokens / (slowest / 1000.0));
+  }
+  int64_t tokens = 0;
+  for (const auto& step : reference.steps) tokens += step.tokens;
+
+  const std::string status = failures.empty() ? "PASS" : "FAIL";
+  auto& row = report.summary;
+  row["status"] = status;
+  row["ok"] = MeetsExpectation(status, scenario.expect) ? "1" : "0";
+  row["tokens"] = std::to_string(tokens);
+  row["loss_ref"] = FormatNumber(reference.steps.back().loss);
+  row["loss_pp"] = FormatNumber(loss_rank->losses.empty() ? std::nan("") : loss_rank->losses.back());
+  row["loss_max_abs_diff"] = FormatNumber(loss_max_abs_diff);
+  row["grad_max_rel_err"] = FormatNumber(grad_max_rel);
+  row["worst_param"] = worst_param;
+  row["params_checked"] = std::to_string(reference.final_weights.size());
+  std::vector<std::string> zero_names;
+  for (const auto& [name, zero] : numerically_zero) {
+    if (zero) zero_names.push_back(name);
+  }
+  row["weights_max_rel_err"] = FormatNumber(weights_max_rel);
+  row["ref_step_ms"] = FormatNumber(Median(ref_ms));
+  row["pp_step_ms"] = FormatNumber(Median(pp_ms));
+  row["ref_tokens_per_s"] = FormatNumber(Median(ref_rate));
+  row["pp_tokens_per_s"] = FormatNumber(Median(pp_rate));
+  row["bubble_theory"] = FormatNumber(input.simulation.bubble);
+  row["bubble_measured"] = FormatNumber(MeasuredBubble(input.ranks, steps));
+  const std::string zero_note =
+      zero_names.empty() ? ""
+                         : fmt::format("; {} parameter(s) with numerically zero gradients, final weights not compared: {}",
+                                       zero_names.size(), fmt::join(zero_names, " "));
+  row["message"] = failures.empty()
+                       ? fmt::format("worst gradient {} at step {} (rel err {:.3g}){}", worst_param, worst_step,
+                                     grad_max_rel, zero_note)
+                       : failures.front() + (failures.size() > 1 ? fmt::format(" (+{} more)", failures.size() - 1) : "");
+  return report;
+}
+
+}  // namespace pipecheck::harness

@@ -1,0 +1,86 @@
+// The suite runner (see run.h).
+#include "harness/run.h"
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "harness/errors.h"
+#include "harness/launcher.h"
+#include "harness/parity.h"
+#include "reports/report.h"
+
+namespace pipecheck::harness {
+namespace {
+
+// A number column for the table: short, or "-" when unmeasured.
+std::string Short(const std::string& value, const char* format) {
+  if (value.empty() || value == "nan") return "-";
+  try {
+    return fmt::format(fmt::runtime(format), std::stod(value));
+  } catch (const std::exception&) {
+    return value;
+  }
+}
+
+void PrintTable(const std::vector<reports::ScenarioReport>& reports, std::ostream& out) {
+  fmt::print(out, "\n{:<28} {:<7} {:>2} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6}\n", "scenario", "status", "ok",
+             "loss_diff", "grad_rel", "wt_rel", "ref_ms", "pp_ms", "pp_tok/s", "bub_th", "bub_ms");
+  for (const auto& r : reports) {
+    fmt::print(out, "{:<28} {:<7} {:>2} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6}\n", r.Get("scenario"),
+               r.Get("status"), r.Get("ok"), Short(r.Get("loss_max_abs_diff"), "{:.1e}"),
+               Short(r.Get("grad_max_rel_err"), "{:.1e}"), Short(r.Get("weights_max_rel_err"), "{:.1e}"),
+               Short(r.Get("ref_step_ms"), "{:.1f}"), Short(r.Get("pp_step_ms"), "{:.1f}"),
+               Short(r.Get("pp_tokens_per_s"), "{:.0f}"), Short(r.Get("bubble_theory"), "{:.2f}"),
+               Short(r.Get("bubble_measured"), "{:.2f}"));
+  }
+}
+
+}  // namespace
+
+int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions& options, std::ostream& out) {
+  const auto start = std::chrono::steady_clock::now();
+  LaunchOptions launch;
+  launch.executable = CurrentExecutable();
+  launch.scenarios_path = std::filesystem::absolute(options.scenarios_path).string();
+  launch.work_directory = (std::filesystem::path(options.out) / "work").string();
+  launch.timeout_seconds = options.timeout_seconds;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  std::vector<reports::ScenarioReport> reports;
+  std::vector<std::string> paths;
+  int not_ok = 0;
+  for (size_t i = 0; i < scenarios.size(); ++i) {
+    const auto& scenario = scenarios[i];
+    launch.threads_per_rank = options.threads_per_rank > 0
+                                  ? options.threads_per_rank
+                                  : std::max(1, cores / static_cast<int>(scenario.world_size));
+    const auto scenario_start = std::chrono::steady_clock::now();
+    reports::ScenarioReport report;
+    try {
+      report = LaunchScenario(scenario, launch);
+    } catch (const std::exception& error) {
+      report = FailedScenarioReport(scenario, "ERROR", "launcher: " + ErrorMessage(error));
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - scenario_start).count();
+    if (report.Get("ok") != "1") ++not_ok;
+    fmt::print(out, "[{}/{}] {:<28} {:<7} grad_rel {:>8} pp {:>7} tok/s {:6.1f} s{}\n", i + 1, scenarios.size(),
+               scenario.name, report.Get("status"), Short(report.Get("grad_max_rel_err"), "{:.1e}"),
+               Short(report.Get("pp_tokens_per_s"), "{:.0f}"), seconds,
+               report.Get("ok") == "1" ? "" : "  <- expected " + scenario.expect + ": " + report.Get("message"));
+    out.flush();
+    reports.push_back(std::move(report));
+    paths = reports::WriteReports(options.out, reports);
+  }
+  PrintTable(reports, out);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print(out, "\n{} scenarios, {} met their expectation, {} did not; {:.1f} s\nreports: {}\n", scenarios.size(),
+             scenarios.size() - not_ok, not_ok, seconds, fmt::join(paths, ", "));
+  return not_ok == 0 ? 0 : 1;
+}
+
+}  // namespace pipecheck::harness

@@ -1,0 +1,24 @@
+// `pipecheck run`: every selected scenario through both trainers, one process per rank,
+// a progress line as each finishes, a final table, and the reports rewritten after every
+// scenario (so an interrupted run still leaves complete, readable reports).
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "scenarios/scenario.h"
+
+namespace pipecheck::harness {
+
+struct RunOptions {
+  std::string scenarios_path;
+  std::string out;
+  double timeout_seconds = 300.0;
+  int threads_per_rank = 0;  // 0: the machine's cores shared among a scenario's ranks
+};
+
+// Exit code: 0 when every scenario met its expectation, 1 otherwise.
+int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions& options, std::ostream& out);
+
+}  // namespace pipecheck::harness

@@ -1,0 +1,26 @@
+// `pipecheck worker`: one rank of one scenario. Reads the torchrun contract from its
+// environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; SLURM_PROCID and
+// SLURM_NTASKS stand in for RANK and WORLD_SIZE under srun), trains its pipeline stages, sends
+// its results to rank 0; rank 0 then trains the reference, compares, and writes result.json
+// plus summary.csv, params.csv and steps.csv into --out.
+#pragma once
+
+#include <string>
+
+namespace pipecheck::harness {
+
+struct WorkerOptions {
+  std::string scenarios_path;
+  std::string scenario;
+  std::string out;
+  int threads = 0;  // intra-op threads; 0 keeps LibTorch's default
+};
+
+// Exit code: rank 0 returns 0 when the scenario met its expectation and 1 when not; other
+// ranks 0 once their results are delivered. Bad input (scenario, environment) is 2.
+int RunWorker(const WorkerOptions& options);
+
+// Name of the file rank 0 leaves in --out for the launcher.
+constexpr const char* kResultFile = "result.json";
+
+}  // namespace pipecheck::harness

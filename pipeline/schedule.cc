@@ -1,0 +1,175 @@
+// Schedule IR, generators and the communication-lowering pass (see schedule.h).
+#include "pipeline/schedule.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <tuple>
+
+namespace pipecheck::pipeline {
+namespace {
+
+struct KindName {
+  ActionKind kind;
+  const char* name;
+};
+
+// Longest names first, so parsing "SEND_F" never stops at a shorter prefix.
+constexpr KindName kKindNames[] = {
+    {ActionKind::kSendForward, "SEND_F"}, {ActionKind::kRecvForward, "RECV_F"},
+    {ActionKind::kSendBackward, "SEND_B"}, {ActionKind::kRecvBackward, "RECV_B"},
+    {ActionKind::kForward, "F"},           {ActionKind::kBackward, "B"},
+    {ActionKind::kBackwardInput, "I"},     {ActionKind::kBackwardWeight, "W"},
+};
+
+const char* KindText(ActionKind kind) {
+  for (const auto& entry : kKindNames) {
+    if (entry.kind == kind) return entry.name;
+  }
+  return "?";
+}
+
+Schedule EmptySchedule(const std::string& name, const PipelineShape& shape) {
+  if (shape.ranks < 1 || shape.microbatches < 1 || shape.virtual_stages < 1) {
+    throw ScheduleError(fmt::format("schedule {} needs ranks, virtual stages and microbatches >= 1 (got {}, {}, {})",
+                                    name, shape.ranks, shape.virtual_stages, shape.microbatches));
+  }
+  if (shape.virtual_stages != 1) {
+    throw ScheduleError(fmt::format("schedule {} runs one stage per rank; got {} virtual stages", name,
+                                    shape.virtual_stages));
+  }
+  return Schedule{name, shape, std::vector<std::vector<Action>>(shape.ranks)};
+}
+
+// A receive is always safe to post earlier; moving it ahead of the sends right before it
+// means no rank can sit in a send while its peer waits for it to post a receive.
+void PostReceivesBeforeSends(std::vector<Action>& actions) {
+  for (size_t i = 1; i < actions.size(); ++i) {
+    for (size_t j = i; j > 0 && actions[j].IsRecv() && actions[j - 1].IsSend(); --j) {
+      std::swap(actions[j], actions[j - 1]);
+    }
+  }
+}
+
+}  // namespace
+
+std::string Action::ToString() const { return fmt::format("{}{}{}", stage, KindText(kind), microbatch); }
+
+bool Action::IsCompute() const {
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput ||
+         kind == ActionKind::kBackwardWeight;
+}
+bool Action::IsSend() const { return kind == ActionKind::kSendForward || kind == ActionKind::kSendBackward; }
+bool Action::IsRecv() const { return kind == ActionKind::kRecvForward || kind == ActionKind::kRecvBackward; }
+
+bool Action::operator==(const Action& other) const {
+  return kind == other.kind && stage == other.stage && microbatch == other.microbatch;
+}
+
+bool Action::operator<(const Action& other) const {
+  return std::make_tuple(stage, static_cast<int>(kind), microbatch) <
+         std::make_tuple(other.stage, static_cast<int>(other.kind), other.microbatch);
+}
+
+Action ParseAction(const std::string& text) {
+  size_t position = 0;
+  while (position < text.size() && std::isdigit(static_cast<unsigned char>(text[position]))) ++position;
+  const size_t stage_end = position;
+  for (const auto& entry : kKindNames) {
+    const std::string name = entry.name;
+    if (text.compare(stage_end, name.size(), name) != 0) continue;
+    const size_t microbatch_start = stage_end + name.size();
+    const bool digits_follow = microbatch_start < text.size() &&
+                               std::all_of(text.begin() + microbatch_start, text.end(),
+                                           [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    if (stage_end == 0 || !digits_follow || stage_end > 6 || text.size() - microbatch_start > 6) break;
+    return Action{entry.kind, std::stoi(text.substr(0, stage_end)), std::stoi(text.substr(microbatch_start))};
+  }
+  throw ScheduleError(fmt::format("'{}' is not an action: expected STAGE KIND MICROBATCH such as 2F0 or 1SEND_B3 "
+                                  "(kinds F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B)", text));
+}
+
+const std::vector<std::string>& ScheduleNames() {
+  static const std::vector<std::string> names = {"gpipe", "1f1b"};
+  return names;
+}
+
+Schedule GPipeSchedule(const PipelineShape& shape) {
+  Schedule schedule = EmptySchedule("gpipe", shape);
+  for (int rank = 0; rank < shape.ranks; ++rank) {
+    auto& actions = schedule.ranks[rank];
+    for (int mb = 0; mb < shape.microbatches; ++mb) actions.push_back({ActionKind::kForward, rank, mb});
+    for (int mb = 0; mb < shape.microbatches; ++mb) actions.push_back({ActionKind::kBackward, rank, mb});
+  }
+  return schedule;
+}
+
+Schedule OneFOneBSchedule(const PipelineShape& shape) {
+  Schedule schedule = EmptySchedule("1f1b", shape);
+  const int m = shape.microbatches;
+  for (int rank = 0; rank < shape.ranks; ++rank) {
+    auto& actions = schedule.ranks[rank];
+    // Warm-up: enough forwards to fill the pipeline below this rank. A rank holds at most
+    // warmup + 1 microbatches' activations, which is what makes 1F1B cheaper than GPipe.
+    const int warmup = std::min(shape.ranks - 1 - rank, m);
+    for (int mb = 0; mb < warmup; ++mb) actions.push_back({ActionKind::kForward, rank, mb});
+    // Steady state: each new forward is paired with the oldest outstanding backward.
+    const int steady = m - warmup;
+    for (int i = 0; i < steady; ++i) {
+      actions.push_back({ActionKind::kForward, rank, warmup + i});
+      actions.push_back({ActionKind::kBackward, rank, i});
+    }
+    // Cool-down: drain the backwards of the warm-up forwards.
+    for (int mb = steady; mb < m; ++mb) actions.push_back({ActionKind::kBackward, rank, mb});
+  }
+  return schedule;
+}
+
+Schedule MakeSchedule(const std::string& name, const PipelineShape& shape) {
+  if (name == "gpipe") return GPipeSchedule(shape);
+  if (name == "1f1b") return OneFOneBSchedule(shape);
+  throw ScheduleError(fmt::format("unknown schedule '{}': expected one of {}", name, fmt::join(ScheduleNames(), ", ")));
+}
+
+Schedule AddCommunication(const Schedule& schedule) {
+  const auto& shape = schedule.shape;
+  Schedule lowered{schedule.name, shape, std::vector<std::vector<Action>>(shape.ranks)};
+  for (int rank = 0; rank < shape.ranks; ++rank) {
+    auto& out = lowered.ranks[rank];
+    for (const Action& action : schedule.ranks[rank]) {
+      const int s = action.stage, mb = action.microbatch;
+      const bool previous_remote = s > 0 && shape.RankOfStage(s - 1) != rank;
+      const bool next_remote = s + 1 < shape.stages() && shape.RankOfStage(s + 1) != rank;
+      switch (action.kind) {
+        case ActionKind::kForward:
+          if (previous_remote) out.push_back({ActionKind::kRecvForward, s, mb});
+          out.push_back(action);
+          if (next_remote) out.push_back({ActionKind::kSendForward, s, mb});
+          break;
+        case ActionKind::kBackward:
+        case ActionKind::kBackwardInput:
+          if (next_remote) out.push_back({ActionKind::kRecvBackward, s, mb});
+          out.push_back(action);
+          if (previous_remote) out.push_back({ActionKind::kSendBackward, s, mb});
+          break;
+        default:
+          out.push_back(action);
+      }
+    }
+    PostReceivesBeforeSends(out);
+  }
+  return lowered;
+}
+
+std::string FormatActions(const Schedule& schedule) {
+  std::string text;
+  for (size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    std::vector<std::string> items;
+    for (const auto& action : schedule.ranks[rank]) items.push_back(action.ToString());
+    text += fmt::format("rank {}: {}\n", rank, fmt::join(items, " "));
+  }
+  return text;
+}
+
+}  // namespace pipecheck::pipeline

@@ -1,0 +1,344 @@
+// The lockstep schedule simulator (see simulator.h).
+#include "pipeline/simulator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <tuple>
+
+namespace pipecheck::pipeline {
+namespace {
+
+using Key = std::tuple<int, int, int>;  // (kind, stage, microbatch)
+
+Key KeyOf(ActionKind kind, int stage, int microbatch) { return {static_cast<int>(kind), stage, microbatch}; }
+Key KeyOf(const Action& action) { return KeyOf(action.kind, action.stage, action.microbatch); }
+
+double CostOf(const Action& action, const CostModel& costs) {
+  switch (action.kind) {
+    case ActionKind::kForward: return costs.forward;
+    case ActionKind::kBackward: return costs.backward;
+    case ActionKind::kBackwardInput: return costs.backward_input;
+    case ActionKind::kBackwardWeight: return costs.backward_weight;
+    default: return 0.0;
+  }
+}
+
+// The message a send produces or a receive consumes: (direction, receiving stage, microbatch).
+Key MessageOf(const Action& action) {
+  switch (action.kind) {
+    case ActionKind::kSendForward: return {0, action.stage + 1, action.microbatch};
+    case ActionKind::kRecvForward: return {0, action.stage, action.microbatch};
+    case ActionKind::kSendBackward: return {1, action.stage - 1, action.microbatch};
+    default: return {1, action.stage, action.microbatch};  // kRecvBackward
+  }
+}
+
+std::string At(int rank, size_t index, const Action& action) {
+  return fmt::format("rank {} step {} ({})", rank, index, action.ToString());
+}
+
+// Checks that need no execution: placement, ranges, duplicates, completeness, message pairs
+// and same-rank ordering. Returns "" or the first problem.
+std::string CheckStatically(const Schedule& schedule) {
+  const auto& shape = schedule.shape;
+  if (static_cast<int>(schedule.ranks.size()) != shape.ranks) {
+    return fmt::format("schedule has {} rank lists for {} ranks", schedule.ranks.size(), shape.ranks);
+  }
+  std::map<Key, std::pair<int, size_t>> where;  // action -> (rank, index)
+  std::map<Key, int> sends, recvs;              // message -> rank
+  for (int rank = 0; rank < shape.ranks; ++rank) {
+    for (size_t i = 0; i < schedule.ranks[rank].size(); ++i) {
+      const Action& a = schedule.ranks[rank][i];
+      if (a.stage < 0 || a.stage >= shape.stages() || a.microbatch < 0 || a.microbatch >= shape.microbatches) {
+        return fmt::format("{}: stage or microbatch out of range ({} stages, {} microbatches)", At(rank, i, a),
+                           shape.stages(), shape.microbatches);
+      }
+      if (shape.RankOfStage(a.stage) != rank) {
+        return fmt::format("{}: stage {} runs on rank {}", At(rank, i, a), a.stage, shape.RankOfStage(a.stage));
+      }
+      auto [previous, inserted] = where.emplace(KeyOf(a), std::make_pair(rank, i));
+      if (!inserted) return fmt::format("{}: repeated (first at step {})", At(rank, i, a), previous->second.second);
+      if (a.IsSend()) sends[MessageOf(a)] = rank;
+      if (a.IsRecv()) recvs[MessageOf(a)] = rank;
+    }
+  }
+  auto index_of = [&](ActionKind kind, int stage, int mb) -> std::optional<size_t> {
+    auto found = where.find(KeyOf(kind, stage, mb));
+    if (found == where.end()) return std::nullopt;
+    return found->second.second;
+  };
+  for (int stage = 0; stage < shape.stages(); ++stage) {
+    const int rank = shape.RankOfStage(stage);
+    for (int mb = 0; mb < shape.microbatches; ++mb) {
+      const Action forward{ActionKind::kForward, stage, mb};
+      auto f = index_of(ActionKind::kForward, stage, mb);
+      auto b = index_of(ActionKind::kBackward, stage, mb);
+      auto i = index_of(ActionKind::kBackwardInput, stage, mb);
+      auto w = index_of(ActionKind::kBackwardWeight, stage, mb);
+      if (!f) return fmt::format("rank {}: missing {}", rank, forward.ToString());
+      if (!b && !(i && w)) {
+        return fmt::format("rank {}: missing {} (or both {} and {})", rank, Action{ActionKind::kBackward, stage, mb}.ToString(),
+                           Action{ActionKind::kBackwardInput, stage, mb}.ToString(),
+                           Action{ActionKind::kBackwardWeight, stage, mb}.ToString());
+      }
+      if (b && (i || w)) return fmt::format("rank {}: {} is done both whole and split", rank, forward.ToString());
+      const size_t backward_index = b ? *b : *i;
+      if (backward_index < *f) {
+        return fmt::format("rank {} step {}: backward of stage {} microbatch {} comes before its forward (step {})",
+                           rank, backward_index, stage, mb, *f);
+      }
+      if (i && w && *w < *i) {
+        return fmt::format("rank {} step {}: weight gradient of stage {} microbatch {} comes before its input "
+                           "gradient (step {})", rank, *w, stage, mb, *i);
+      }
+    }
+  }
+  for (const auto& [message, rank] : sends) {
+    if (!recvs.count(message)) {
+      const auto& [direction, stage, mb] = message;
+      return fmt::format("rank {}: a send of stage {}'s {} for microbatch {} has no matching receive", rank,
+                         direction == 0 ? stage - 1 : stage + 1, direction == 0 ? "activation" : "gradient", mb);
+    }
+  }
+  for (const auto& [message, rank] : recvs) {
+    if (!sends.count(message)) {
+      const auto& [direction, stage, mb] = message;
+      return fmt::format("rank {}: a receive of stage {}'s {} for microbatch {} has no matching send", rank, stage,
+                         direction == 0 ? "input" : "output gradient", mb);
+    }
+  }
+  return "";
+}
+
+// Lockstep execution state.
+class Lockstep {
+ public:
+  Lockstep(const Schedule& schedule, SendSemantics semantics, const CostModel& costs)
+      : schedule_(schedule), semantics_(semantics), costs_(costs), shape_(schedule.shape),
+        next_(shape_.ranks, 0), clock_(shape_.ranks, 0.0), in_flight_(shape_.ranks, 0) {
+    result_.busy.assign(shape_.ranks, 0.0);
+    result_.peak_in_flight.assign(shape_.ranks, 0);
+    result_.start_times.resize(shape_.ranks);
+    for (int r = 0; r < shape_.ranks; ++r) result_.start_times[r].assign(schedule.ranks[r].size(), 0.0);
+    grid_.resize(shape_.ranks);
+  }
+
+  SimulationResult Run() {
+    while (!Finished()) {
+      std::vector<int> ready;
+      for (int r = 0; r < shape_.ranks; ++r) {
+        if (next_[r] < schedule_.ranks[r].size() && ReadyTime(r, schedule_.ranks[r][next_[r]])) ready.push_back(r);
+      }
+      if (ready.empty()) return Fail("deadlock: no rank can take its next step");
+      for (int r = 0; r < shape_.ranks; ++r) {
+        const bool moves = std::find(ready.begin(), ready.end(), r) != ready.end();
+        grid_[r].push_back(moves ? schedule_.ranks[r][next_[r]].ToString() : (next_[r] < schedule_.ranks[r].size() ? "." : ""));
+      }
+      for (int r : ready) Execute(r);
+    }
+    double makespan = 0.0, busy = 0.0;
+    for (int r = 0; r < shape_.ranks; ++r) makespan = std::max(makespan, clock_[r]);
+    for (double b : result_.busy) busy += b;
+    result_.ok = true;
+    result_.makespan = makespan;
+    result_.bubble = makespan > 0 ? 1.0 - busy / (shape_.ranks * makespan) : 0.0;
+    result_.grid = Grid(-1);
+    return result_;
+  }
+
+ private:
+  bool Finished() const {
+    for (int r = 0; r < shape_.ranks; ++r) {
+      if (next_[r] < schedule_.ranks[r].size()) return false;
+    }
+    return true;
+  }
+
+  // When rank r's next action may start, or nothing if it must wait.
+  std::optional<double> ReadyTime(int r, const Action& a) const {
+    const int s = a.stage, mb = a.microbatch;
+    auto done = [&](ActionKind kind, int stage) -> std::optional<double> {
+      auto found = finished_.find(KeyOf(kind, stage, mb));
+      if (found == finished_.end()) return std::nullopt;
+      return found->second;
+    };
+    auto arrived = [&](int direction, int stage) -> std::optional<double> {
+      const Key message{direction, stage, mb};
+      if (!posted_.count(message)) return std::nullopt;
+      auto sent = sent_.find(message);
+      if (sent == sent_.end()) return std::nullopt;
+      return std::max(clock_[r], sent->second);
+    };
+    auto backward_done = [&](int stage) {
+      auto whole = done(ActionKind::kBackward, stage);
+      return whole ? whole : done(ActionKind::kBackwardInput, stage);
+    };
+    switch (a.kind) {
+      case ActionKind::kForward: {
+        if (s == 0) return clock_[r];
+        auto input = shape_.RankOfStage(s - 1) == r ? done(ActionKind::kForward, s - 1) : arrived(0, s);
+        if (!input) return std::nullopt;
+        return std::max(clock_[r], *input);
+      }
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput: {
+        if (!done(ActionKind::kForward, s)) return std::nullopt;
+        if (s + 1 == shape_.stages()) return clock_[r];
+        auto gradient = shape_.RankOfStage(s + 1) == r ? backward_done(s + 1) : arrived(1, s);
+        if (!gradient) return std::nullopt;
+        return std::max(clock_[r], *gradient);
+      }
+      case ActionKind::kBackwardWeight:
+        return done(ActionKind::kBackwardInput, s) ? std::optional<double>(clock_[r]) : std::nullopt;
+      case ActionKind::kSendForward:
+      case ActionKind::kSendBackward: {
+        const bool produced = a.kind == ActionKind::kSendForward ? done(ActionKind::kForward, s).has_value()
+                                                                 : backward_done(s).has_value();
+        if (!produced) return std::nullopt;
+        if (semantics_ == SendSemantics::kBuffered) return clock_[r];
+        auto receiver = posted_.find(MessageOf(a));
+        if (receiver == posted_.end()) return std::nullopt;
+        return std::max(clock_[r], receiver->second);
+      }
+      default:
+        return clock_[r];  // posting a receive never waits
+    }
+  }
+
+  void Execute(int r) {
+    const Action& a = schedule_.ranks[r][next_[r]];
+    const double start = *ReadyTime(r, a);
+    const double end = start + CostOf(a, costs_);
+    result_.start_times[r][next_[r]] = start;
+    clock_[r] = end;
+    if (a.IsCompute()) {
+      result_.busy[r] += end - start;
+      finished_[KeyOf(a)] = end;
+      if (a.kind == ActionKind::kForward) ++in_flight_[r];
+      if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --in_flight_[r];
+      result_.peak_in_flight[r] = std::max(result_.peak_in_flight[r], in_flight_[r]);
+    } else if (a.IsSend()) {
+      sent_[MessageOf(a)] = end;
+    } else {
+      posted_[MessageOf(a)] = end;
+    }
+    ++next_[r];
+  }
+
+  // The grid of lockstep steps; with `failed` >= 0 a last column marks each rank's stuck action.
+  std::string Grid(int failed) const {
+    size_t width = 4;
+    for (const auto& row : grid_) {
+      for (const auto& cell : row) width = std::max(width, cell.size() + 1);
+    }
+    for (int r = 0; r < shape_.ranks; ++r) {
+      if (next_[r] < schedule_.ranks[r].size()) width = std::max(width, schedule_.ranks[r][next_[r]].ToString().size() + 3);
+    }
+    const size_t steps = grid_.empty() ? 0 : grid_[0].size();
+    std::string text = fmt::format("{:<8}", "step");
+    for (size_t i = 0; i < steps; ++i) text += fmt::format("{:>{}}", i, width);
+    if (failed >= 0) text += fmt::format("{:>{}}", fmt::format("{}", steps), width);
+    text += "\n";
+    for (int r = 0; r < shape_.ranks; ++r) {
+      text += fmt::format("{:<8}", fmt::format("rank {}", r));
+      for (const auto& cell : grid_[r]) text += fmt::format("{:>{}}", cell, width);
+      if (failed >= 0) {
+        const bool stuck = next_[r] < schedule_.ranks[r].size();
+        text += fmt::format("{:>{}}", stuck ? ">" + schedule_.ranks[r][next_[r]].ToString() + "<" : "done", width);
+      }
+      text += "\n";
+    }
+    if (failed >= 0) text += "(>X< marks the action each rank is stuck on)\n";
+    return text;
+  }
+
+  SimulationResult Fail(const std::string& why) {
+    result_.ok = false;
+    result_.grid = Grid(1);
+    std::vector<std::string> stuck;
+    for (int r = 0; r < shape_.ranks; ++r) {
+      if (next_[r] < schedule_.ranks[r].size()) stuck.push_back(At(r, next_[r], schedule_.ranks[r][next_[r]]));
+    }
+    result_.error = fmt::format("{} at lockstep step {}; waiting: {}\n{}", why, grid_.empty() ? 0 : grid_[0].size(),
+                                fmt::join(stuck, ", "), result_.grid);
+    return result_;
+  }
+
+  const Schedule& schedule_;
+  SendSemantics semantics_;
+  CostModel costs_;
+  PipelineShape shape_;
+  std::vector<size_t> next_;
+  std::vector<double> clock_;
+  std::vector<int> in_flight_;
+  std::map<Key, double> finished_;  // compute action -> end time
+  std::map<Key, double> sent_;      // message -> send time
+  std::map<Key, double> posted_;    // message -> receive posted time
+  std::vector<std::vector<std::string>> grid_;
+  SimulationResult result_;
+};
+
+}  // namespace
+
+SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, const CostModel& costs) {
+  const std::string problem = CheckStatically(schedule);
+  if (!problem.empty()) {
+    SimulationResult result;
+    result.error = problem;
+    return result;
+  }
+  return Lockstep(schedule, semantics, costs).Run();
+}
+
+SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs) {
+  for (auto semantics : {SendSemantics::kRendezvous, SendSemantics::kBuffered}) {
+    auto result = Simulate(schedule, semantics, costs);
+    if (!result.ok) {
+      throw ScheduleError(fmt::format("schedule {} ({} ranks, {} microbatches) is invalid{}: {}", schedule.name,
+                                      schedule.shape.ranks, schedule.shape.microbatches,
+                                      semantics == SendSemantics::kRendezvous ? " when sends wait for receives" : "",
+                                      result.error));
+    }
+    if (semantics == SendSemantics::kBuffered) return result;
+  }
+  return {};
+}
+
+std::string FormatTimeline(const Schedule& schedule, const SimulationResult& result, const CostModel& costs) {
+  // Cells of the smallest cost among the actions present; each compute action fills its span.
+  double unit = 0.0;
+  for (const auto& actions : schedule.ranks) {
+    for (const auto& a : actions) {
+      if (a.IsCompute() && CostOf(a, costs) > 0) unit = unit > 0 ? std::min(unit, CostOf(a, costs)) : CostOf(a, costs);
+    }
+  }
+  if (unit <= 0) unit = 1.0;
+  const int columns = static_cast<int>(std::ceil(result.makespan / unit - 1e-9));
+  std::vector<std::vector<std::string>> rows(schedule.ranks.size(), std::vector<std::string>(columns, "."));
+  size_t width = 3;
+  for (size_t r = 0; r < schedule.ranks.size(); ++r) {
+    for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+      const Action& a = schedule.ranks[r][i];
+      if (!a.IsCompute()) continue;
+      const int first = static_cast<int>(std::lround(result.start_times[r][i] / unit));
+      const int span = static_cast<int>(std::lround(CostOf(a, costs) / unit));
+      const std::string label = a.ToString().substr(std::to_string(a.stage).size());  // "F3"
+      width = std::max(width, label.size() + 1);
+      for (int c = first; c < first + span && c < columns; ++c) rows[r][c] = label;
+    }
+  }
+  std::string text;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    text += fmt::format("rank {:<3}", r);
+    for (const auto& cell : rows[r]) text += fmt::format("{:>{}}", cell, width);
+    text += "\n";
+  }
+  return text;
+}
+
+}  // namespace pipecheck::pipeline

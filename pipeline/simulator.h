@@ -1,0 +1,50 @@
+// Runs every rank's action list together, in lockstep, to decide whether a schedule is valid
+// before anything executes it: it rejects actions on the wrong rank, repeated or missing
+// work, sends without receives, broken dependencies and deadlocks (also those that appear only
+// when a send blocks until its receive is posted). On failure it prints a step-by-rank grid
+// that marks where each rank stopped. It also predicts the bubble and peak in-flight
+// microbatches under a cost model. Not a performance model of any real machine.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pipeline/schedule.h"
+
+namespace pipecheck::pipeline {
+
+// Durations of compute actions; communication is free.
+struct CostModel {
+  double forward = 1.0;
+  double backward = 1.0;         // B
+  double backward_input = 0.5;   // I
+  double backward_weight = 0.5;  // W
+};
+
+enum class SendSemantics {
+  kBuffered,    // a send completes at once (the message waits at the receiver)
+  kRendezvous,  // a send completes only once the receiver has posted the matching receive
+};
+
+struct SimulationResult {
+  bool ok = false;
+  std::string error;  // why not, with the grid, when !ok
+  std::string grid;   // step-by-rank grid of the lockstep run
+  double makespan = 0.0;
+  double bubble = 0.0;                 // 1 - busy / (ranks * makespan)
+  std::vector<double> busy;            // per rank
+  std::vector<int> peak_in_flight;     // per rank: most microbatches forwarded, not yet backwarded
+  std::vector<std::vector<double>> start_times;  // [rank][action index]
+};
+
+// Simulates a lowered schedule (with communication).
+SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, const CostModel& costs = {});
+
+// Simulates under both send semantics; throws ScheduleError with the first failure's report.
+// Returns the buffered run's result.
+SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs = {});
+
+// A time chart of the schedule: one row per rank, one column per time unit of `costs`.
+std::string FormatTimeline(const Schedule& schedule, const SimulationResult& result, const CostModel& costs);
+
+}  // namespace pipecheck::pipeline

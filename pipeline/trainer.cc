@@ -1,0 +1,424 @@
+// The pipeline executor and trainer (see trainer.h).
+#include "pipeline/trainer.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/serialize.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include "pipeline/partition.h"
+#include "reference/loss.h"
+
+namespace pipecheck::pipeline {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using StageMicrobatch = std::pair<int, int>;
+
+double MicrosecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+}
+
+// Megatron's memory trick: once an output has been sent, backward needs only its graph, so its
+// data can go. Only for outputs whose producing op keeps no reference to its own result
+// (an addition, an embedding lookup): for any other op freeing could corrupt backward.
+void ReleaseOutputData(torch::Tensor& output) {
+  const auto function = output.grad_fn();
+  if (!function) return;  // an empty stage's output is its input: nothing of its own to free
+  const std::string name = function->name();
+  if (name == "AddBackward0" || name == "EmbeddingBackward0") output.set_data(torch::empty({0}, output.options()));
+}
+
+// Backward from `output` with `gradient`, straight through the engine: unlike
+// torch::autograd::backward it does not compare against the output's (possibly freed) data.
+void BackwardFrom(const torch::Tensor& output, const torch::Tensor& gradient) {
+  torch::autograd::Engine::get_default_engine().execute({torch::autograd::impl::gradient_edge(output)}, {gradient},
+                                                        /*keep_graph=*/false, /*create_graph=*/false,
+                                                        /*accumulate_grad=*/true);
+}
+
+}  // namespace
+
+struct PipelineTrainer::Stage {
+  int index = 0;
+  reference::SliceSpec slice;
+  reference::TransformerSlice module{nullptr};
+  std::vector<torch::Tensor> parameters;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+};
+
+// Everything one step keeps between actions, keyed by (stage, microbatch). Each entry is
+// removed by the action that consumes it, so an empty state at the end proves the list did
+// all its work.
+struct PipelineTrainer::StepState {
+  reference::Batch batch;
+  std::vector<reference::Batch> microbatches;
+  std::map<StageMicrobatch, torch::Tensor> inputs;       // leaf inputs of non-first stages
+  std::map<StageMicrobatch, torch::Tensor> outputs;      // outputs of non-last stages (graph)
+  std::map<StageMicrobatch, torch::Tensor> losses;       // last stage's loss terms
+  std::map<StageMicrobatch, torch::Tensor> input_grads;  // waiting to be sent or handed on
+  std::map<std::tuple<int, int, int>, std::unique_ptr<PendingRecv>> receives;  // (direction, stage, mb)
+  std::vector<std::unique_ptr<PendingSend>> sends;
+  double loss = 0.0;
+};
+
+Schedule BuildSchedule(const PipelineConfig& config) {
+  const PipelineShape shape{config.world_size, config.virtual_stages, config.microbatches};
+  Schedule lowered = AddCommunication(MakeSchedule(config.schedule, shape));
+  ValidateSchedule(lowered);
+  return lowered;
+}
+
+PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport)
+    : config_(config), transport_(transport), schedule_(BuildSchedule(config)) {
+  TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
+              " but ", transport.world_size(), " ranks were started");
+  reference::CheckDtypeSupported(config.train.dtype, config.train.device);
+  const auto& model = config.train.model;
+  num_stages_ = schedule_.shape.stages();
+  const auto slices = StageSlices(PartitionLayers(model, num_stages_, config.partition));
+  for (int s = 0; s < num_stages_; ++s) {
+    if (schedule_.shape.RankOfStage(s) != transport.rank()) continue;
+    auto stage = std::make_unique<Stage>();
+    stage->index = s;
+    stage->slice = slices[s];
+    stage->module = reference::BuildSlice(model, slices[s], config.train.seed, config.train.dtype, config.train.device);
+    stage->parameters = stage->module->parameters();
+    stage->optimizer = reference::MakeOptimizer(config.train.optimizer, stage->parameters);
+    stages_.push_back(std::move(stage));
+  }
+}
+
+PipelineTrainer::~PipelineTrainer() = default;
+
+PipelineTrainer::Stage& PipelineTrainer::StageAt(int stage) {
+  for (auto& candidate : stages_) {
+    if (candidate->index == stage) return *candidate;
+  }
+  TORCH_CHECK(false, "rank ", transport_.rank(), " does not hold stage ", stage);
+}
+
+void PipelineTrainer::Forward(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  const auto& part = state.microbatches[mb];
+  const auto device = config_.train.device;
+  Stage& stage = StageAt(s);
+  torch::Tensor input;
+  if (s == 0) {
+    input = part.tokens.to(device);  // (b, t) int64
+  } else if (schedule_.shape.RankOfStage(s - 1) == transport_.rank()) {
+    input = state.outputs.at({s - 1, mb}).detach().requires_grad_(true);  // (b, t, hidden)
+    state.inputs[{s, mb}] = input;
+  } else {
+    auto received = state.receives.find({0, s, mb});
+    TORCH_CHECK(received != state.receives.end(), "rank ", transport_.rank(), ": ", action.ToString(),
+                " has no posted receive for its input");
+    input = received->second->Wait().requires_grad_(true);  // (b, t, hidden)
+    state.receives.erase(received);
+    state.inputs[{s, mb}] = input;
+  }
+  auto context = reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(), config_.train.dtype,
+                                                 device);
+  auto output = stage.module->forward(input, context);
+  if (stage.slice.has_head) {
+    // Summed token loss over the *whole batch's* token count: microbatch terms add up exactly.
+    auto loss = reference::TokenLossSum(output, part.labels.to(device)) / static_cast<double>(state.batch.valid_tokens);
+    state.loss += loss.item<double>();
+    state.losses[{s, mb}] = loss;
+  } else {
+    state.outputs[{s, mb}] = output;
+  }
+}
+
+void PipelineTrainer::Backward(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  Stage& stage = StageAt(s);
+  torch::Tensor input_gradient_passthrough;
+  if (stage.slice.has_head) {
+    auto loss = state.losses.at({s, mb});
+    state.losses.erase({s, mb});
+    loss.backward();
+  } else {
+    torch::Tensor gradient;
+    if (schedule_.shape.RankOfStage(s + 1) == transport_.rank()) {
+      gradient = state.input_grads.at({s + 1, mb});
+      state.input_grads.erase({s + 1, mb});
+    } else {
+      auto received = state.receives.find({1, s, mb});
+      TORCH_CHECK(received != state.receives.end(), "rank ", transport_.rank(), ": ", action.ToString(),
+                  " has no posted receive for its output gradient");
+      gradient = received->second->Wait();  // (b, t, hidden)
+      state.receives.erase(received);
+    }
+    auto output = state.outputs.at({s, mb});
+    state.outputs.erase({s, mb});
+    if (output.grad_fn()) {
+      BackwardFrom(output, gradient);
+    } else {
+      input_gradient_passthrough = gradient;  // an empty stage: its output is its input
+    }
+  }
+  if (s > 0) {
+    auto input = state.inputs.at({s, mb});
+    state.inputs.erase({s, mb});
+    auto gradient = input_gradient_passthrough.defined() ? input_gradient_passthrough : input.grad();
+    TORCH_CHECK(gradient.defined(), "rank ", transport_.rank(), ": ", action.ToString(),
+                " produced no gradient for its input");
+    state.input_grads[{s, mb}] = gradient;
+  }
+}
+
+void PipelineTrainer::Execute(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  const auto device = config_.train.device;
+  switch (action.kind) {
+    case ActionKind::kForward:
+      Forward(action, state);
+      break;
+    case ActionKind::kBackward:
+      Backward(action, state);
+      break;
+    case ActionKind::kRecvForward:
+      state.receives[{0, s, mb}] = transport_.Recv(schedule_.shape.RankOfStage(s - 1),
+                                                   MessageTag(Direction::kActivation, s, mb), device);
+      break;
+    case ActionKind::kRecvBackward:
+      state.receives[{1, s, mb}] = transport_.Recv(schedule_.shape.RankOfStage(s + 1),
+                                                   MessageTag(Direction::kGradient, s, mb), device);
+      break;
+    case ActionKind::kSendForward: {
+      auto& output = state.outputs.at({s, mb});
+      state.sends.push_back(transport_.Send(output.detach(), schedule_.shape.RankOfStage(s + 1),
+                                            MessageTag(Direction::kActivation, s + 1, mb)));
+      ReleaseOutputData(output);
+      break;
+    }
+    case ActionKind::kSendBackward: {
+      auto gradient = state.input_grads.at({s, mb});
+      state.input_grads.erase({s, mb});
+      state.sends.push_back(transport_.Send(gradient, schedule_.shape.RankOfStage(s - 1),
+                                            MessageTag(Direction::kGradient, s - 1, mb)));
+      break;
+    }
+    default:
+      TORCH_CHECK(false, "rank ", transport_.rank(), ": action ", action.ToString(),
+                  " (split backward) is not supported by this executor yet");
+  }
+}
+
+std::vector<torch::Tensor> PipelineTrainer::OwnedParameters(bool count_tied_copy) const {
+  std::vector<torch::Tensor> parameters;
+  for (const auto& stage : stages_) {
+    for (const auto& item : stage->module->named_parameters()) {
+      // The last stage's copy of a tied embedding is the same weight as stage 0's: count once.
+      const bool tied_copy = config_.train.model.tied && stage->slice.has_head && !stage->slice.has_embedding &&
+                             item.key() == "tok_embeddings.weight";
+      if (count_tied_copy || !tied_copy) parameters.push_back(item.value());
+    }
+  }
+  return parameters;
+}
+
+void PipelineTrainer::SyncTiedGradients() {
+  if (!config_.train.model.tied || num_stages_ == 1) return;
+  const int last = num_stages_ - 1;
+  const int first_rank = schedule_.shape.RankOfStage(0), last_rank = schedule_.shape.RankOfStage(last);
+  const int rank = transport_.rank();
+  auto gradient_of = [&](int stage) {
+    auto gradient = StageAt(stage).module->named_parameters()["tok_embeddings.weight"].grad();
+    TORCH_CHECK(gradient.defined(), "rank ", rank, ": tied weight of stage ", stage, " has no gradient");
+    return gradient;
+  };
+  // Both owners compute first + last in the same order, so their sums are bitwise equal.
+  if (first_rank == last_rank) {
+    if (rank != first_rank) return;
+    auto first = gradient_of(0), copy = gradient_of(last);
+    auto sum = first + copy;
+    first.copy_(sum);
+    copy.copy_(sum);
+    return;
+  }
+  if (rank != first_rank && rank != last_rank) return;
+  const bool is_first = rank == first_rank;
+  const int own_stage = is_first ? 0 : last, peer_stage = is_first ? last : 0;
+  auto own = gradient_of(own_stage);
+  auto receive = transport_.Recv(is_first ? last_rank : first_rank,
+                                 MessageTag(Direction::kTiedGradient, peer_stage, 0), own.device());
+  auto send = transport_.Send(own, is_first ? last_rank : first_rank, MessageTag(Direction::kTiedGradient, own_stage, 0));
+  auto other = receive->Wait();
+  send->Wait();
+  auto sum = is_first ? own + other : other + own;
+  own.copy_(sum);
+}
+
+double PipelineTrainer::ClipGradients() {
+  const double local = reference::GradSquaredSum(OwnedParameters(/*count_tied_copy=*/false));
+  double total = 0.0;
+  for (double part : transport_.AllGather(local)) total += part;  // rank order: identical everywhere
+  const double norm = std::sqrt(total);
+  reference::ScaleGradients(OwnedParameters(/*count_tied_copy=*/true), reference::ClipFactor(norm, config_.train.clip));
+  return norm;
+}
+
+void PipelineTrainer::Step(int64_t step, RankResult& result) {
+  StepState state;
+  state.batch = reference::MakeBatch(config_.train.data, config_.train.seed, step);
+  state.microbatches = reference::SplitMicrobatches(state.batch, config_.microbatches);
+  for (auto& parameter : OwnedParameters(true)) parameter.mutable_grad().reset();
+
+  const auto start = Clock::now();
+  for (const Action& action : schedule_.ranks[transport_.rank()]) {
+    const double action_start = MicrosecondsSince(start);
+    Execute(action, state);
+    result.timeline.push_back({step, action, action_start, MicrosecondsSince(start)});
+  }
+  for (auto& send : state.sends) send->Wait();
+  TORCH_CHECK(state.receives.empty() && state.inputs.empty() && state.outputs.empty() && state.losses.empty() &&
+                  state.input_grads.empty(),
+              "rank ", transport_.rank(), " step ", step, " ended with work pending: ", state.receives.size(),
+              " receives, ", state.inputs.size(), " inputs, ", state.outputs.size(), " outputs, ", state.losses.size(),
+              " losses, ", state.input_grads.size(), " gradients");
+  SyncTiedGradients();
+  result.grad_norms.push_back(ClipGradients());
+  const auto backward_done = Clock::now();
+
+  if (config_.train.record_gradients) {
+    reference::NamedTensors gradients;
+    for (const auto& stage : stages_) {
+      for (const auto& item : stage->module->named_parameters()) {
+        if (item.value().grad().defined()) gradients.insert(item.key(), item.value().grad().detach().clone());
+      }
+    }
+    result.gradients.push_back(std::move(gradients));
+  }
+
+  const auto update_start = Clock::now();
+  for (auto& stage : stages_) stage->optimizer->step();
+  const auto end = Clock::now();
+  result.step_ms.push_back(
+      std::chrono::duration<double, std::milli>((backward_done - start) + (end - update_start)).count());
+  const bool has_loss = stages_.back()->slice.has_head;
+  result.losses.push_back(has_loss ? state.loss : std::numeric_limits<double>::quiet_NaN());
+}
+
+RankResult PipelineTrainer::Train() {
+  RankResult result;
+  result.rank = transport_.rank();
+  for (const auto& stage : stages_) result.stages.push_back(stage->index);
+  for (int64_t step = 0; step < config_.train.steps; ++step) Step(step, result);
+  for (const auto& stage : stages_) {
+    for (const auto& item : stage->module->named_parameters()) {
+      result.final_weights.insert(item.key(), item.value().detach().clone());
+    }
+  }
+  return result;
+}
+
+// ---- Results to rank 0 ----------------------------------------------------------------------
+
+namespace {
+
+c10::List<torch::Tensor> TensorsOf(const reference::NamedTensors& tensors) {
+  c10::List<torch::Tensor> list;
+  for (const auto& item : tensors) list.push_back(item.value().cpu());
+  return list;
+}
+
+c10::List<std::string> NamesOf(const reference::NamedTensors& tensors) {
+  c10::List<std::string> list;
+  for (const auto& item : tensors) list.push_back(item.key());
+  return list;
+}
+
+reference::NamedTensors Zip(const c10::List<std::string>& names, const c10::List<torch::Tensor>& tensors) {
+  reference::NamedTensors named;
+  for (size_t i = 0; i < names.size(); ++i) named.insert(names.get(i), tensors.get(i));
+  return named;
+}
+
+torch::Tensor Doubles(const std::vector<double>& values) {
+  return torch::tensor(values.empty() ? std::vector<double>{} : values, torch::kFloat64);
+}
+
+std::vector<double> ToDoubles(const torch::Tensor& tensor) {
+  auto contiguous = tensor.contiguous();
+  return std::vector<double>(contiguous.data_ptr<double>(), contiguous.data_ptr<double>() + contiguous.numel());
+}
+
+}  // namespace
+
+torch::Tensor SerializeRankResult(const RankResult& result) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("rank", static_cast<int64_t>(result.rank));
+  dict.insert("stages", c10::List<int64_t>(std::vector<int64_t>(result.stages.begin(), result.stages.end())));
+  dict.insert("losses", Doubles(result.losses));
+  dict.insert("step_ms", Doubles(result.step_ms));
+  dict.insert("grad_norms", Doubles(result.grad_norms));
+  c10::List<c10::List<torch::Tensor>> gradients;
+  c10::List<c10::List<std::string>> gradient_names;
+  for (const auto& step : result.gradients) {
+    gradients.push_back(TensorsOf(step));
+    gradient_names.push_back(NamesOf(step));
+  }
+  dict.insert("gradients", gradients);
+  dict.insert("gradient_names", gradient_names);
+  dict.insert("weights", TensorsOf(result.final_weights));
+  dict.insert("weight_names", NamesOf(result.final_weights));
+  std::vector<double> timeline;
+  for (const auto& t : result.timeline) {
+    timeline.insert(timeline.end(), {static_cast<double>(t.step), static_cast<double>(t.action.kind),
+                                     static_cast<double>(t.action.stage), static_cast<double>(t.action.microbatch),
+                                     t.start_us, t.end_us});
+  }
+  dict.insert("timeline", Doubles(timeline));
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  return torch::from_blob(const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kUInt8).clone();
+}
+
+RankResult DeserializeRankResult(const torch::Tensor& bytes) {
+  auto contiguous = bytes.contiguous();
+  const char* data = reinterpret_cast<const char*>(contiguous.data_ptr<uint8_t>());
+  const auto dict = torch::pickle_load(std::vector<char>(data, data + contiguous.numel())).toGenericDict();
+  RankResult result;
+  result.rank = static_cast<int>(dict.at("rank").toInt());
+  for (int64_t stage : dict.at("stages").toIntVector()) result.stages.push_back(static_cast<int>(stage));
+  result.losses = ToDoubles(dict.at("losses").toTensor());
+  result.step_ms = ToDoubles(dict.at("step_ms").toTensor());
+  result.grad_norms = ToDoubles(dict.at("grad_norms").toTensor());
+  const auto gradients = dict.at("gradients").toList();
+  const auto gradient_names = dict.at("gradient_names").toList();
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    result.gradients.push_back(Zip(c10::impl::toTypedList<std::string>(gradient_names.get(i).toList()),
+                                   c10::impl::toTypedList<torch::Tensor>(gradients.get(i).toList())));
+  }
+  result.final_weights = Zip(c10::impl::toTypedList<std::string>(dict.at("weight_names").toList()),
+                             c10::impl::toTypedList<torch::Tensor>(dict.at("weights").toList()));
+  const auto timeline = ToDoubles(dict.at("timeline").toTensor());
+  for (size_t i = 0; i + 5 < timeline.size(); i += 6) {
+    Action action{static_cast<ActionKind>(static_cast<int>(timeline[i + 1])), static_cast<int>(timeline[i + 2]),
+                  static_cast<int>(timeline[i + 3])};
+    result.timeline.push_back({static_cast<int64_t>(timeline[i]), action, timeline[i + 4], timeline[i + 5]});
+  }
+  return result;
+}
+
+std::vector<RankResult> GatherResults(Transport& transport, RankResult own) {
+  if (transport.rank() != 0) {
+    transport.Send(SerializeRankResult(own), 0, MessageTag(Direction::kResult, transport.rank(), 0))->Wait();
+    return {};
+  }
+  std::vector<RankResult> results;
+  results.push_back(std::move(own));
+  for (int rank = 1; rank < transport.world_size(); ++rank) {
+    auto bytes = transport.Recv(rank, MessageTag(Direction::kResult, rank, 0), torch::kCPU)->Wait();
+    results.push_back(DeserializeRankResult(bytes));
+  }
+  return results;
+}
+
+}  // namespace pipecheck::pipeline

@@ -1,0 +1,93 @@
+// One rank of the pipeline-parallel trainer: builds this rank's stages (same global names and
+// initial values as the reference), then each step interprets this rank's simulator-accepted
+// action list, sums the tied weight's gradients between its two owners, clips by the global
+// norm over all ranks and applies the optimizer. The executor decides nothing: it only does
+// what the list says, and ends each step by checking that nothing is left pending.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipeline/schedule.h"
+#include "pipeline/simulator.h"
+#include "pipeline/transport.h"
+#include "reference/trainer.h"
+
+namespace pipecheck::pipeline {
+
+struct PipelineConfig {
+  reference::TrainConfig train;  // model, data, optimizer, seed, steps, clip, dtype, device
+  int world_size = 1;
+  int virtual_stages = 1;
+  int microbatches = 1;
+  std::string schedule = "1f1b";
+  std::string partition = "uniform";
+};
+
+// One action as executed: for timelines and measured bubbles.
+struct ActionTiming {
+  int64_t step = 0;
+  Action action;
+  double start_us = 0.0;  // since the step started
+  double end_us = 0.0;
+};
+
+// What one rank produced over the whole run.
+struct RankResult {
+  int rank = 0;
+  std::vector<int> stages;
+  std::vector<double> losses;      // per step; only the last stage's rank knows them (NaN elsewhere)
+  std::vector<double> step_ms;     // per step, this rank's wall time
+  std::vector<double> grad_norms;  // per step, global norm before clipping
+  std::vector<reference::NamedTensors> gradients;  // per step, as applied (after tied sum and clipping)
+  reference::NamedTensors final_weights;
+  std::vector<ActionTiming> timeline;
+};
+
+// The validated, lowered schedule every rank of this configuration runs.
+Schedule BuildSchedule(const PipelineConfig& config);
+
+class PipelineTrainer {
+ public:
+  PipelineTrainer(const PipelineConfig& config, Transport& transport);
+  ~PipelineTrainer();
+
+  // One training step on MakeBatch(seed, step); returns this rank's record of it.
+  void Step(int64_t step, RankResult& result);
+
+  // Every step, then the final weights.
+  RankResult Train();
+
+  const Schedule& schedule() const { return schedule_; }
+
+ private:
+  struct Stage;
+  struct StepState;
+
+  void Execute(const Action& action, StepState& state);
+  void Forward(const Action& action, StepState& state);
+  void Backward(const Action& action, StepState& state);
+  void SyncTiedGradients();
+  double ClipGradients();
+  std::vector<torch::Tensor> OwnedParameters(bool count_tied_copy) const;
+  Stage& StageAt(int stage);
+
+  PipelineConfig config_;
+  Transport& transport_;
+  Schedule schedule_;
+  std::vector<std::unique_ptr<Stage>> stages_;  // this rank's stages, ascending
+  int num_stages_ = 1;
+};
+
+// Packs a rank's result into bytes and back (for sending it to rank 0).
+torch::Tensor SerializeRankResult(const RankResult& result);
+RankResult DeserializeRankResult(const torch::Tensor& bytes);
+
+// Rank 0 receives every other rank's result; other ranks send theirs. Returns all results
+// (indexed by rank) on rank 0, an empty vector elsewhere.
+std::vector<RankResult> GatherResults(Transport& transport, RankResult own);
+
+}  // namespace pipecheck::pipeline

@@ -1,0 +1,145 @@
+// Header-then-payload P2P over c10d Gloo (see transport.h).
+#include "pipeline/transport.h"
+
+#include <fmt/format.h>
+
+#include "pipeline/c10d_compat.h"
+
+namespace pipecheck::pipeline {
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr int kHeaderSize = 2 + kMaxDims;  // dtype, ndim, sizes...
+
+// (kHeaderSize) int64: dtype code, number of dimensions, sizes.
+torch::Tensor MakeHeader(const torch::Tensor& tensor) {
+  TORCH_CHECK(tensor.dim() <= kMaxDims, "cannot send a tensor of ", tensor.dim(), " dimensions (at most ", kMaxDims, ")");
+  auto header = torch::zeros({kHeaderSize}, torch::kInt64);
+  auto values = header.accessor<int64_t, 1>();
+  values[0] = static_cast<int64_t>(tensor.scalar_type());
+  values[1] = tensor.dim();
+  for (int64_t d = 0; d < tensor.dim(); ++d) values[2 + d] = tensor.size(d);
+  return header;
+}
+
+class GlooSend : public PendingSend {
+ public:
+  GlooSend(compat::WorkHandle header, compat::WorkHandle payload, std::vector<torch::Tensor> buffers)
+      : header_(std::move(header)), payload_(std::move(payload)), buffers_(std::move(buffers)) {}
+  void Wait() override {
+    header_->wait();
+    if (payload_) payload_->wait();
+    buffers_.clear();
+  }
+
+ private:
+  compat::WorkHandle header_, payload_;
+  std::vector<torch::Tensor> buffers_;  // alive until sent
+};
+
+class GlooRecv : public PendingRecv {
+ public:
+  GlooRecv(compat::GlooGroup group, int peer, int tag, torch::Device device)
+      : group_(std::move(group)), peer_(peer), tag_(tag), device_(device) {
+    header_buffer_ = {torch::empty({kHeaderSize}, torch::kInt64)};
+    header_ = group_->recv(header_buffer_, peer_, 2 * tag_);
+  }
+
+  torch::Tensor Wait() override {
+    header_->wait();
+    auto values = header_buffer_[0].accessor<int64_t, 1>();
+    const auto dtype = static_cast<torch::ScalarType>(values[0]);
+    const int64_t dims = values[1];
+    TORCH_CHECK(dims >= 0 && dims <= kMaxDims, "corrupt message header from rank ", peer_, " (tag ", tag_, "): ",
+                dims, " dimensions");
+    std::vector<int64_t> sizes(values.data() + 2, values.data() + 2 + dims);
+    std::vector<torch::Tensor> payload = {torch::empty(sizes, torch::TensorOptions().dtype(dtype))};
+    if (payload[0].numel() > 0) group_->recv(payload, peer_, 2 * tag_ + 1)->wait();
+    return payload[0].to(device_);
+  }
+
+ private:
+  compat::GlooGroup group_;
+  int peer_, tag_;
+  torch::Device device_;
+  std::vector<torch::Tensor> header_buffer_;
+  compat::WorkHandle header_;
+};
+
+class GlooTransport : public Transport {
+ public:
+  GlooTransport(c10::intrusive_ptr<c10d::Store> store, compat::GlooGroup group, int rank, int size)
+      : store_(std::move(store)), group_(std::move(group)), rank_(rank), size_(size) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+
+  std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag) override {
+    // Gloo sends CPU memory; a CUDA tensor would go through NCCL instead (a later transport).
+    std::vector<torch::Tensor> header = {MakeHeader(tensor)};
+    std::vector<torch::Tensor> payload = {tensor.detach().cpu().contiguous()};
+    auto header_work = group_->send(header, peer, 2 * tag);
+    compat::WorkHandle payload_work;
+    if (payload[0].numel() > 0) payload_work = group_->send(payload, peer, 2 * tag + 1);
+    return std::make_unique<GlooSend>(header_work, payload_work, std::vector<torch::Tensor>{header[0], payload[0]});
+  }
+
+  std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device) override {
+    return std::make_unique<GlooRecv>(group_, peer, tag, device);
+  }
+
+  std::vector<double> AllGather(double value) override {
+    std::vector<torch::Tensor> input = {torch::full({1}, value, torch::kFloat64)};
+    std::vector<std::vector<torch::Tensor>> output(1);
+    for (int r = 0; r < size_; ++r) output[0].push_back(torch::empty({1}, torch::kFloat64));
+    group_->allgather(output, input)->wait();
+    std::vector<double> values;
+    for (const auto& t : output[0]) values.push_back(t.item<double>());
+    return values;
+  }
+
+  void Barrier() override { group_->barrier()->wait(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  compat::GlooGroup group_;
+  int rank_, size_;
+};
+
+// World size 1: no peers, so any send or receive is a bug in the caller.
+class SoloTransport : public Transport {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::unique_ptr<PendingSend> Send(const torch::Tensor&, int peer, int tag) override {
+    TORCH_CHECK(false, "world size 1 has no peer to send to (peer ", peer, ", tag ", tag, ")");
+  }
+  std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device) override {
+    TORCH_CHECK(false, "world size 1 has no peer to receive from (peer ", peer, ", tag ", tag, ")");
+  }
+  std::vector<double> AllGather(double value) override { return {value}; }
+  void Barrier() override {}
+};
+
+bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
+
+}  // namespace
+
+int MessageTag(Direction direction, int stage, int microbatch) {
+  TORCH_CHECK(stage >= 0 && stage < 1024 && microbatch >= 0 && microbatch < 65536, "no tag for stage ", stage,
+              " microbatch ", microbatch);
+  return (static_cast<int>(direction) * 1024 + stage) * 65536 + microbatch;
+}
+
+std::unique_ptr<Transport> ConnectGloo(const RendezvousOptions& options) {
+  if (options.world_size == 1) return std::make_unique<SoloTransport>();
+  TORCH_CHECK(options.master_port > 0 && options.master_port < 65536, "MASTER_PORT ", options.master_port,
+              " is not a port");
+  auto store = compat::MakeTcpStore(options.master_addr, static_cast<uint16_t>(options.master_port),
+                                    options.rank == 0, options.world_size, options.timeout);
+  const std::string device_host = IsLoopback(options.master_addr) ? "127.0.0.1" : "";
+  auto group = compat::MakeGlooGroup(store, options.rank, options.world_size, device_host, options.timeout);
+  return std::make_unique<GlooTransport>(store, group, options.rank, options.world_size);
+}
+
+}  // namespace pipecheck::pipeline

@@ -1,0 +1,62 @@
+// Point-to-point messages between ranks for the pipeline: every message is a small header
+// (dtype, shape) followed by its payload, so receivers need no prior knowledge of shapes and
+// variable sequence lengths just work. Tags name (direction, stage, microbatch), so two
+// messages between the same two ranks are never confused. Gloo over c10d now; NCCL later
+// behind the same interface. Not a collective library: only the two collectives the pipeline
+// needs (a gather of one number per rank, a barrier).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pipecheck::pipeline {
+
+enum class Direction { kActivation = 0, kGradient = 1, kTiedGradient = 2, kResult = 3 };
+
+// A tag unique per (direction, stage, microbatch); stages < 1024, microbatches < 65536.
+int MessageTag(Direction direction, int stage, int microbatch);
+
+class PendingSend {
+ public:
+  virtual ~PendingSend() = default;
+  virtual void Wait() = 0;  // blocks until the payload has left this process's hands
+};
+
+class PendingRecv {
+ public:
+  virtual ~PendingRecv() = default;
+  virtual torch::Tensor Wait() = 0;  // blocks until the whole message has arrived
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Starts sending `tensor` to `peer`; the tensor is kept alive until the send completes.
+  virtual std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag) = 0;
+  // Posts a receive of a message from `peer`; the result lands on `device`.
+  virtual std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device) = 0;
+  // Every rank's `value`, indexed by rank, identical on every rank.
+  virtual std::vector<double> AllGather(double value) = 0;
+  virtual void Barrier() = 0;
+};
+
+struct RendezvousOptions {
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int rank = 0;
+  int world_size = 1;
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// Connects to the TCPStore at master_addr:master_port (rank 0 serves it) and builds a Gloo
+// process group. World size 1 gets a transport that refuses to send: the degenerate pipeline
+// never communicates.
+std::unique_ptr<Transport> ConnectGloo(const RendezvousOptions& options);
+
+}  // namespace pipecheck::pipeline

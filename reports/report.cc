@@ -1,0 +1,83 @@
+// Report rows and writers (see report.h).
+#include "reports/report.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+
+#include "reports/csv.h"
+
+namespace pipecheck::reports {
+
+const std::vector<std::string>& SummaryColumns() {
+  static const std::vector<std::string> columns = {
+      "scenario",        "status",          "expect",           "ok",                 "world_size",
+      "schedule",        "virtual_stages",  "microbatches",     "dtype",              "device",
+      "steps",           "tokens",          "loss_ref",         "loss_pp",            "loss_max_abs_diff",
+      "grad_max_rel_err", "worst_param",    "params_checked",   "weights_max_rel_err", "ref_step_ms",
+      "pp_step_ms",      "ref_tokens_per_s", "pp_tokens_per_s", "ref_peak_bytes",     "pp_peak_bytes_max",
+      "bubble_theory",   "bubble_measured", "message"};
+  return columns;
+}
+
+const std::vector<std::string>& ParamColumns() {
+  static const std::vector<std::string> columns = {"scenario", "param", "stage", "rank", "numel", "ref_norm",
+                                                   "pp_norm", "max_abs_diff", "rel_err", "ok"};
+  return columns;
+}
+
+const std::vector<std::string>& StepColumns() {
+  static const std::vector<std::string> columns = {"scenario", "step", "loss_ref", "loss_pp", "abs_diff"};
+  return columns;
+}
+
+const std::string& ScenarioReport::Get(const std::string& column) const {
+  static const std::string empty;
+  auto found = summary.find(column);
+  return found == summary.end() ? empty : found->second;
+}
+
+std::string FormatNumber(double value) {
+  if (std::isnan(value)) return "nan";
+  return fmt::format("{}", value);
+}
+
+std::string ToJson(const ScenarioReport& report) {
+  nlohmann::json json;
+  json["summary"] = report.summary;
+  json["params"] = report.params;
+  json["steps"] = report.steps;
+  return json.dump();
+}
+
+ScenarioReport FromJson(const std::string& text) {
+  const auto json = nlohmann::json::parse(text);
+  ScenarioReport report;
+  report.summary = json.at("summary").get<std::map<std::string, std::string>>();
+  report.params = json.at("params").get<std::vector<std::vector<std::string>>>();
+  report.steps = json.at("steps").get<std::vector<std::vector<std::string>>>();
+  return report;
+}
+
+std::vector<std::string> WriteReports(const std::string& directory, const std::vector<ScenarioReport>& reports) {
+  std::filesystem::create_directories(directory);
+  CsvTable summary(SummaryColumns()), params(ParamColumns()), steps(StepColumns());
+  for (const auto& report : reports) {
+    std::vector<std::string> row;
+    for (const auto& column : SummaryColumns()) row.push_back(report.Get(column));
+    summary.AddRow(row);
+    for (const auto& param : report.params) params.AddRow(param);
+    for (const auto& step : report.steps) steps.AddRow(step);
+  }
+  const std::filesystem::path out(directory);
+  std::vector<std::string> paths = {(out / "summary.csv").string(), (out / "params.csv").string(),
+                                    (out / "steps.csv").string()};
+  WriteFileAtomically(paths[0], summary.ToString());
+  WriteFileAtomically(paths[1], params.ToString());
+  WriteFileAtomically(paths[2], steps.ToString());
+  return paths;
+}
+
+}  // namespace pipecheck::reports

@@ -1,0 +1,35 @@
+// The rows one scenario contributes to the run's reports, with the column sets of DESIGN.md
+// §7 defined once, and the writers for summary.csv, params.csv and steps.csv. A failed or
+// crashed scenario keeps its summary row with every column (unmeasured ones empty) and its
+// message filled. Not a judge of parity: the harness fills the rows.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace pipecheck::reports {
+
+const std::vector<std::string>& SummaryColumns();
+const std::vector<std::string>& ParamColumns();
+const std::vector<std::string>& StepColumns();
+
+struct ScenarioReport {
+  std::map<std::string, std::string> summary;       // SummaryColumns() -> value ("" when unmeasured)
+  std::vector<std::vector<std::string>> params;     // rows in ParamColumns() order
+  std::vector<std::vector<std::string>> steps;      // rows in StepColumns() order
+
+  const std::string& Get(const std::string& column) const;
+};
+
+// Numbers as reports hold them: shortest text that reads back to the same double.
+std::string FormatNumber(double value);
+
+// JSON text and back, to hand a report from the rank that computed it to the launcher.
+std::string ToJson(const ScenarioReport& report);
+ScenarioReport FromJson(const std::string& text);
+
+// Writes summary.csv, params.csv and steps.csv into `directory` atomically; returns their paths.
+std::vector<std::string> WriteReports(const std::string& directory, const std::vector<ScenarioReport>& reports);
+
+}  // namespace pipecheck::reports
