@@ -46,5 +46,23 @@ touch "$work/file"
 expect 2 "$work/file" "$pipecheck" dump --scenarios "$work/good.csv" --scenario ok --out "$work/file/sub"
 expect 0 "ws1_gpipe_llama" "$pipecheck" reference --scenarios "$source_dir/scenarios/core.csv" --only 'ws1_gpipe*'
 
+# run: bad input is 2 before anything runs; a good suite writes the reports and exits 0.
+expect 2 "unknown.csv:1:3: unknown column 'colour'" "$pipecheck" run --scenarios "$work/unknown.csv" --out "$work/r"
+expect 2 "badvalue.csv:3:2" "$pipecheck" run --scenarios "$work/badvalue.csv" --out "$work/r"
+expect 2 "device" "$pipecheck" run --device tpu --scenarios "$work/good.csv"
+printf 'name,world_size,layers,hidden,batch,microbatches,seq_len\npp2,2,2,16,4,2,8\n' >"$work/pp.csv"
+expect 0 "1 scenarios, 1 met their expectation" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/r"
+for report in summary params steps; do
+  expect 0 "^scenario," head -n 1 "$work/r/$report.csv"
+done
+expect 0 "^pp2,PASS,pass,1,2,1f1b," tail -n 1 "$work/r/summary.csv"
+# worker: a missing torchrun environment is bad input.
+expect 2 "RANK is not set" env -u RANK "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
+expect 2 "WORLD_SIZE is 3 but the scenario needs world_size 2" env RANK=0 WORLD_SIZE=3 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
+# schedule: the chart and the bubble.
+expect 0 "bubble: 0.4286 with F=1, B=2; 0.4286 with equal costs" "$pipecheck" schedule --schedule gpipe --stages 4 --microbatches 4
+expect 0 "peak in-flight microbatches per rank: 4 3 2 1" "$pipecheck" schedule --schedule 1f1b --stages 4 --microbatches 8
+expect 2 "schedule" "$pipecheck" schedule --schedule zigzag
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

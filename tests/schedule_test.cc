@@ -1,0 +1,182 @@
+// Schedules as data: the action text form, the GPipe and 1F1B generators' properties over
+// many shapes, and the simulator rejecting hand-broken schedules with the step named.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "pipeline/schedule.h"
+#include "pipeline/simulator.h"
+
+namespace pipecheck {
+namespace {
+
+using pipeline::Action;
+using pipeline::ActionKind;
+using pipeline::PipelineShape;
+using pipeline::Schedule;
+
+// The error ValidateSchedule throws, or "" when it accepts.
+std::string RejectionOf(const Schedule& schedule) {
+  try {
+    pipeline::ValidateSchedule(schedule);
+  } catch (const pipeline::ScheduleError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+std::vector<Action> Parse(const std::vector<std::string>& texts) {
+  std::vector<Action> actions;
+  for (const auto& text : texts) actions.push_back(pipeline::ParseAction(text));
+  return actions;
+}
+
+TEST(Action, TextFormRoundTripsForEveryKind) {
+  for (const char* text : {"2F0", "0B13", "1I4", "3W2", "0SEND_F7", "1RECV_F0", "12SEND_B3", "4RECV_B11"}) {
+    EXPECT_EQ(pipeline::ParseAction(text).ToString(), text);
+  }
+  const Action action = pipeline::ParseAction("1SEND_B3");
+  EXPECT_EQ(action.kind, ActionKind::kSendBackward);
+  EXPECT_EQ(action.stage, 1);
+  EXPECT_EQ(action.microbatch, 3);
+}
+
+TEST(Action, ParseRejectsMalformedText) {
+  for (const char* text : {"", "F0", "2F", "2X0", "2SEND0", "a2F0", "2F0x", "2 F0"}) {
+    EXPECT_THROW(pipeline::ParseAction(text), pipeline::ScheduleError) << text;
+  }
+  try {
+    pipeline::ParseAction("2X0");
+  } catch (const pipeline::ScheduleError& error) {
+    EXPECT_NE(std::string(error.what()).find("'2X0' is not an action"), std::string::npos);
+  }
+}
+
+struct Case {
+  std::string schedule;
+  int ranks;
+  int microbatches;
+};
+
+class ScheduleProperties : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ScheduleProperties, HoldForEveryShapeUpToEightRanksAndSixteenMicrobatches) {
+  const std::string name = GetParam();
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 16; ++m) {
+      SCOPED_TRACE(name + " p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Schedule lowered = pipeline::AddCommunication(pipeline::MakeSchedule(name, {p, 1, m}));
+      for (auto semantics : {pipeline::SendSemantics::kBuffered, pipeline::SendSemantics::kRendezvous}) {
+        const auto result = pipeline::Simulate(lowered, semantics);
+        ASSERT_TRUE(result.ok) << result.error;
+        EXPECT_NEAR(result.bubble, static_cast<double>(p - 1) / (m + p - 1), 1e-12);
+        EXPECT_EQ(result.peak_in_flight[0], name == "1f1b" ? std::min(p, m) : m);
+      }
+      // Each stage runs F and B exactly once per microbatch, on its own rank.
+      std::map<std::tuple<int, int, int>, int> count;
+      for (int rank = 0; rank < p; ++rank) {
+        for (const auto& a : lowered.ranks[rank]) {
+          ASSERT_EQ(a.stage, rank);
+          if (a.IsCompute()) ++count[{static_cast<int>(a.kind), a.stage, a.microbatch}];
+        }
+      }
+      ASSERT_EQ(count.size(), static_cast<size_t>(2 * p * m));
+      for (const auto& [key, n] : count) EXPECT_EQ(n, 1);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Generators, ScheduleProperties, ::testing::Values("gpipe", "1f1b"));
+
+TEST(Schedule, ReceivesArePostedBeforeSendsDueAtTheSamePoint) {
+  const Schedule lowered = pipeline::AddCommunication(pipeline::OneFOneBSchedule({2, 1, 4}));
+  const auto& rank0 = lowered.ranks[0];
+  for (size_t i = 1; i < rank0.size(); ++i) EXPECT_FALSE(rank0[i].IsRecv() && rank0[i - 1].IsSend()) << i;
+  EXPECT_EQ(pipeline::FormatActions(lowered).rfind("rank 0: 0F0 0SEND_F0 0F1 0RECV_B0 0SEND_F1 0B0 0F2 0RECV_B1", 0), 0u)
+      << pipeline::FormatActions(lowered);
+}
+
+TEST(Schedule, UnknownNameAndVirtualStagesAreRejected) {
+  EXPECT_THROW(pipeline::MakeSchedule("zigzag", {2, 1, 4}), pipeline::ScheduleError);
+  EXPECT_THROW(pipeline::MakeSchedule("1f1b", {2, 2, 4}), pipeline::ScheduleError);
+  EXPECT_THROW(pipeline::MakeSchedule("gpipe", {2, 1, 0}), pipeline::ScheduleError);
+}
+
+// A lowered 2-rank GPipe schedule with 2 microbatches, as text, for hand-breaking.
+Schedule TwoRankGPipe(std::vector<std::string> rank0, std::vector<std::string> rank1) {
+  return Schedule{"hand", {2, 1, 2}, {Parse(rank0), Parse(rank1)}};
+}
+
+const std::vector<std::string> kRank0 = {"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0RECV_B1", "0B0", "0B1"};
+const std::vector<std::string> kRank1 = {"1RECV_F0", "1F0", "1RECV_F1", "1F1", "1B0", "1SEND_B0", "1B1", "1SEND_B1"};
+
+TEST(Simulator, AcceptsTheHandWrittenBaseline) { EXPECT_EQ(RejectionOf(TwoRankGPipe(kRank0, kRank1)), ""); }
+
+TEST(Simulator, RejectsAMissingBackward) {
+  auto rank1 = kRank1;
+  rank1.erase(rank1.begin() + 6);  // 1B1
+  rank1.pop_back();                // its send
+  auto rank0 = kRank0;
+  rank0.erase(rank0.begin() + 5);  // the matching receive
+  rank0.pop_back();                // 0B1 stays missing too
+  EXPECT_NE(RejectionOf(TwoRankGPipe(rank0, rank1)).find("rank 0: missing 0B1"), std::string::npos)
+      << RejectionOf(TwoRankGPipe(rank0, rank1));
+}
+
+TEST(Simulator, RejectsABackwardBeforeItsForward) {
+  auto rank1 = std::vector<std::string>{"1RECV_F0", "1B0", "1F0", "1RECV_F1", "1F1", "1SEND_B0", "1B1", "1SEND_B1"};
+  EXPECT_NE(RejectionOf(TwoRankGPipe(kRank0, rank1))
+                .find("rank 1 step 1: backward of stage 1 microbatch 0 comes before its forward (step 2)"),
+            std::string::npos)
+      << RejectionOf(TwoRankGPipe(kRank0, rank1));
+}
+
+TEST(Simulator, RejectsASendWithoutItsReceive) {
+  auto rank1 = kRank1;
+  rank1.erase(rank1.begin() + 2);  // 1RECV_F1
+  const std::string error = RejectionOf(TwoRankGPipe(kRank0, rank1));
+  EXPECT_NE(error.find("rank 0: a send of stage 0's activation for microbatch 1 has no matching receive"),
+            std::string::npos)
+      << error;
+}
+
+TEST(Simulator, RejectsARepeatedAction) {
+  auto rank0 = kRank0;
+  rank0.push_back("0B1");
+  EXPECT_NE(RejectionOf(TwoRankGPipe(rank0, kRank1)).find("rank 0 step 8 (0B1): repeated (first at step 7)"),
+            std::string::npos);
+}
+
+TEST(Simulator, RejectsAnActionOnTheWrongRank) {
+  auto rank0 = kRank0;
+  rank0.push_back("1W0");
+  EXPECT_NE(RejectionOf(TwoRankGPipe(rank0, kRank1)).find("rank 0 step 8 (1W0): stage 1 runs on rank 1"),
+            std::string::npos);
+}
+
+TEST(Simulator, RejectsACycleWithTheGridMarkingWhereEachRankStopped) {
+  // Rank 0 waits for microbatch 1's gradient before sending microbatch 1's activation.
+  auto rank0 = std::vector<std::string>{"0F0", "0SEND_F0", "0F1", "0RECV_B0", "0RECV_B1", "0B0", "0B1", "0SEND_F1"};
+  const std::string error = RejectionOf(TwoRankGPipe(rank0, kRank1));
+  EXPECT_NE(error.find("deadlock: no rank can take its next step"), std::string::npos) << error;
+  EXPECT_NE(error.find("waiting: rank 0 step 5 (0B0), rank 1 step 3 (1F1)"), std::string::npos) << error;
+  EXPECT_NE(error.find(">0B0<"), std::string::npos) << error;
+  EXPECT_NE(error.find(">1F1<"), std::string::npos) << error;
+}
+
+TEST(Simulator, RejectsSendsBeforeReceivesOnlyWhenSendsWaitForReceives) {
+  // Both ranks send before posting their receives: fine with buffered sends, a deadlock
+  // when a send blocks until the matching receive is posted.
+  auto rank0 = std::vector<std::string>{"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0RECV_B1", "0B0", "0B1"};
+  auto rank1 = std::vector<std::string>{"1RECV_F0", "1F0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1B1", "1SEND_B1"};
+  const Schedule schedule = TwoRankGPipe(rank0, rank1);
+  EXPECT_TRUE(pipeline::Simulate(schedule, pipeline::SendSemantics::kBuffered).ok);
+  const auto rendezvous = pipeline::Simulate(schedule, pipeline::SendSemantics::kRendezvous);
+  EXPECT_FALSE(rendezvous.ok);
+  EXPECT_NE(rendezvous.error.find("waiting: rank 0 step 3 (0SEND_F1), rank 1 step 3 (1SEND_B0)"), std::string::npos)
+      << rendezvous.error;
+  EXPECT_NE(RejectionOf(schedule).find("when sends wait for receives"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipecheck

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One parity scenario launched by torchrun (Debian's python3-torch) instead of pipecheck run:
+# the worker must read torchrun's environment, rendezvous, and have rank 0 write a PASS report.
+# Exits 77 (CTest's skip) where python3-torch is absent.
+set -uo pipefail
+pipecheck="$1"
+suite="$2"
+scenario="${3:-ws2_tied_gpt2}"
+if ! /usr/bin/python3 -c "import torch.distributed.run" 2>/dev/null; then
+  echo "SKIPPED: python3-torch (torch.distributed.run) is not available"
+  exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# --redirects 1 --tee 1: torch 1.13's torchrun on Python 3.11 cannot parse its own default "0"
+# (Std.from_str returns None since 3.11's IntFlag iteration skips the zero member).
+/usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node=2 --redirects 1 --tee 1 --no_python \
+  "$pipecheck" worker --scenarios "$suite" --scenario "$scenario" --out "$work/out" --threads 1
+code=$?
+summary="$work/out/summary.csv"
+if [ "$code" -ne 0 ] || [ ! -f "$summary" ]; then
+  echo "FAIL: torchrun exited $code; summary: $(cat "$summary" 2>/dev/null || echo missing)"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+status=$(tail -n 1 "$summary" | cut -d, -f2)
+if [ "$status" != "PASS" ]; then
+  echo "FAIL: status $status"; cat "$summary"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+echo "torchrun: $scenario $status"
+echo "1 passed, 0 failed"
