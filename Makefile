@@ -27,6 +27,8 @@ test: build
 
 bench: build
 	$(BUILD_DIR)/benchmarks/bench_reference --benchmark_min_time=2
+	$(BUILD_DIR)/benchmarks/bench_pipeline --benchmark_min_time=1
+	$(PIPECHECK) run --scenarios benchmarks/pipeline_2ranks.csv --threads 1 --out $(BUILD_DIR)/bench-2ranks
 
 clean:
 	rm -rf $(BUILD_DIR)

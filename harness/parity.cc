@@ -218,6 +218,17 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   }
   int64_t tokens = 0;
   for (const auto& step : reference.steps) tokens += step.tokens;
+  for (const auto& rank : input.ranks) {
+    for (const auto& t : rank.timeline) {
+      const std::string action = t.action.ToString();
+      report.timeline.push_back({scenario.name, std::to_string(rank.rank), std::to_string(t.step),
+                                 action.substr(std::to_string(t.action.stage).size(),
+                                               action.size() - std::to_string(t.action.stage).size() -
+                                                   std::to_string(t.action.microbatch).size()),
+                                 std::to_string(t.action.stage), std::to_string(t.action.microbatch),
+                                 FormatNumber(std::round(t.start_us)), FormatNumber(std::round(t.end_us))});
+    }
+  }
 
   const std::string status = failures.empty() ? "PASS" : "FAIL";
   auto& row = report.summary;

@@ -63,6 +63,7 @@ struct PipelineTrainer::StepState {
   std::map<StageMicrobatch, torch::Tensor> losses;       // last stage's loss terms
   std::map<StageMicrobatch, torch::Tensor> input_grads;  // waiting to be sent or handed on
   std::map<std::tuple<int, int, int>, std::unique_ptr<PendingRecv>> receives;  // (direction, stage, mb)
+  std::map<std::tuple<int, int, int>, torch::Tensor> arrived;                   // received, not yet used
   std::vector<std::unique_ptr<PendingSend>> sends;
   double loss = 0.0;
 };
@@ -115,11 +116,7 @@ void PipelineTrainer::Forward(const Action& action, StepState& state) {
     input = state.outputs.at({s - 1, mb}).detach().requires_grad_(true);  // (b, t, hidden)
     state.inputs[{s, mb}] = input;
   } else {
-    auto received = state.receives.find({0, s, mb});
-    TORCH_CHECK(received != state.receives.end(), "rank ", transport_.rank(), ": ", action.ToString(),
-                " has no posted receive for its input");
-    input = received->second->Wait().requires_grad_(true);  // (b, t, hidden)
-    state.receives.erase(received);
+    input = TakeArrived(0, action, state).requires_grad_(true);  // (b, t, hidden)
     state.inputs[{s, mb}] = input;
   }
   auto context = reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(), config_.train.dtype,
@@ -149,11 +146,7 @@ void PipelineTrainer::Backward(const Action& action, StepState& state) {
       gradient = state.input_grads.at({s + 1, mb});
       state.input_grads.erase({s + 1, mb});
     } else {
-      auto received = state.receives.find({1, s, mb});
-      TORCH_CHECK(received != state.receives.end(), "rank ", transport_.rank(), ": ", action.ToString(),
-                  " has no posted receive for its output gradient");
-      gradient = received->second->Wait();  // (b, t, hidden)
-      state.receives.erase(received);
+      gradient = TakeArrived(1, action, state);  // (b, t, hidden)
     }
     auto output = state.outputs.at({s, mb});
     state.outputs.erase({s, mb});
@@ -171,6 +164,28 @@ void PipelineTrainer::Backward(const Action& action, StepState& state) {
                 " produced no gradient for its input");
     state.input_grads[{s, mb}] = gradient;
   }
+}
+
+// Completes the receive a compute action consumes, so that the wait is not timed as compute.
+void PipelineTrainer::AwaitInput(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  int direction = -1;
+  if (action.kind == ActionKind::kForward && s > 0) direction = 0;
+  if (action.kind == ActionKind::kBackward && s + 1 < num_stages_) direction = 1;
+  if (direction < 0) return;
+  auto received = state.receives.find({direction, s, mb});
+  if (received == state.receives.end()) return;  // a local handoff, or a missing receive reported later
+  state.arrived[{direction, s, mb}] = received->second->Wait();
+  state.receives.erase(received);
+}
+
+torch::Tensor PipelineTrainer::TakeArrived(int direction, const Action& action, StepState& state) {
+  auto arrived = state.arrived.find({direction, action.stage, action.microbatch});
+  TORCH_CHECK(arrived != state.arrived.end(), "rank ", transport_.rank(), ": ", action.ToString(),
+              " has no received ", direction == 0 ? "input" : "output gradient", " (no receive was posted)");
+  auto tensor = arrived->second;
+  state.arrived.erase(arrived);
+  return tensor;
 }
 
 void PipelineTrainer::Execute(const Action& action, StepState& state) {
@@ -273,12 +288,13 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
 
   const auto start = Clock::now();
   for (const Action& action : schedule_.ranks[transport_.rank()]) {
+    AwaitInput(action, state);
     const double action_start = MicrosecondsSince(start);
     Execute(action, state);
     result.timeline.push_back({step, action, action_start, MicrosecondsSince(start)});
   }
   for (auto& send : state.sends) send->Wait();
-  TORCH_CHECK(state.receives.empty() && state.inputs.empty() && state.outputs.empty() && state.losses.empty() &&
+  TORCH_CHECK(state.receives.empty() && state.arrived.empty() && state.inputs.empty() && state.outputs.empty() && state.losses.empty() &&
                   state.input_grads.empty(),
               "rank ", transport_.rank(), " step ", step, " ended with work pending: ", state.receives.size(),
               " receives, ", state.inputs.size(), " inputs, ", state.outputs.size(), " outputs, ", state.losses.size(),

@@ -68,6 +68,8 @@ class PipelineTrainer {
   struct StepState;
 
   void Execute(const Action& action, StepState& state);
+  void AwaitInput(const Action& action, StepState& state);
+  torch::Tensor TakeArrived(int direction, const Action& action, StepState& state);
   void Forward(const Action& action, StepState& state);
   void Backward(const Action& action, StepState& state);
   void SyncTiedGradients();

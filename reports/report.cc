@@ -33,6 +33,12 @@ const std::vector<std::string>& StepColumns() {
   return columns;
 }
 
+const std::vector<std::string>& TimelineColumns() {
+  static const std::vector<std::string> columns = {"scenario", "rank",         "step",     "action",
+                                                   "stage",    "microbatch",   "start_us", "end_us"};
+  return columns;
+}
+
 const std::string& ScenarioReport::Get(const std::string& column) const {
   static const std::string empty;
   auto found = summary.find(column);
@@ -49,6 +55,7 @@ std::string ToJson(const ScenarioReport& report) {
   json["summary"] = report.summary;
   json["params"] = report.params;
   json["steps"] = report.steps;
+  json["timeline"] = report.timeline;
   return json.dump();
 }
 
@@ -58,25 +65,28 @@ ScenarioReport FromJson(const std::string& text) {
   report.summary = json.at("summary").get<std::map<std::string, std::string>>();
   report.params = json.at("params").get<std::vector<std::vector<std::string>>>();
   report.steps = json.at("steps").get<std::vector<std::vector<std::string>>>();
+  report.timeline = json.at("timeline").get<std::vector<std::vector<std::string>>>();
   return report;
 }
 
 std::vector<std::string> WriteReports(const std::string& directory, const std::vector<ScenarioReport>& reports) {
   std::filesystem::create_directories(directory);
-  CsvTable summary(SummaryColumns()), params(ParamColumns()), steps(StepColumns());
+  CsvTable summary(SummaryColumns()), params(ParamColumns()), steps(StepColumns()), timeline(TimelineColumns());
   for (const auto& report : reports) {
     std::vector<std::string> row;
     for (const auto& column : SummaryColumns()) row.push_back(report.Get(column));
     summary.AddRow(row);
     for (const auto& param : report.params) params.AddRow(param);
     for (const auto& step : report.steps) steps.AddRow(step);
+    for (const auto& event : report.timeline) timeline.AddRow(event);
   }
   const std::filesystem::path out(directory);
   std::vector<std::string> paths = {(out / "summary.csv").string(), (out / "params.csv").string(),
-                                    (out / "steps.csv").string()};
+                                    (out / "steps.csv").string(), (out / "timeline.csv").string()};
   WriteFileAtomically(paths[0], summary.ToString());
   WriteFileAtomically(paths[1], params.ToString());
   WriteFileAtomically(paths[2], steps.ToString());
+  WriteFileAtomically(paths[3], timeline.ToString());
   return paths;
 }
 
