@@ -13,6 +13,8 @@
 #include "harness/worker.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
+#include "reports/compare.h"
+#include "reports/csv.h"
 #include "scenarios/scenario.h"
 
 namespace {
@@ -36,6 +38,11 @@ struct Options {
   int microbatches = 4;
   int virtual_stages = 1;
   double backward_cost = 2.0;
+  // compare
+  std::string baseline;
+  std::string current;
+  double max_slowdown = 0.10;
+  double max_memory_growth = 0.10;
 };
 
 void ApplyThreads(int threads) {
@@ -113,6 +120,27 @@ int PrintSchedule(const Options& options) {
   return 0;
 }
 
+int Compare(const Options& options) {
+  using namespace pipecheck::reports;
+  const Comparison comparison = CompareSummaries(options.baseline, options.current,
+                                                 {options.max_slowdown, options.max_memory_growth});
+  fmt::print("{:<28} {:<10} {:>8} {:>8} {:>10} {:>10}  {}\n", "scenario", "verdict", "baseline", "current",
+             "tokens/s", "memory", "notes");
+  CsvTable table(ComparisonColumns());
+  for (const auto& row : comparison.rows) {
+    fmt::print("{:<28} {:<10} {:>8} {:>8} {:>10} {:>10}  {}\n", row.scenario, row.verdict, row.baseline_status,
+               row.current_status, row.throughput_change, row.memory_change, row.notes);
+    table.AddRow(ComparisonFields(row));
+  }
+  const auto out = std::filesystem::path(SummaryPath(options.current)).parent_path() / "compare.csv";
+  WriteFileAtomically(out.string(), table.ToString());
+  fmt::print("\n{} scenarios compared: {} regression(s), {} warning(s) (limits: tokens/s -{:.0f}%, memory +{:.0f}%)\n"
+             "wrote {}\n",
+             comparison.rows.size(), comparison.regressions, comparison.warnings, 100 * options.max_slowdown,
+             100 * options.max_memory_growth, out.string());
+  return comparison.regressions == 0 ? 0 : 1;
+}
+
 int Dump(const Options& options) {
   const auto suite = pipecheck::scenarios::LoadScenarios(options.scenarios);
   const auto& scenario = pipecheck::scenarios::FindScenario(suite, options.scenario, options.scenarios);
@@ -174,6 +202,14 @@ int main(int argc, char** argv) {
   schedule->add_option("--backward-cost", options.backward_cost, "Backward duration relative to forward")
       ->check(CLI::PositiveNumber)->capture_default_str();
 
+  auto* compare = app.add_subcommand("compare", "Compare a run's summary.csv with a baseline's; exit 1 on regression");
+  compare->add_option("BASELINE", options.baseline, "Baseline summary.csv or its directory")->required();
+  compare->add_option("CURRENT", options.current, "Current summary.csv or its directory")->required();
+  compare->add_option("--max-slowdown", options.max_slowdown, "Tolerated loss of tokens/s, as a fraction")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  compare->add_option("--max-memory-growth", options.max_memory_growth, "Tolerated growth of peak bytes, as a fraction")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -188,8 +224,12 @@ int main(int argc, char** argv) {
     if (run->parsed()) return Run(options);
     if (worker->parsed()) return Worker(options);
     if (schedule->parsed()) return PrintSchedule(options);
+    if (compare->parsed()) return Compare(options);
   } catch (const pipecheck::scenarios::ScenarioError& error) {
     fmt::print(stderr, "pipecheck: {}\n", error.what());
+    return kExitBadInput;
+  } catch (const pipecheck::reports::CompareError& error) {
+    fmt::print(stderr, "pipecheck compare: {}\n", error.what());
     return kExitBadInput;
   } catch (const pipecheck::pipeline::ScheduleError& error) {
     fmt::print(stderr, "pipecheck: {}\n", error.what());

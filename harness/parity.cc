@@ -60,19 +60,24 @@ std::map<std::string, std::string> ScenarioColumns(const scenarios::Scenario& s)
           {"steps", std::to_string(s.steps)}};
 }
 
-// 1 - busy / wall over every rank and timed step, from the executor's timelines.
-double MeasuredBubble(const std::vector<pipeline::RankResult>& ranks, size_t steps) {
-  double busy = 0.0, wall = 0.0;
-  for (const auto& rank : ranks) {
-    std::map<int64_t, double> step_end;
-    for (const auto& timing : rank.timeline) {
-      if (timing.step < static_cast<int64_t>(FirstTimedStep(steps))) continue;
-      step_end[timing.step] = std::max(step_end[timing.step], timing.end_us);
-      if (timing.action.IsCompute()) busy += timing.end_us - timing.start_us;
-    }
-    for (const auto& [step, end] : step_end) wall += end;
+// One rank's time over the timed steps, from its executor timeline: compute, communication
+// calls (posting receives, starting sends), and the rest of each step's wall time (waiting).
+struct RankTime {
+  double busy_us = 0.0, comm_us = 0.0, wall_us = 0.0;
+  int steps = 0;
+};
+
+RankTime TimeOf(const pipeline::RankResult& rank, size_t steps) {
+  RankTime time;
+  std::map<int64_t, double> step_end;
+  for (const auto& t : rank.timeline) {
+    if (t.step < static_cast<int64_t>(FirstTimedStep(steps))) continue;
+    step_end[t.step] = std::max(step_end[t.step], t.end_us);
+    (t.action.IsCompute() ? time.busy_us : time.comm_us) += t.end_us - t.start_us;
   }
-  return wall > 0 ? 1.0 - busy / wall : std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [step, end] : step_end) time.wall_us += end;
+  time.steps = static_cast<int>(step_end.size());
+  return time;
 }
 
 }  // namespace
@@ -251,7 +256,23 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   row["ref_tokens_per_s"] = FormatNumber(Median(ref_rate));
   row["pp_tokens_per_s"] = FormatNumber(Median(pp_rate));
   row["bubble_theory"] = FormatNumber(input.simulation.bubble);
-  row["bubble_measured"] = FormatNumber(MeasuredBubble(input.ranks, steps));
+  double busy = 0.0, wall = 0.0;
+  for (const auto& rank : input.ranks) {
+    const RankTime time = TimeOf(rank, steps);
+    busy += time.busy_us;
+    wall += time.wall_us;
+    const double per_step_ms = time.steps > 0 ? 1e-3 / time.steps : 0.0;
+    int64_t parameters = 0;
+    for (const auto& item : rank.final_weights) parameters += item.value().numel();
+    std::vector<std::string> stages;
+    for (int stage : rank.stages) stages.push_back(std::to_string(stage));
+    report.ranks.push_back({scenario.name, std::to_string(rank.rank), fmt::format("{}", fmt::join(stages, ";")),
+                            std::to_string(parameters), "", FormatNumber(time.busy_us * per_step_ms),
+                            FormatNumber((time.wall_us - time.busy_us - time.comm_us) * per_step_ms),
+                            FormatNumber(time.comm_us * per_step_ms)});
+  }
+  // 1 - busy / wall over every rank and timed step.
+  row["bubble_measured"] = FormatNumber(wall > 0 ? 1.0 - busy / wall : std::nan(""));
   const std::string zero_note =
       zero_names.empty() ? ""
                          : fmt::format("; {} parameter(s) with numerically zero gradients, final weights not compared: {}",

@@ -39,6 +39,12 @@ const std::vector<std::string>& TimelineColumns() {
   return columns;
 }
 
+const std::vector<std::string>& RankColumns() {
+  static const std::vector<std::string> columns = {"scenario",   "rank",    "stages",  "params",
+                                                   "peak_bytes", "busy_ms", "idle_ms", "comm_ms"};
+  return columns;
+}
+
 const std::string& ScenarioReport::Get(const std::string& column) const {
   static const std::string empty;
   auto found = summary.find(column);
@@ -56,6 +62,7 @@ std::string ToJson(const ScenarioReport& report) {
   json["params"] = report.params;
   json["steps"] = report.steps;
   json["timeline"] = report.timeline;
+  json["ranks"] = report.ranks;
   return json.dump();
 }
 
@@ -66,27 +73,32 @@ ScenarioReport FromJson(const std::string& text) {
   report.params = json.at("params").get<std::vector<std::vector<std::string>>>();
   report.steps = json.at("steps").get<std::vector<std::vector<std::string>>>();
   report.timeline = json.at("timeline").get<std::vector<std::vector<std::string>>>();
+  report.ranks = json.at("ranks").get<std::vector<std::vector<std::string>>>();
   return report;
 }
 
 std::vector<std::string> WriteReports(const std::string& directory, const std::vector<ScenarioReport>& reports) {
   std::filesystem::create_directories(directory);
-  CsvTable summary(SummaryColumns()), params(ParamColumns()), steps(StepColumns()), timeline(TimelineColumns());
+  CsvTable summary(SummaryColumns()), params(ParamColumns()), steps(StepColumns()), ranks(RankColumns()),
+      timeline(TimelineColumns());
   for (const auto& report : reports) {
     std::vector<std::string> row;
     for (const auto& column : SummaryColumns()) row.push_back(report.Get(column));
     summary.AddRow(row);
     for (const auto& param : report.params) params.AddRow(param);
     for (const auto& step : report.steps) steps.AddRow(step);
+    for (const auto& rank : report.ranks) ranks.AddRow(rank);
     for (const auto& event : report.timeline) timeline.AddRow(event);
   }
   const std::filesystem::path out(directory);
   std::vector<std::string> paths = {(out / "summary.csv").string(), (out / "params.csv").string(),
-                                    (out / "steps.csv").string(), (out / "timeline.csv").string()};
+                                    (out / "steps.csv").string(), (out / "ranks.csv").string(),
+                                    (out / "timeline.csv").string()};
   WriteFileAtomically(paths[0], summary.ToString());
   WriteFileAtomically(paths[1], params.ToString());
   WriteFileAtomically(paths[2], steps.ToString());
-  WriteFileAtomically(paths[3], timeline.ToString());
+  WriteFileAtomically(paths[3], ranks.ToString());
+  WriteFileAtomically(paths[4], timeline.ToString());
   return paths;
 }
 

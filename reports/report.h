@@ -1,5 +1,5 @@
 // The rows one scenario contributes to the run's reports, with the column sets of DESIGN.md
-// §7 defined once, and the writers for summary.csv, params.csv, steps.csv and timeline.csv. A failed or
+// §7 defined once, and the writers for summary.csv, params.csv, steps.csv, ranks.csv and timeline.csv. A failed or
 // crashed scenario keeps its summary row with every column (unmeasured ones empty) and its
 // message filled. Not a judge of parity: the harness fills the rows.
 #pragma once
@@ -14,12 +14,14 @@ const std::vector<std::string>& SummaryColumns();
 const std::vector<std::string>& ParamColumns();
 const std::vector<std::string>& StepColumns();
 const std::vector<std::string>& TimelineColumns();
+const std::vector<std::string>& RankColumns();
 
 struct ScenarioReport {
   std::map<std::string, std::string> summary;       // SummaryColumns() -> value ("" when unmeasured)
   std::vector<std::vector<std::string>> params;     // rows in ParamColumns() order
   std::vector<std::vector<std::string>> steps;      // rows in StepColumns() order
   std::vector<std::vector<std::string>> timeline;   // rows in TimelineColumns() order
+  std::vector<std::vector<std::string>> ranks;      // rows in RankColumns() order
 
   const std::string& Get(const std::string& column) const;
 };
@@ -31,7 +33,7 @@ std::string FormatNumber(double value);
 std::string ToJson(const ScenarioReport& report);
 ScenarioReport FromJson(const std::string& text);
 
-// Writes summary.csv, params.csv, steps.csv and timeline.csv into `directory` atomically; returns their paths.
+// Writes summary.csv, params.csv, steps.csv, ranks.csv and timeline.csv into `directory` atomically; returns their paths.
 std::vector<std::string> WriteReports(const std::string& directory, const std::vector<ScenarioReport>& reports);
 
 }  // namespace pipecheck::reports

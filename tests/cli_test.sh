@@ -52,10 +52,27 @@ expect 2 "badvalue.csv:3:2" "$pipecheck" run --scenarios "$work/badvalue.csv" --
 expect 2 "device" "$pipecheck" run --device tpu --scenarios "$work/good.csv"
 printf 'name,world_size,layers,hidden,batch,microbatches,seq_len\npp2,2,2,16,4,2,8\n' >"$work/pp.csv"
 expect 0 "1 scenarios, 1 met their expectation" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/r"
-for report in summary params steps; do
+for report in summary params steps ranks timeline; do
   expect 0 "^scenario," head -n 1 "$work/r/$report.csv"
 done
 expect 0 "^pp2,PASS,pass,1,2,1f1b," tail -n 1 "$work/r/summary.csv"
+# compare: a report against itself is clean; halving one scenario's tokens/s is a regression.
+expect 0 "0 regression\(s\)" "$pipecheck" compare "$work/r" "$work/r/summary.csv"
+expect 0 "^scenario,verdict," head -n 1 "$work/r/compare.csv"
+mkdir -p "$work/slow"
+/usr/bin/python3 - "$work/r/summary.csv" "$work/slow/summary.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+rows[0]["pp_tokens_per_s"] = str(float(rows[0]["pp_tokens_per_s"]) / 2)
+with open(sys.argv[2], "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=rows[0].keys())
+    writer.writeheader()
+    writer.writerows(rows)
+PY
+expect 1 "pp2 +REGRESSION.*tokens/s -50.0%" "$pipecheck" compare "$work/r" "$work/slow"
+expect 2 "not a pipecheck summary: column 'scenario' is missing" "$pipecheck" compare "$work/good.csv" "$work/r"
+expect 2 "cannot open" "$pipecheck" compare "$work/none" "$work/r"
+expect 2 "max-slowdown" "$pipecheck" compare "$work/r" "$work/r" --max-slowdown 2
 # worker: a missing torchrun environment is bad input.
 expect 2 "RANK is not set" env -u RANK "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
 expect 2 "WORLD_SIZE is 3 but the scenario needs world_size 2" env RANK=0 WORLD_SIZE=3 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"

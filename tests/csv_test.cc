@@ -2,7 +2,13 @@
 #include <gtest/gtest.h>
 #include <libfccp/csv.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <fstream>
 #include <sstream>
 
@@ -47,6 +53,31 @@ TEST(Csv, AtomicWriteReplacesAndLeavesNoTemporary) {
   EXPECT_EQ(contents.str(), "new\n");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(directory), std::filesystem::directory_iterator()), 1);
   EXPECT_THROW(reports::WriteFileAtomically(directory + "/missing/summary.csv", "x"), std::runtime_error);
+}
+
+TEST(Csv, AWriterKilledMidwayLeavesThePreviousFileWhole) {
+  const auto directory = testing::ScratchDirectory("csv_killed");
+  const auto path = directory + "/summary.csv";
+  const std::string previous = "scenario,status\nold,PASS\n";
+  const std::string next(64 << 20, 'x');  // large enough to be caught mid-write
+  for (int delay_ms : {0, 2, 5, 10, 20, 40}) {
+    reports::WriteFileAtomically(path, previous);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      reports::WriteFileAtomically(path, next);
+      _exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    std::ifstream stream(path, std::ios::binary);
+    std::stringstream contents;
+    contents << stream.rdbuf();
+    const std::string seen = contents.str();
+    EXPECT_TRUE(seen == previous || seen == next) << "after " << delay_ms << " ms: a file of " << seen.size()
+                                                  << " bytes that is neither version";
+  }
 }
 
 }  // namespace
