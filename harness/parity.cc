@@ -257,6 +257,7 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   row["pp_tokens_per_s"] = FormatNumber(Median(pp_rate));
   row["bubble_theory"] = FormatNumber(input.simulation.bubble);
   double busy = 0.0, wall = 0.0;
+  int64_t pp_peak = -1;
   for (const auto& rank : input.ranks) {
     const RankTime time = TimeOf(rank, steps);
     busy += time.busy_us;
@@ -266,11 +267,18 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
     for (const auto& item : rank.final_weights) parameters += item.value().numel();
     std::vector<std::string> stages;
     for (int stage : rank.stages) stages.push_back(std::to_string(stage));
+    int64_t rank_peak = -1;
+    for (int64_t bytes : rank.peak_bytes) rank_peak = std::max(rank_peak, bytes);
+    pp_peak = std::max(pp_peak, rank_peak);
     report.ranks.push_back({scenario.name, std::to_string(rank.rank), fmt::format("{}", fmt::join(stages, ";")),
-                            std::to_string(parameters), "", FormatNumber(time.busy_us * per_step_ms),
+                            std::to_string(parameters), rank_peak >= 0 ? std::to_string(rank_peak) : "",
+                            FormatNumber(time.busy_us * per_step_ms),
                             FormatNumber((time.wall_us - time.busy_us - time.comm_us) * per_step_ms),
                             FormatNumber(time.comm_us * per_step_ms)});
   }
+  const int64_t ref_peak = reference.PeakBytes();
+  row["ref_peak_bytes"] = ref_peak >= 0 ? std::to_string(ref_peak) : "";
+  row["pp_peak_bytes_max"] = pp_peak >= 0 ? std::to_string(pp_peak) : "";
   // 1 - busy / wall over every rank and timed step.
   row["bubble_measured"] = FormatNumber(wall > 0 ? 1.0 - busy / wall : std::nan(""));
   const std::string zero_note =

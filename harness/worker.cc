@@ -11,6 +11,7 @@
 #include "harness/scenario_model.h"
 #include "pipeline/trainer.h"
 #include "pipeline/transport.h"
+#include "reference/memory_meter.h"
 #include "reports/csv.h"
 #include "scenarios/scenario.h"
 
@@ -84,6 +85,7 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
 
 int RunWorker(const WorkerOptions& options) {
   int rank = -1;
+  reference::StartMemoryMeter();  // before anything is allocated, so every tensor is counted
   try {
     const auto suite = scenarios::LoadScenarios(options.scenarios_path);
     const auto& scenario = scenarios::FindScenario(suite, options.scenario, options.scenarios_path);

@@ -76,7 +76,8 @@ Schedule BuildSchedule(const PipelineConfig& config) {
 }
 
 PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport)
-    : config_(config), transport_(transport), schedule_(BuildSchedule(config)) {
+    : config_(config), transport_(transport), schedule_(BuildSchedule(config)),
+      baseline_bytes_(reference::LiveTensorBytes()) {
   TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
               " but ", transport.world_size(), " ranks were started");
   reference::CheckDtypeSupported(config.train.dtype, config.train.device);
@@ -281,10 +282,12 @@ double PipelineTrainer::ClipGradients() {
 }
 
 void PipelineTrainer::Step(int64_t step, RankResult& result) {
+  for (auto& parameter : OwnedParameters(true)) parameter.mutable_grad().reset();
+  reference::StepMemory memory(baseline_bytes_);
+  memory.BeginStep(copies_bytes_);
   StepState state;
   state.batch = reference::MakeBatch(config_.train.data, config_.train.seed, step);
   state.microbatches = reference::SplitMicrobatches(state.batch, config_.microbatches);
-  for (auto& parameter : OwnedParameters(true)) parameter.mutable_grad().reset();
 
   const auto start = Clock::now();
   for (const Action& action : schedule_.ranks[transport_.rank()]) {
@@ -303,6 +306,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   result.grad_norms.push_back(ClipGradients());
   const auto backward_done = Clock::now();
 
+  memory.PauseForCopies();
   if (config_.train.record_gradients) {
     reference::NamedTensors gradients;
     for (const auto& stage : stages_) {
@@ -310,12 +314,15 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
         if (item.value().grad().defined()) gradients.insert(item.key(), item.value().grad().detach().clone());
       }
     }
+    copies_bytes_ += reference::TensorBytes(gradients);
     result.gradients.push_back(std::move(gradients));
   }
+  memory.ResumeAfterCopies(copies_bytes_);
 
   const auto update_start = Clock::now();
   for (auto& stage : stages_) stage->optimizer->step();
   const auto end = Clock::now();
+  result.peak_bytes.push_back(memory.EndStep());
   result.step_ms.push_back(
       std::chrono::duration<double, std::milli>((backward_done - start) + (end - update_start)).count());
   const bool has_loss = stages_.back()->slice.has_head;
@@ -375,6 +382,7 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   dict.insert("losses", Doubles(result.losses));
   dict.insert("step_ms", Doubles(result.step_ms));
   dict.insert("grad_norms", Doubles(result.grad_norms));
+  dict.insert("peak_bytes", c10::List<int64_t>(result.peak_bytes));
   c10::List<c10::List<torch::Tensor>> gradients;
   c10::List<c10::List<std::string>> gradient_names;
   for (const auto& step : result.gradients) {
@@ -406,6 +414,7 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   result.losses = ToDoubles(dict.at("losses").toTensor());
   result.step_ms = ToDoubles(dict.at("step_ms").toTensor());
   result.grad_norms = ToDoubles(dict.at("grad_norms").toTensor());
+  result.peak_bytes = dict.at("peak_bytes").toIntVector();
   const auto gradients = dict.at("gradients").toList();
   const auto gradient_names = dict.at("gradient_names").toList();
   for (size_t i = 0; i < gradients.size(); ++i) {

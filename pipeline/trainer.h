@@ -42,6 +42,7 @@ struct RankResult {
   std::vector<double> losses;      // per step; only the last stage's rank knows them (NaN elsewhere)
   std::vector<double> step_ms;     // per step, this rank's wall time
   std::vector<double> grad_norms;  // per step, global norm before clipping
+  std::vector<int64_t> peak_bytes; // per step, tensor bytes this rank held at most; -1 unmetered
   std::vector<reference::NamedTensors> gradients;  // per step, as applied (after tied sum and clipping)
   reference::NamedTensors final_weights;
   std::vector<ActionTiming> timeline;
@@ -82,6 +83,8 @@ class PipelineTrainer {
   Schedule schedule_;
   std::vector<std::unique_ptr<Stage>> stages_;  // this rank's stages, ascending
   int num_stages_ = 1;
+  int64_t baseline_bytes_ = 0;  // live tensor bytes before the trainer existed
+  int64_t copies_bytes_ = 0;    // bytes of gradient copies handed out so far
 };
 
 // Packs a rank's result into bytes and back (for sending it to rank 0).

@@ -10,11 +10,19 @@
 
 namespace pipecheck::compat {
 
-constexpr bool kTorch2 = TORCH_VERSION_MAJOR >= 2;
-
 // A CPU generator with a fixed seed; its stream is independent of the global one.
 inline at::Generator MakeCpuGenerator(uint64_t seed) {
   return at::make_generator<at::CPUGeneratorImpl>(seed);
 }
+
+// The integer type of the totals MemoryReportingInfoBase::reportMemoryUsage receives: int64_t
+// in 1.13, size_t in 2.x. Deduced from the declaration instead of guessed from version numbers.
+template <typename MemberFunction>
+struct ThirdParameter;
+template <typename Class, typename Result, typename A1, typename A2, typename A3, typename A4, typename A5>
+struct ThirdParameter<Result (Class::*)(A1, A2, A3, A4, A5)> {
+  using type = A3;
+};
+using MemoryTotal = ThirdParameter<decltype(&c10::MemoryReportingInfoBase::reportMemoryUsage)>::type;
 
 }  // namespace pipecheck::compat

@@ -27,7 +27,19 @@ double TrainResult::MedianStepMs() const {
   return times.size() % 2 == 1 ? times[middle] : 0.5 * (times[middle - 1] + times[middle]);
 }
 
-ReferenceTrainer::ReferenceTrainer(const TrainConfig& config) : config_(config) {
+int64_t TrainResult::PeakBytes() const {
+  int64_t peak = -1;
+  for (const auto& step : steps) peak = std::max(peak, step.peak_bytes);
+  return peak;
+}
+
+int64_t TensorBytes(const NamedTensors& tensors) {
+  int64_t bytes = 0;
+  for (const auto& item : tensors) bytes += item.value().numel() * static_cast<int64_t>(item.value().element_size());
+  return bytes;
+}
+
+ReferenceTrainer::ReferenceTrainer(const TrainConfig& config) : config_(config), baseline_bytes_(LiveTensorBytes()) {
   CheckDtypeSupported(config.dtype, config.device);
   model_ = BuildSlice(config.model, WholeModel(config.model), config.seed, config.dtype, config.device);
   parameters_ = model_->parameters();
@@ -44,8 +56,10 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch) {
 }
 
 StepRecord ReferenceTrainer::Step(int64_t step) {
-  auto batch = MakeBatch(config_.data, config_.seed, step);
   for (auto& parameter : parameters_) parameter.mutable_grad().reset();
+  StepMemory memory(baseline_bytes_);
+  memory.BeginStep(copies_bytes_);
+  auto batch = MakeBatch(config_.data, config_.seed, step);
 
   // The timed region is the step itself; copying gradients out for comparison is not.
   using Clock = std::chrono::steady_clock;
@@ -57,10 +71,16 @@ StepRecord ReferenceTrainer::Step(int64_t step) {
   record.grad_norm = std::sqrt(GradSquaredSum(parameters_));
   ScaleGradients(parameters_, ClipFactor(record.grad_norm, config_.clip));
   const auto backward_done = Clock::now();
-  if (config_.record_gradients) record.gradients = Gradients();
+  memory.PauseForCopies();
+  if (config_.record_gradients) {
+    record.gradients = Gradients();
+    copies_bytes_ += TensorBytes(record.gradients);
+  }
+  memory.ResumeAfterCopies(copies_bytes_);
   const auto update_start = Clock::now();
   optimizer_->step();
   const auto end = Clock::now();
+  record.peak_bytes = memory.EndStep();
   record.step_ms = std::chrono::duration<double, std::milli>((backward_done - start) + (end - update_start)).count();
   return record;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "reference/data.h"
+#include "reference/memory_meter.h"
 #include "reference/model.h"
 #include "reference/model_config.h"
 #include "reference/optimizer.h"
@@ -38,6 +39,7 @@ struct StepRecord {
   double grad_norm = 0.0;  // global norm before clipping
   double step_ms = 0.0;    // forward + backward + clip + optimizer step
   int64_t tokens = 0;      // labelled tokens of the batch
+  int64_t peak_bytes = -1; // tensor bytes the trainer held at most during the step; -1 unmetered
   NamedTensors gradients;  // the gradients the optimizer applied (empty unless recorded)
 };
 
@@ -47,6 +49,8 @@ struct TrainResult {
 
   // Median step time, leaving out step 0 (warm-up) when there is more than one step.
   double MedianStepMs() const;
+  // Largest step peak of tensor bytes; -1 when the memory meter was off.
+  int64_t PeakBytes() const;
 };
 
 class ReferenceTrainer {
@@ -72,6 +76,11 @@ class ReferenceTrainer {
   TransformerSlice model_{nullptr};
   std::vector<torch::Tensor> parameters_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  int64_t baseline_bytes_ = 0;  // live tensor bytes before the trainer existed
+  int64_t copies_bytes_ = 0;    // bytes of gradient copies handed out so far
 };
+
+// Bytes of tensor storage in `tensors`.
+int64_t TensorBytes(const NamedTensors& tensors);
 
 }  // namespace pipecheck::reference

@@ -3,6 +3,9 @@
 // `pipecheck run`, and must PASS at its dtype's default tolerance.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <map>
+
 #include "harness/launcher.h"
 #include "scenarios/scenario.h"
 #include "tests/test_support.h"
@@ -40,6 +43,35 @@ TEST_P(Parity, PipelineMatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Parity, ::testing::ValuesIn(ScenarioNames()),
                          [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace pipecheck
+
+namespace pipecheck {
+namespace {
+
+// The schedule's memory promise, measured on real ranks: GPipe keeps every microbatch's
+// activations on the first rank, 1F1B at most `ranks` of them.
+TEST(ScheduleMemory, OneFOneBFirstRankPeaksBelowGPipe) {
+  const std::string csv = testing::ScratchDirectory("schedule_memory") + "/memory.csv";
+  std::ofstream(csv) << "name,layers,hidden,heads,world_size,schedule,batch,microbatches,seq_len,steps\n"
+                        "gpipe,4,64,4,4,gpipe,16,16,32,2\n"
+                        "onefoneb,4,64,4,4,1f1b,16,16,32,2\n";
+  const auto suite = scenarios::LoadScenarios(csv);
+  harness::LaunchOptions options;
+  options.executable = PIPECHECK_BINARY;
+  options.scenarios_path = csv;
+  options.work_directory = testing::ScratchDirectory("schedule_memory_work");
+  options.threads_per_rank = 1;
+  std::map<std::string, int64_t> first_rank_peak;
+  for (const auto& scenario : suite) {
+    const auto report = harness::LaunchScenario(scenario, options);
+    ASSERT_EQ(report.Get("status"), "PASS") << report.Get("message");
+    ASSERT_EQ(report.ranks.size(), 4u);
+    first_rank_peak[scenario.name] = std::stoll(report.ranks[0][4]);  // peak_bytes
+  }
+  EXPECT_LT(first_rank_peak["onefoneb"], first_rank_peak["gpipe"]);
+}
 
 }  // namespace
 }  // namespace pipecheck

@@ -247,3 +247,36 @@ TEST(Trainer, Bfloat16StepStaysCloseToFloat64OrSaysWhyNot) {
 
 }  // namespace
 }  // namespace pipecheck
+
+namespace pipecheck {
+namespace {
+
+TEST(MemoryMeter, CountsAllocationsFreesAndPeaks) {
+  reference::StartMemoryMeter();
+  ASSERT_TRUE(reference::MemoryMeterActive());
+  const int64_t before = reference::LiveTensorBytes();
+  reference::ResetPeakTensorBytes();
+  {
+    auto big = torch::empty({1 << 20}, torch::kFloat64);  // 8 MiB
+    EXPECT_EQ(reference::LiveTensorBytes() - before, 8 << 20);
+  }
+  EXPECT_EQ(reference::LiveTensorBytes(), before);
+  EXPECT_GE(reference::PeakTensorBytes() - before, 8 << 20);
+}
+
+TEST(MemoryMeter, StepPeakLeavesOutGradientCopies) {
+  reference::StartMemoryMeter();
+  auto config = testing::TinyConfig(Flavor::kLlama, false);
+  config.steps = 3;
+  config.data.seq_len_min = config.data.seq_len;  // same shapes every step
+  reference::ReferenceTrainer trainer(config);
+  const auto result = trainer.Train();
+  ASSERT_GT(result.steps[1].peak_bytes, 0);
+  // Copies of every step's gradients pile up; the trainer's own peak must not grow with them.
+  EXPECT_EQ(result.steps[2].peak_bytes, result.steps[1].peak_bytes);
+  EXPECT_EQ(result.PeakBytes(), std::max({result.steps[0].peak_bytes, result.steps[1].peak_bytes,
+                                           result.steps[2].peak_bytes}));
+}
+
+}  // namespace
+}  // namespace pipecheck
