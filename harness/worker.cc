@@ -84,14 +84,16 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
 }  // namespace
 
 int RunWorker(const WorkerOptions& options) {
-  int rank = -1;
   reference::StartMemoryMeter();  // before anything is allocated, so every tensor is counted
+  // For messages only, until the environment is validated below.
+  const char* rank_text = std::getenv("RANK") ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
+  std::string rank = rank_text ? rank_text : "?";
   try {
     const auto suite = scenarios::LoadScenarios(options.scenarios_path);
     const auto& scenario = scenarios::FindScenario(suite, options.scenario, options.scenarios_path);
     const auto config = ToPipelineConfig(scenario);
     const auto rendezvous = ReadRendezvous(config.world_size);
-    rank = rendezvous.rank;
+    rank = std::to_string(rendezvous.rank);
     if (options.threads > 0) {
       at::set_num_threads(options.threads);
       at::set_num_interop_threads(1);
@@ -99,7 +101,7 @@ int RunWorker(const WorkerOptions& options) {
     auto transport = pipeline::ConnectGloo(rendezvous);
     pipeline::PipelineTrainer trainer(config, *transport);
     auto results = pipeline::GatherResults(*transport, trainer.Train());
-    if (rank != 0) return 0;
+    if (rendezvous.rank != 0) return 0;
     return FinishOnRankZero(scenario, config, results, options.out);
   } catch (const scenarios::ScenarioError& error) {
     fmt::print(stderr, "pipecheck worker: {}\n", error.what());

@@ -56,6 +56,14 @@ for report in summary params steps ranks timeline; do
   expect 0 "^scenario," head -n 1 "$work/r/$report.csv"
 done
 expect 0 "^pp2,PASS,pass,1,2,1f1b," tail -n 1 "$work/r/summary.csv"
+# A scenario whose ranks fail at start-up (CUDA on a machine without it) is ERROR, naming the
+# rank and its output; its summary row keeps every column; the run goes on to the next one.
+printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,device\ngpu,2,2,16,4,2,8,cuda\nafter,2,2,16,4,2,8,cpu\n' >"$work/gpu.csv"
+if ! "$pipecheck" run --scenarios "$work/gpu.csv" --only gpu --out "$work/g" 2>&1 | grep -q "^\[1/1\] gpu *PASS"; then
+  expect 1 "gpu +ERROR .*rank [01] exited with code 1; its last output: .*no CUDA device" "$pipecheck" run --scenarios "$work/gpu.csv" --out "$work/g"
+  expect 0 "^gpu,ERROR,pass,0(,[^,]*){23},\"?rank [01] exited with code 1" tail -n +2 "$work/g/summary.csv"
+  expect 0 "^after,PASS" tail -n 1 "$work/g/summary.csv"
+fi
 # compare: a report against itself is clean; halving one scenario's tokens/s is a regression.
 expect 0 "0 regression\(s\)" "$pipecheck" compare "$work/r" "$work/r/summary.csv"
 expect 0 "^scenario,verdict," head -n 1 "$work/r/compare.csv"

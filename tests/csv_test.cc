@@ -1,4 +1,5 @@
 // Report CSV writing: RFC 4180 quoting read back by the fccp parser, and atomic replacement.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <libfccp/csv.h>
 
@@ -13,6 +14,7 @@
 #include <sstream>
 
 #include "reports/csv.h"
+#include "reports/report.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -53,6 +55,35 @@ TEST(Csv, AtomicWriteReplacesAndLeavesNoTemporary) {
   EXPECT_EQ(contents.str(), "new\n");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(directory), std::filesystem::directory_iterator()), 1);
   EXPECT_THROW(reports::WriteFileAtomically(directory + "/missing/summary.csv", "x"), std::runtime_error);
+}
+
+TEST(Reports, ColumnsAreExactlyTheDesigns) {
+  EXPECT_EQ(fmt::format("{}", fmt::join(reports::SummaryColumns(), ",")),
+            "scenario,status,expect,ok,world_size,schedule,virtual_stages,microbatches,dtype,device,steps,tokens,"
+            "loss_ref,loss_pp,loss_max_abs_diff,grad_max_rel_err,worst_param,params_checked,weights_max_rel_err,"
+            "ref_step_ms,pp_step_ms,ref_tokens_per_s,pp_tokens_per_s,ref_peak_bytes,pp_peak_bytes_max,bubble_theory,"
+            "bubble_measured,message");
+  EXPECT_EQ(fmt::format("{}", fmt::join(reports::ParamColumns(), ",")),
+            "scenario,param,stage,rank,numel,ref_norm,pp_norm,max_abs_diff,rel_err,ok");
+  EXPECT_EQ(fmt::format("{}", fmt::join(reports::StepColumns(), ",")), "scenario,step,loss_ref,loss_pp,abs_diff");
+  EXPECT_EQ(fmt::format("{}", fmt::join(reports::RankColumns(), ",")),
+            "scenario,rank,stages,params,peak_bytes,busy_ms,idle_ms,comm_ms");
+  EXPECT_EQ(fmt::format("{}", fmt::join(reports::TimelineColumns(), ",")),
+            "scenario,rank,step,action,stage,microbatch,start_us,end_us");
+}
+
+TEST(Reports, AFailedScenarioKeepsEveryColumnAndSurvivesJson) {
+  reports::ScenarioReport crashed;
+  crashed.summary = {{"scenario", "x"}, {"status", "ERROR"}, {"message", "rank 1 was killed by signal 9, \"boom\""}};
+  const auto again = reports::FromJson(reports::ToJson(crashed));
+  const auto directory = testing::ScratchDirectory("reports_failed");
+  const auto paths = reports::WriteReports(directory, {again});
+  ASSERT_EQ(paths.size(), 5u);
+  std::ifstream stream(paths[0]);
+  std::string header, row;
+  std::getline(stream, header);
+  std::getline(stream, row);
+  EXPECT_EQ(row, "x,ERROR" + std::string(26, ',') + "\"rank 1 was killed by signal 9, \"\"boom\"\"\"");
 }
 
 TEST(Csv, AWriterKilledMidwayLeavesThePreviousFileWhole) {
