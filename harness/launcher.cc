@@ -11,7 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,12 +21,17 @@
 #include <thread>
 
 #include "harness/parity.h"
+#include "harness/scenario_model.h"
 #include "harness/worker.h"
 
 namespace pipecheck::harness {
 namespace {
 
 namespace fs = std::filesystem;
+
+volatile std::sig_atomic_t g_interrupt_signal = 0;
+
+void OnInterrupt(int signal) { g_interrupt_signal = signal; }
 
 // A port that was free a moment ago on 127.0.0.1 (the kernel's choice).
 int FreeLoopbackPort() {
@@ -79,7 +86,8 @@ pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& option
   _exit(127);
 }
 
-// The last `count` non-empty lines of a log, joined with " | ".
+// What a rank said last: from its last error line ("pipecheck worker ...", or a fault's own
+// line) to the end, else its last `count` non-empty lines; joined with " | ".
 std::string Tail(const std::string& path, size_t count = 4) {
   std::ifstream stream(path);
   std::vector<std::string> lines;
@@ -87,7 +95,14 @@ std::string Tail(const std::string& path, size_t count = 4) {
   while (std::getline(stream, line)) {
     if (!line.empty()) lines.push_back(line);
   }
-  std::vector<std::string> last(lines.end() - std::min(count, lines.size()), lines.end());
+  size_t first = lines.size() - std::min(count, lines.size());
+  for (size_t i = lines.size(); i-- > 0;) {
+    if (lines[i].rfind("pipecheck worker", 0) == 0 || lines[i].rfind("fault ", 0) == 0) {
+      first = i;
+      break;
+    }
+  }
+  std::vector<std::string> last(lines.begin() + first, lines.begin() + std::min(lines.size(), first + 16));
   std::string joined;
   for (const auto& item : last) joined += (joined.empty() ? "" : " | ") + item;
   return joined.empty() ? "(no output)" : joined;
@@ -122,12 +137,65 @@ bool Failed(const Rank& rank, bool result_written) {
 
 std::string CurrentExecutable() { return fs::read_symlink("/proc/self/exe").string(); }
 
-reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, const LaunchOptions& options) {
+void InstallInterruptHandlers() {
+  struct sigaction action {};
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+double DefaultDeadlineSeconds(const scenarios::Scenario& scenario) {
+  const auto model = ToModelConfig(scenario);
+  const double parameters = static_cast<double>(model.EmbeddingParameterCount() + model.HeadParameterCount() +
+                                                model.layers * model.LayerParameterCount());
+  const double flops_per_step = 6.0 * parameters * static_cast<double>(scenario.batch * scenario.seq_len);
+  return 30.0 + 3.0 * static_cast<double>(scenario.steps) * flops_per_step / 1e9;
+}
+
+namespace {
+
+bool LostConnection(const std::string& output) {
+  return output.find("Connection closed by peer") != std::string::npos ||
+         output.find("Connection reset by peer") != std::string::npos;
+}
+
+// One rank failed: its peers usually fail a moment later only because it went away. Wait
+// briefly for them, then blame the rank whose failure is not a lost connection (the lowest
+// such rank), name the others, and end every rank still running.
+reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std::vector<Rank>& ranks,
+                                        bool result_written) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (auto& rank : ranks) {
+    if (rank.running && waitpid(rank.pid, &rank.status, WNOHANG) == rank.pid) rank.running = false;
+  }
+  KillAndReap(ranks);
+  const Rank* blamed = nullptr;
+  std::vector<std::string> others;
+  for (const auto& rank : ranks) {
+    if (!Failed(rank, result_written) || (WIFSIGNALED(rank.status) && WTERMSIG(rank.status) == SIGKILL)) continue;
+    const bool primary = !LostConnection(Tail(rank.log));
+    if (blamed == nullptr || (primary && LostConnection(Tail(blamed->log)))) blamed = &rank;
+  }
+  if (blamed == nullptr) blamed = &ranks.front();
+  for (const auto& rank : ranks) {
+    if (&rank != blamed && Failed(rank, result_written) && !(WIFSIGNALED(rank.status) && WTERMSIG(rank.status) == SIGKILL)) {
+      others.push_back(std::to_string(rank.rank));
+    }
+  }
+  return FailedScenarioReport(
+      scenario, "ERROR",
+      fmt::format("rank {} {}; its last output: {}{}", blamed->rank, HowItEnded(blamed->status), Tail(blamed->log),
+                  others.empty() ? "" : fmt::format(" (then rank(s) {} failed too)", fmt::join(others, ", "))));
+}
+
+// One attempt at the scenario on `port`; sets `port_busy` when rank 0 could not listen on it.
+reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const LaunchOptions& options, int port,
+                                bool& port_busy) {
   const fs::path directory = fs::path(options.work_directory) / scenario.name;
   fs::create_directories(directory);
   const fs::path result_path = directory / kResultFile;
   fs::remove(result_path);
-  const int port = FreeLoopbackPort();
 
   std::vector<Rank> ranks;
   for (int r = 0; r < scenario.world_size; ++r) {
@@ -140,30 +208,34 @@ reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, cons
 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options.timeout_seconds);
   while (true) {
+    if (g_interrupt_signal != 0) {
+      KillAndReap(ranks);
+      throw Interrupted{g_interrupt_signal};
+    }
     bool any_running = false;
     for (auto& rank : ranks) {
       if (rank.running && waitpid(rank.pid, &rank.status, WNOHANG) == rank.pid) rank.running = false;
       any_running = any_running || rank.running;
     }
     const bool result_written = fs::exists(result_path);
-    for (const auto& rank : ranks) {
-      if (!Failed(rank, result_written)) continue;
-      KillAndReap(ranks);
-      return FailedScenarioReport(scenario, "ERROR",
-                                  fmt::format("rank {} {}; its last output: {}", rank.rank, HowItEnded(rank.status),
-                                              Tail(rank.log)));
+    if (std::any_of(ranks.begin(), ranks.end(), [&](const Rank& r) { return Failed(r, result_written); })) {
+      auto report = BlameFailedRank(scenario, ranks, result_written);
+      port_busy = report.Get("message").find("Address already in use") != std::string::npos;
+      return report;
     }
     if (!any_running) break;
     if (std::chrono::steady_clock::now() > deadline) {
-      std::vector<std::string> stuck;
+      std::vector<std::string> stuck, outputs;
       for (const auto& rank : ranks) {
-        if (rank.running) stuck.push_back(std::to_string(rank.rank));
+        if (!rank.running) continue;
+        stuck.push_back(std::to_string(rank.rank));
+        outputs.push_back(fmt::format("rank {}: {}", rank.rank, Tail(rank.log, 1)));
       }
       KillAndReap(ranks);
-      return FailedScenarioReport(
-          scenario, "TIMEOUT",
-          fmt::format("rank(s) {} still running after the {:.0f} s deadline; rank {}'s last output: {}",
-                      fmt::join(stuck, ", "), options.timeout_seconds, stuck.front(), Tail(ranks[std::stoi(stuck.front())].log)));
+      return FailedScenarioReport(scenario, "TIMEOUT",
+                                  fmt::format("rank(s) {} still running after the {:.0f} s deadline; last output: {}",
+                                              fmt::join(stuck, ", "), options.timeout_seconds,
+                                              fmt::join(outputs, " || ")));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -176,6 +248,20 @@ reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, cons
   std::stringstream text;
   text << stream.rdbuf();
   return reports::FromJson(text.str());
+}
+
+}  // namespace
+
+reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, const LaunchOptions& options) {
+  // A port found free can be taken before rank 0 listens on it; then try another.
+  constexpr int kAttempts = 3;
+  int port = options.port > 0 ? options.port : FreeLoopbackPort();
+  for (int attempt = 1;; ++attempt) {
+    bool port_busy = false;
+    auto report = Attempt(scenario, options, port, port_busy);
+    if (!port_busy || attempt == kAttempts || scenario.world_size == 1) return report;
+    port = FreeLoopbackPort();
+  }
 }
 
 }  // namespace pipecheck::harness

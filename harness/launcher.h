@@ -18,9 +18,23 @@ struct LaunchOptions {
   std::string work_directory;  // each scenario gets work_directory/NAME for logs and results
   double timeout_seconds = 300.0;
   int threads_per_rank = 1;
+  int port = 0;  // rendezvous port; 0 lets the kernel pick a free one
 };
 
+// Thrown when SIGINT or SIGTERM arrived (see InstallInterruptHandlers) while a scenario ran:
+// its ranks have been killed and reaped.
+struct Interrupted {
+  int signal;
+};
+
+// Makes SIGINT and SIGTERM end the scenario in flight (its ranks killed) instead of the process.
+void InstallInterruptHandlers();
+
 reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, const LaunchOptions& options);
+
+// A deadline sized to the scenario: 30 s plus three times its steps' arithmetic at a
+// pessimistic 1 GFLOP/s, so a healthy run never meets it and a hung one is found in minutes.
+double DefaultDeadlineSeconds(const scenarios::Scenario& scenario);
 
 // The absolute path of the running executable.
 std::string CurrentExecutable();

@@ -31,7 +31,7 @@ struct Options {
   std::string out;
   std::string device;
   int threads = 0;
-  double timeout = 300.0;
+  double timeout = 0.0;
   // schedule
   std::string schedule = "1f1b";
   int stages = 2;
@@ -81,6 +81,15 @@ int Run(Options options) {
   }
   if (options.out.empty()) options.out = kDefaultOut;
   std::filesystem::create_directories(options.out);
+  // An unwritable --out is bad input, found before anything runs.
+  const auto probe = (std::filesystem::path(options.out) / ".pipecheck-write-test").string();
+  try {
+    pipecheck::reports::WriteFileAtomically(probe, "");
+  } catch (const std::runtime_error& error) {
+    fmt::print(stderr, "pipecheck: --out {} is not writable: {}\n", options.out, error.what());
+    return kExitBadInput;
+  }
+  std::filesystem::remove(probe);
   pipecheck::harness::RunOptions run;
   run.scenarios_path = options.scenarios;
   run.out = options.out;
@@ -178,8 +187,9 @@ int main(int argc, char** argv) {
   run->add_option("--only", options.only, "Shell glob on scenario names");
   run->add_option("--out", options.out, "Report directory (default reports/latest)");
   run->add_option("--device", options.device, "Override every scenario's device")->check(CLI::IsMember({"cpu", "cuda"}));
-  run->add_option("--timeout", options.timeout, "Deadline per scenario, seconds")->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  run->add_option("--timeout", options.timeout,
+                  "Deadline per scenario in seconds (default: sized to each scenario, 30 s and up)")
+      ->check(CLI::PositiveNumber);
   run->add_option("--threads", options.threads, "Intra-op threads per rank (0: cores / world_size)")
       ->check(CLI::NonNegativeNumber);
 

@@ -103,7 +103,9 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   const size_t steps = reference.steps.size();
   reports::ScenarioReport report;
   report.summary = ScenarioColumns(scenario);
-  std::vector<std::string> failures;  // in order of discovery: step, then loss before gradients
+  // (step, kind) -> problems; kind 0 loss, 1 gradients, 2 final weights. The first entry is the
+  // earliest evidence: a step's wrong gradients come before the next step's wrong loss.
+  std::map<std::pair<size_t, int>, std::vector<std::string>> problems;
 
   // The rank holding the last stage knows the losses.
   const pipeline::RankResult* loss_rank = &input.ranks.back();
@@ -121,7 +123,7 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
     report.steps.push_back({scenario.name, std::to_string(k), FormatNumber(loss_ref), FormatNumber(loss_pp),
                             FormatNumber(diff)});
     if (!(diff <= tol * std::max(1.0, std::abs(loss_ref)))) {
-      failures.push_back(fmt::format("loss at step {}: pipeline {:.12g} vs reference {:.12g} (diff {:.3g} > tol {:.3g})",
+      problems[{k, 0}].push_back(fmt::format("loss at step {}: pipeline {:.12g} vs reference {:.12g} (diff {:.3g} > tol {:.3g})",
                                      k, loss_pp, loss_ref, diff, tol));
     }
   }
@@ -150,14 +152,15 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
     std::map<std::string, int> seen;
     for (const auto& rank : input.ranks) {
       if (k >= rank.gradients.size()) {
-        failures.push_back(fmt::format("rank {} reported no gradients for step {}", rank.rank, k));
+        problems[{k, 1}].push_back(fmt::format("rank {} reported no gradients for step {}", rank.rank, k));
         continue;
       }
       for (const auto& item : rank.gradients[k]) {
         const std::string& name = item.key();
         ++seen[name];
         if (!ref_gradients.contains(name)) {
-          failures.push_back(fmt::format("rank {} has a gradient for {}, which the reference does not", rank.rank, name));
+          problems[{k, 1}].push_back(
+              fmt::format("rank {} has a gradient for {}, which the reference does not", rank.rank, name));
           continue;
         }
         const auto& ref = ref_gradients[name];
@@ -166,17 +169,17 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
         if (error.rel >= worst.error.rel) worst = {error, k, 0, ref.numel()};
         if (error.rel > grad_max_rel || worst_param.empty()) grad_max_rel = error.rel, worst_param = name, worst_step = k;
         if (error.pp_norm == 0.0 && error.ref_norm > floor) {
-          failures.push_back(fmt::format("gradient of {} at step {} is all zero on rank {}; the reference's norm is {:.3g}",
+          problems[{k, 1}].push_back(fmt::format("gradient of {} at step {} is all zero on rank {}; the reference's norm is {:.3g}",
                                          name, k, rank.rank, error.ref_norm));
         } else if (!(error.rel <= tol)) {
-          failures.push_back(fmt::format("gradient of {} at step {} on rank {}: rel err {:.3g} > tol {:.3g}", name, k,
+          problems[{k, 1}].push_back(fmt::format("gradient of {} at step {} on rank {}: rel err {:.3g} > tol {:.3g}", name, k,
                                          rank.rank, error.rel, tol));
         }
       }
     }
     for (const auto& item : ref_gradients) {
       if (!seen.count(item.key())) {
-        failures.push_back(fmt::format("gradient of {} at step {} is missing from every rank", item.key(), k));
+        problems[{k, 1}].push_back(fmt::format("gradient of {} at step {} is missing from every rank", item.key(), k));
       }
     }
   }
@@ -190,7 +193,7 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
       const auto error = Compare(item.value(), reference.final_weights[item.key()], weight_floor);
       weights_max_rel = std::max(weights_max_rel, error.rel);
       if (!(error.rel <= tol)) {
-        failures.push_back(fmt::format("final weight {} on rank {}: rel err {:.3g} > tol {:.3g}", item.key(), rank.rank,
+        problems[{steps, 2}].push_back(fmt::format("final weight {} on rank {}: rel err {:.3g} > tol {:.3g}", item.key(), rank.rank,
                                        error.rel, tol));
       }
     }
@@ -235,6 +238,8 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
     }
   }
 
+  std::vector<std::string> failures;
+  for (const auto& [when, found] : problems) failures.insert(failures.end(), found.begin(), found.end());
   const std::string status = failures.empty() ? "PASS" : "FAIL";
   auto& row = report.summary;
   row["status"] = status;

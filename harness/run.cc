@@ -48,14 +48,15 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
   launch.executable = CurrentExecutable();
   launch.scenarios_path = std::filesystem::absolute(options.scenarios_path).string();
   launch.work_directory = (std::filesystem::path(options.out) / "work").string();
-  launch.timeout_seconds = options.timeout_seconds;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   std::vector<reports::ScenarioReport> reports;
   std::vector<std::string> paths;
+  InstallInterruptHandlers();
   int not_ok = 0;
   for (size_t i = 0; i < scenarios.size(); ++i) {
     const auto& scenario = scenarios[i];
+    launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : DefaultDeadlineSeconds(scenario);
     launch.threads_per_rank = options.threads_per_rank > 0
                                   ? options.threads_per_rank
                                   : std::max(1, cores / static_cast<int>(scenario.world_size));
@@ -63,6 +64,12 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
     reports::ScenarioReport report;
     try {
       report = LaunchScenario(scenario, launch);
+    } catch (const Interrupted& interrupted) {
+      fmt::print(out, "\ninterrupted by signal {} during {}: its ranks were ended; the reports hold the {} "
+                      "scenario(s) that finished{}\n",
+                 interrupted.signal, scenario.name, reports.size(),
+                 paths.empty() ? "" : fmt::format(": {}", fmt::join(paths, ", ")));
+      return 128 + interrupted.signal;
     } catch (const std::exception& error) {
       report = FailedScenarioReport(scenario, "ERROR", "launcher: " + ErrorMessage(error));
     }

@@ -14,11 +14,12 @@ namespace pipecheck::harness {
 struct RunOptions {
   std::string scenarios_path;
   std::string out;
-  double timeout_seconds = 300.0;
+  double timeout_seconds = 0.0;  // 0: DefaultDeadlineSeconds of each scenario
   int threads_per_rank = 0;  // 0: the machine's cores shared among a scenario's ranks
 };
 
-// Exit code: 0 when every scenario met its expectation, 1 otherwise.
+// Exit code: 0 when every scenario met its expectation, 1 otherwise, 128 + signal when
+// SIGINT or SIGTERM ended the run (the reports then hold every scenario that finished).
 int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions& options, std::ostream& out);
 
 }  // namespace pipecheck::harness

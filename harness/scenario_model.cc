@@ -60,6 +60,7 @@ pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario) {
   config.microbatches = static_cast<int>(scenario.microbatches);
   config.schedule = scenario.schedule;
   config.partition = scenario.partition;
+  config.fault = pipeline::ParseFault(scenario.fault);
   return config;
 }
 

@@ -132,7 +132,7 @@ Schedule MakeSchedule(const std::string& name, const PipelineShape& shape) {
   throw ScheduleError(fmt::format("unknown schedule '{}': expected one of {}", name, fmt::join(ScheduleNames(), ", ")));
 }
 
-Schedule AddCommunication(const Schedule& schedule) {
+Schedule AddCommunication(const Schedule& schedule, bool post_receives_first) {
   const auto& shape = schedule.shape;
   Schedule lowered{schedule.name, shape, std::vector<std::vector<Action>>(shape.ranks)};
   for (int rank = 0; rank < shape.ranks; ++rank) {
@@ -157,7 +157,7 @@ Schedule AddCommunication(const Schedule& schedule) {
           out.push_back(action);
       }
     }
-    PostReceivesBeforeSends(out);
+    if (post_receives_first) PostReceivesBeforeSends(out);
   }
   return lowered;
 }

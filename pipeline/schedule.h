@@ -69,8 +69,9 @@ Schedule MakeSchedule(const std::string& name, const PipelineShape& shape);
 
 // Adds the communication: a RECV before each compute whose input comes from another rank, a
 // SEND after each compute whose output goes to another rank; then every receive is moved ahead
-// of the sends just before it, so a rank always posts its receives before it sends.
-Schedule AddCommunication(const Schedule& schedule);
+// of the sends just before it, so a rank always posts its receives before it sends
+// (unless `post_receives_first` is false: the send_before_recv fault).
+Schedule AddCommunication(const Schedule& schedule, bool post_receives_first = true);
 
 // One line per rank: "rank 0: 0F0 0SEND_F0 0F1 ...".
 std::string FormatActions(const Schedule& schedule);

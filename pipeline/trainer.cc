@@ -5,10 +5,14 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/serialize.h>
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "pipeline/partition.h"
@@ -64,13 +68,15 @@ struct PipelineTrainer::StepState {
   std::map<StageMicrobatch, torch::Tensor> input_grads;  // waiting to be sent or handed on
   std::map<std::tuple<int, int, int>, std::unique_ptr<PendingRecv>> receives;  // (direction, stage, mb)
   std::map<std::tuple<int, int, int>, torch::Tensor> arrived;                   // received, not yet used
+  std::map<int, std::vector<int64_t>> first_shape;  // per direction (stale_shape fault only)
   std::vector<std::unique_ptr<PendingSend>> sends;
   double loss = 0.0;
 };
 
 Schedule BuildSchedule(const PipelineConfig& config) {
   const PipelineShape shape{config.world_size, config.virtual_stages, config.microbatches};
-  Schedule lowered = AddCommunication(MakeSchedule(config.schedule, shape));
+  Schedule lowered = AddCommunication(MakeSchedule(config.schedule, shape),
+                                      /*post_receives_first=*/config.fault != Fault::kSendBeforeRecv);
   ValidateSchedule(lowered);
   return lowered;
 }
@@ -117,7 +123,8 @@ void PipelineTrainer::Forward(const Action& action, StepState& state) {
     input = state.outputs.at({s - 1, mb}).detach().requires_grad_(true);  // (b, t, hidden)
     state.inputs[{s, mb}] = input;
   } else {
-    input = TakeArrived(0, action, state).requires_grad_(true);  // (b, t, hidden)
+    input = TakeArrived(0, action, state);  // (b, t, hidden)
+    if (config_.fault != Fault::kDetachInput) input.requires_grad_(true);
     state.inputs[{s, mb}] = input;
   }
   auto context = reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(), config_.train.dtype,
@@ -125,7 +132,7 @@ void PipelineTrainer::Forward(const Action& action, StepState& state) {
   auto output = stage.module->forward(input, context);
   if (stage.slice.has_head) {
     // Summed token loss over the *whole batch's* token count: microbatch terms add up exactly.
-    auto loss = reference::TokenLossSum(output, part.labels.to(device)) / static_cast<double>(state.batch.valid_tokens);
+    auto loss = reference::TokenLossSum(output, part.labels.to(device)) / LossDenominatorFault(part, state);
     state.loss += loss.item<double>();
     state.losses[{s, mb}] = loss;
   } else {
@@ -136,11 +143,14 @@ void PipelineTrainer::Forward(const Action& action, StepState& state) {
 void PipelineTrainer::Backward(const Action& action, StepState& state) {
   const int s = action.stage, mb = action.microbatch;
   Stage& stage = StageAt(s);
+  // drop_microbatch: the last microbatch's backward never runs; zeros go on instead.
+  const bool dropped = config_.fault == Fault::kDropMicrobatch && mb == config_.microbatches - 1;
+  BeforeBackwardFault();
   torch::Tensor input_gradient_passthrough;
   if (stage.slice.has_head) {
     auto loss = state.losses.at({s, mb});
     state.losses.erase({s, mb});
-    loss.backward();
+    if (!dropped) loss.backward();
   } else {
     torch::Tensor gradient;
     if (schedule_.shape.RankOfStage(s + 1) == transport_.rank()) {
@@ -151,16 +161,19 @@ void PipelineTrainer::Backward(const Action& action, StepState& state) {
     }
     auto output = state.outputs.at({s, mb});
     state.outputs.erase({s, mb});
-    if (output.grad_fn()) {
-      BackwardFrom(output, gradient);
-    } else {
+    if (!output.grad_fn()) {
       input_gradient_passthrough = gradient;  // an empty stage: its output is its input
+    } else if (!dropped) {
+      BackwardFrom(output, gradient);
     }
   }
+  AfterBackwardFault();
   if (s > 0) {
     auto input = state.inputs.at({s, mb});
     state.inputs.erase({s, mb});
     auto gradient = input_gradient_passthrough.defined() ? input_gradient_passthrough : input.grad();
+    // A detached input or a dropped backward leaves no gradient: the buggy pipeline sends zeros.
+    if ((!gradient.defined() && config_.fault == Fault::kDetachInput) || dropped) gradient = torch::zeros_like(input);
     TORCH_CHECK(gradient.defined(), "rank ", transport_.rank(), ": ", action.ToString(),
                 " produced no gradient for its input");
     state.input_grads[{s, mb}] = gradient;
@@ -176,8 +189,62 @@ void PipelineTrainer::AwaitInput(const Action& action, StepState& state) {
   if (direction < 0) return;
   auto received = state.receives.find({direction, s, mb});
   if (received == state.receives.end()) return;  // a local handoff, or a missing receive reported later
-  state.arrived[{direction, s, mb}] = received->second->Wait();
+  state.arrived[{direction, s, mb}] = StaleShapeFault(received->second->Wait(), direction, state);
   state.receives.erase(received);
+}
+
+// ---- Fault injection (faults.h) -------------------------------------------------------------
+
+// stale_shape: the first message's shape is kept as the buffer for every later one; what fits
+// is copied in, the rest is left as zeros or cut off.
+torch::Tensor PipelineTrainer::StaleShapeFault(const torch::Tensor& message, int direction, StepState& state) {
+  if (config_.fault != Fault::kStaleShape) return message;
+  auto& sizes = state.first_shape[direction];
+  if (sizes.empty()) {
+    sizes = message.sizes().vec();
+    return message;
+  }
+  auto buffer = torch::zeros(sizes, message.options());
+  const int64_t fits = std::min(buffer.numel(), message.numel());
+  buffer.view(-1).narrow(0, 0, fits).copy_(message.reshape(-1).narrow(0, 0, fits));
+  return buffer;
+}
+
+// The loss term's denominator: the whole batch's tokens, or (mean_of_microbatch_means) the
+// microbatch's own tokens times the number of microbatches.
+double PipelineTrainer::LossDenominatorFault(const reference::Batch& part, const StepState& state) const {
+  if (config_.fault == Fault::kMeanOfMicrobatchMeans) {
+    return static_cast<double>(part.valid_tokens) * static_cast<double>(config_.microbatches);
+  }
+  return static_cast<double>(state.batch.valid_tokens);
+}
+
+void PipelineTrainer::BeforeBackwardFault() {
+  if (config_.fault != Fault::kZeroGradPerMicrobatch) return;
+  torch::NoGradGuard no_grad;
+  for (auto& parameter : OwnedParameters(true)) {
+    if (parameter.grad().defined()) parameter.grad().zero_();
+  }
+}
+
+void PipelineTrainer::AfterBackwardFault() {
+  if (config_.fault != Fault::kGradScalePerMicrobatch) return;
+  reference::ScaleGradients(OwnedParameters(true), 1.0 / config_.microbatches);
+}
+
+// crash_rank / hang_rank: the last rank dies or stops half-way through step 1.
+void PipelineTrainer::ProcessFault(int64_t step, size_t action_index) const {
+  const bool here = transport_.rank() == transport_.world_size() - 1 && step == 1 &&
+                    action_index == schedule_.ranks[transport_.rank()].size() / 2;
+  if (!here) return;
+  if (config_.fault == Fault::kCrashRank) {
+    fmt::print(stderr, "fault crash_rank: rank {} aborts in step {}\n", transport_.rank(), step);
+    std::abort();
+  }
+  if (config_.fault == Fault::kHangRank) {
+    fmt::print(stderr, "fault hang_rank: rank {} stops making progress in step {}\n", transport_.rank(), step);
+    while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
 }
 
 torch::Tensor PipelineTrainer::TakeArrived(int direction, const Action& action, StepState& state) {
@@ -241,7 +308,7 @@ std::vector<torch::Tensor> PipelineTrainer::OwnedParameters(bool count_tied_copy
 }
 
 void PipelineTrainer::SyncTiedGradients() {
-  if (!config_.train.model.tied || num_stages_ == 1) return;
+  if (!config_.train.model.tied || num_stages_ == 1 || config_.fault == Fault::kSkipTiedSync) return;
   const int last = num_stages_ - 1;
   const int first_rank = schedule_.shape.RankOfStage(0), last_rank = schedule_.shape.RankOfStage(last);
   const int rank = transport_.rank();
@@ -273,9 +340,11 @@ void PipelineTrainer::SyncTiedGradients() {
 }
 
 double PipelineTrainer::ClipGradients() {
-  const double local = reference::GradSquaredSum(OwnedParameters(/*count_tied_copy=*/false));
+  // tied_norm_twice counts the last stage's copy of the tied weight as well.
+  const double local = reference::GradSquaredSum(OwnedParameters(config_.fault == Fault::kTiedNormTwice));
   double total = 0.0;
   for (double part : transport_.AllGather(local)) total += part;  // rank order: identical everywhere
+  if (config_.fault == Fault::kLocalClip) total = local;
   const double norm = std::sqrt(total);
   reference::ScaleGradients(OwnedParameters(/*count_tied_copy=*/true), reference::ClipFactor(norm, config_.train.clip));
   return norm;
@@ -283,6 +352,9 @@ double PipelineTrainer::ClipGradients() {
 
 void PipelineTrainer::Step(int64_t step, RankResult& result) {
   for (auto& parameter : OwnedParameters(true)) parameter.mutable_grad().reset();
+  if (config_.fault == Fault::kOptimizerStateReset) {
+    for (auto& stage : stages_) stage->optimizer = reference::MakeOptimizer(config_.train.optimizer, stage->parameters);
+  }
   reference::StepMemory memory(baseline_bytes_);
   memory.BeginStep(copies_bytes_);
   StepState state;
@@ -290,7 +362,10 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   state.microbatches = reference::SplitMicrobatches(state.batch, config_.microbatches);
 
   const auto start = Clock::now();
-  for (const Action& action : schedule_.ranks[transport_.rank()]) {
+  const auto& actions = schedule_.ranks[transport_.rank()];
+  for (size_t index = 0; index < actions.size(); ++index) {
+    const Action& action = actions[index];
+    ProcessFault(step, index);
     AwaitInput(action, state);
     const double action_start = MicrosecondsSince(start);
     Execute(action, state);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/faults.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
 #include "pipeline/transport.h"
@@ -25,6 +26,7 @@ struct PipelineConfig {
   int microbatches = 1;
   std::string schedule = "1f1b";
   std::string partition = "uniform";
+  Fault fault = Fault::kNone;  // a known bug to inject (faults.h); kNone in every real run
 };
 
 // One action as executed: for timelines and measured bubbles.
@@ -70,6 +72,12 @@ class PipelineTrainer {
 
   void Execute(const Action& action, StepState& state);
   void AwaitInput(const Action& action, StepState& state);
+  // Fault injection points; each does nothing unless config_.fault names its fault.
+  torch::Tensor StaleShapeFault(const torch::Tensor& message, int direction, StepState& state);
+  double LossDenominatorFault(const reference::Batch& part, const StepState& state) const;
+  void BeforeBackwardFault();
+  void AfterBackwardFault();
+  void ProcessFault(int64_t step, size_t action_index) const;
   torch::Tensor TakeArrived(int direction, const Action& action, StepState& state);
   void Forward(const Action& action, StepState& state);
   void Backward(const Action& action, StepState& state);

@@ -35,7 +35,12 @@ const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
 const std::vector<std::string> kDtypes = {"float64", "float32", "bfloat16"};
 const std::vector<std::string> kOptimizers = {"sgd", "adamw"};
 const std::vector<std::string> kDevices = {"cpu", "cuda"};
-const std::vector<std::string> kFaults = {"none"};
+// Must equal pipeline::FaultNames() (a test pins it); scenarios/ may not include pipeline/.
+const std::vector<std::string> kFaults = {
+    "none",           "detach_input",   "mean_of_microbatch_means", "grad_scale_per_microbatch",
+    "zero_grad_per_microbatch", "drop_microbatch", "local_clip",    "tied_norm_twice",
+    "skip_tied_sync", "stale_shape",    "optimizer_state_reset",    "send_before_recv",
+    "crash_rank",     "hang_rank"};
 const std::vector<std::string> kExpectations = {"pass", "fail"};
 
 constexpr int64_t kMaxCount = 1 << 20;  // generous bound on sizes: catches typos like 1e9

@@ -81,6 +81,9 @@ expect 1 "pp2 +REGRESSION.*tokens/s -50.0%" "$pipecheck" compare "$work/r" "$wor
 expect 2 "not a pipecheck summary: column 'scenario' is missing" "$pipecheck" compare "$work/good.csv" "$work/r"
 expect 2 "cannot open" "$pipecheck" compare "$work/none" "$work/r"
 expect 2 "max-slowdown" "$pipecheck" compare "$work/r" "$work/r" --max-slowdown 2
+# An --out that cannot be written is bad input, found before anything runs.
+expect 2 "pipecheck: " "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/good.csv/sub"
+expect 2 "not writable|Read-only|cannot" "$pipecheck" run --scenarios "$work/pp.csv" --out /proc/pipecheck-out
 # worker: a missing torchrun environment is bad input.
 expect 2 "RANK is not set" env -u RANK "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
 expect 2 "WORLD_SIZE is 3 but the scenario needs world_size 2" env RANK=0 WORLD_SIZE=3 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"

@@ -1,0 +1,173 @@
+// Proving the verifier: every injected fault of scenarios/faults.csv is caught with a message
+// that says what went wrong, the same scenario without its fault passes, no process outlives
+// a scenario, and the run survives interrupts, busy ports and bad output directories.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "harness/launcher.h"
+#include "pipeline/faults.h"
+#include "scenarios/scenario.h"
+#include "tests/test_support.h"
+
+namespace pipecheck {
+namespace {
+
+const char* const kFaultSuite = PIPECHECK_SOURCE_DIR "/scenarios/faults.csv";
+
+// Processes whose parent is this test process (none may outlive a scenario).
+int ChildProcesses() {
+  int children = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream stat(entry.path() / "stat");
+    std::string pid, comm, state;
+    int parent = 0;
+    if (stat >> pid >> comm >> state >> parent && parent == getpid()) ++children;
+  }
+  return children;
+}
+
+harness::LaunchOptions Options(const std::string& suite, const std::string& name) {
+  harness::LaunchOptions options;
+  options.executable = PIPECHECK_BINARY;
+  options.scenarios_path = suite;
+  options.work_directory = testing::ScratchDirectory(name);
+  options.timeout_seconds = 60;
+  options.threads_per_rank = 1;
+  return options;
+}
+
+// What each fault's message must say.
+const std::map<std::string, std::string> kExpectedMessage = {
+    {"detach_input", "^gradient of tok_embeddings.weight at step 0 is all zero on rank 0"},
+    {"mean_of_microbatch_means", "^loss at step 0: pipeline"},
+    {"grad_scale_per_microbatch", "^gradient of tok_embeddings.weight at step 0 on rank 0: rel err"},
+    {"zero_grad_per_microbatch", "^gradient of tok_embeddings.weight at step 0 on rank 0: rel err"},
+    {"drop_microbatch", "^gradient of tok_embeddings.weight at step 0 on rank 0: rel err"},
+    {"local_clip", "^gradient of .* at step 0 on rank [01]: rel err"},
+    {"tied_norm_twice", "^gradient of .* at step 0 on rank [01]: rel err"},
+    {"skip_tied_sync", "^gradient of tok_embeddings.weight at step 0 on rank [02]: rel err"},
+    {"stale_shape", "^rank 1 exited with code 1; its last output: pipecheck worker rank 1: The size of tensor"},
+    {"optimizer_state_reset", "^loss at step 2: pipeline"},
+    {"send_before_recv", "invalid when sends wait for receives: deadlock"},
+    {"crash_rank", "^rank 2 was killed by signal 6 \\(Aborted\\); its last output: fault crash_rank: rank 2 aborts in step 1"},
+    {"hang_rank", "^rank\\(s\\) .*still running after the 8 s deadline; last output: .*rank 1: fault hang_rank: rank 1 stops"},
+};
+
+std::vector<std::string> FaultScenarios() {
+  std::vector<std::string> names;
+  for (const auto& scenario : scenarios::LoadScenarios(kFaultSuite)) names.push_back(scenario.name);
+  return names;
+}
+
+class Fault : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Fault, IsCaughtAndItsControlPasses) {
+  const auto suite = scenarios::LoadScenarios(kFaultSuite);
+  auto scenario = scenarios::FindScenario(suite, GetParam(), kFaultSuite);
+  auto options = Options(kFaultSuite, GetParam());
+  options.timeout_seconds = scenario.fault == "hang_rank" ? 8 : 60;
+  const auto caught = harness::LaunchScenario(scenario, options);
+  EXPECT_NE(caught.Get("status"), "PASS");
+  EXPECT_EQ(caught.Get("ok"), "1");
+  EXPECT_TRUE(std::regex_search(caught.Get("message"), std::regex(kExpectedMessage.at(scenario.fault))))
+      << scenario.fault << ": " << caught.Get("message");
+  EXPECT_EQ(ChildProcesses(), 0) << "a worker outlived its scenario";
+
+  // The control: the same scenario without the fault passes.
+  scenario.fault = "none";
+  scenario.expect = "pass";
+  const std::string control_suite = options.work_directory + "/control.csv";
+  std::string header, row;
+  for (const auto& [column, value] : scenarios::ColumnValues(scenario)) {
+    header += (header.empty() ? "" : ",") + column;
+    row += (row.empty() ? "" : ",") + value;
+  }
+  std::ofstream(control_suite) << header << "\n" << row << "\n";
+  const auto control = harness::LaunchScenario(scenario, Options(control_suite, GetParam() + "_control"));
+  EXPECT_EQ(control.Get("status"), "PASS") << control.Get("message");
+}
+
+INSTANTIATE_TEST_SUITE_P(Suite, Fault, ::testing::ValuesIn(FaultScenarios()),
+                         [](const auto& info) { return info.param; });
+
+TEST(Faults, EveryFaultHasAScenarioAndTheLoaderKnowsEveryName) {
+  std::set<std::string> covered;
+  for (const auto& scenario : scenarios::LoadScenarios(kFaultSuite)) covered.insert(scenario.fault);
+  const auto& names = pipeline::FaultNames();
+  for (size_t i = 1; i < names.size(); ++i) {
+    EXPECT_TRUE(covered.count(names[i])) << names[i] << " has no scenario in faults.csv";
+    EXPECT_TRUE(kExpectedMessage.count(names[i])) << names[i];
+    EXPECT_NO_THROW(scenarios::ParseScenarios("name,fault\nx," + names[i] + "\n", "f.csv")) << names[i];
+  }
+  EXPECT_THROW(scenarios::ParseScenarios("name,fault\nx,typo\n", "f.csv"), scenarios::ScenarioError);
+}
+
+TEST(Launcher, ABusyPortIsReplacedByAFreeOne) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string suite = testing::ScratchDirectory("busy_port") + "/suite.csv";
+  std::ofstream(suite) << "name,world_size,layers,hidden,batch,microbatches,seq_len\nbusy,2,2,16,4,2,8\n";
+  auto options = Options(suite, "busy_port_work");
+  options.port = ntohs(address.sin_port);
+  const auto report = harness::LaunchScenario(scenarios::LoadScenarios(suite)[0], options);
+  close(listener);
+  EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
+}
+
+TEST(Run, SigintEndsEveryRankAndKeepsFinishedReports) {
+  const std::string directory = testing::ScratchDirectory("sigint");
+  const std::string suite = directory + "/suite.csv";
+  std::ofstream(suite) << "name,world_size,layers,hidden,batch,microbatches,seq_len,fault,expect\n"
+                          "quick,2,2,16,4,2,8,none,pass\n"
+                          "stuck,2,2,16,4,2,8,hang_rank,fail\n";
+  const pid_t run = fork();
+  ASSERT_GE(run, 0);
+  if (run == 0) {
+    const std::string out = directory + "/out";
+    freopen((directory + "/run.log").c_str(), "w", stdout);
+    execl(PIPECHECK_BINARY, PIPECHECK_BINARY, "run", "--scenarios", suite.c_str(), "--out", out.c_str(), nullptr);
+    _exit(127);
+  }
+  const auto summary = directory + "/out/summary.csv";
+  for (int i = 0; i < 600 && !std::filesystem::exists(summary); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(std::filesystem::exists(summary)) << "the first scenario never finished";
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the hung scenario is running
+  kill(run, SIGINT);
+  int status = 0;
+  waitpid(run, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT);
+  std::ifstream stream(summary);
+  std::string header, first, extra;
+  std::getline(stream, header);
+  std::getline(stream, first);
+  EXPECT_EQ(first.rfind("quick,PASS,", 0), 0u) << first;
+  EXPECT_FALSE(std::getline(stream, extra)) << "an unfinished scenario was reported: " << extra;
+  // No worker of that run may survive it.
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string text((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text.find(suite), std::string::npos) << "process " << entry.path().filename() << " survived";
+  }
+}
+
+}  // namespace
+}  // namespace pipecheck

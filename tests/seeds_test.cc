@@ -1,0 +1,51 @@
+// No false alarms: every row of the core suite, over 20 seeds, passes through real ranks.
+// One test per seed, each running all rows.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "harness/launcher.h"
+#include "scenarios/scenario.h"
+#include "tests/test_support.h"
+
+namespace pipecheck {
+namespace {
+
+class CoreSuiteSeed : public ::testing::TestWithParam<int> {};
+
+TEST_P(CoreSuiteSeed, EveryRowPasses) {
+  const uint64_t seed = 1000 + 7919 * static_cast<uint64_t>(GetParam());
+  auto suite = scenarios::LoadScenarios(PIPECHECK_SOURCE_DIR "/scenarios/core.csv");
+  const std::string directory = testing::ScratchDirectory("seed" + std::to_string(GetParam()));
+  const std::string path = directory + "/core_seed.csv";
+  {
+    std::ofstream csv(path);
+    bool header = true;
+    for (auto& scenario : suite) {
+      scenario.seed = seed;
+      std::string names, values;
+      for (const auto& [column, value] : scenarios::ColumnValues(scenario)) {
+        names += (names.empty() ? "" : ",") + column;
+        values += (values.empty() ? "" : ",") + value;
+      }
+      if (header) csv << names << "\n";
+      header = false;
+      csv << values << "\n";
+    }
+  }
+  harness::LaunchOptions options;
+  options.executable = PIPECHECK_BINARY;
+  options.scenarios_path = path;
+  options.work_directory = directory + "/work";
+  options.timeout_seconds = 120;
+  options.threads_per_rank = 1;
+  for (const auto& scenario : scenarios::LoadScenarios(path)) {
+    const auto report = harness::LaunchScenario(scenario, options);
+    EXPECT_EQ(report.Get("status"), "PASS") << scenario.name << " seed " << seed << ": " << report.Get("message");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TwentySeeds, CoreSuiteSeed, ::testing::Range(0, 20));
+
+}  // namespace
+}  // namespace pipecheck
