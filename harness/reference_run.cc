@@ -27,7 +27,7 @@ std::string RunOne(const scenarios::Scenario& scenario, std::ostream& out) {
     finite = finite && std::isfinite(step.loss);
   }
   const double median_ms = result.MedianStepMs();
-  const double tokens_per_s = median_ms > 0 ? result.steps.back().tokens / (median_ms / 1000.0) : 0.0;
+  const double tokens_per_s = result.MedianTokensPerSecond();
   fmt::print(out, "{:<32} {:>8.2f} {:>12.0f}  {}\n", scenario.name, median_ms, tokens_per_s, fmt::join(losses, " "));
   return finite ? "" : "non-finite loss";
 }

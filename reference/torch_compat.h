@@ -4,7 +4,6 @@
 #pragma once
 
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <cstdint>
 

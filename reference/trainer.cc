@@ -18,13 +18,27 @@ NamedTensors DetachedCopies(const NamedTensors& tensors) {
 
 }  // namespace
 
+namespace {
+
+// Median of `value(step)` over the timed steps: all but step 0 (warm-up) when there are several.
+template <typename Value>
+double MedianOverTimedSteps(const std::vector<StepRecord>& steps, Value value) {
+  std::vector<double> values;
+  for (size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) values.push_back(value(steps[i]));
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+}  // namespace
+
 double TrainResult::MedianStepMs() const {
-  std::vector<double> times;
-  for (size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) times.push_back(steps[i].step_ms);
-  if (times.empty()) return 0.0;
-  std::sort(times.begin(), times.end());
-  const size_t middle = times.size() / 2;
-  return times.size() % 2 == 1 ? times[middle] : 0.5 * (times[middle - 1] + times[middle]);
+  return MedianOverTimedSteps(steps, [](const StepRecord& step) { return step.step_ms; });
+}
+
+double TrainResult::MedianTokensPerSecond() const {
+  return MedianOverTimedSteps(steps, [](const StepRecord& step) { return step.tokens / (step.step_ms / 1000.0); });
 }
 
 int64_t TrainResult::PeakBytes() const {

@@ -49,6 +49,8 @@ struct TrainResult {
 
   // Median step time, leaving out step 0 (warm-up) when there is more than one step.
   double MedianStepMs() const;
+  // Median over the same steps of labelled tokens / step time.
+  double MedianTokensPerSecond() const;
   // Largest step peak of tensor bytes; -1 when the memory meter was off.
   int64_t PeakBytes() const;
 };

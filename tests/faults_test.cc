@@ -36,16 +36,6 @@ int ChildProcesses() {
   return children;
 }
 
-harness::LaunchOptions Options(const std::string& suite, const std::string& name) {
-  harness::LaunchOptions options;
-  options.executable = PIPECHECK_BINARY;
-  options.scenarios_path = suite;
-  options.work_directory = testing::ScratchDirectory(name);
-  options.timeout_seconds = 60;
-  options.threads_per_rank = 1;
-  return options;
-}
-
 // What each fault's message must say.
 const std::map<std::string, std::string> kExpectedMessage = {
     {"detach_input", "^gradient of tok_embeddings.weight at step 0 is all zero on rank 0"},
@@ -74,8 +64,7 @@ class Fault : public ::testing::TestWithParam<std::string> {};
 TEST_P(Fault, IsCaughtAndItsControlPasses) {
   const auto suite = scenarios::LoadScenarios(kFaultSuite);
   auto scenario = scenarios::FindScenario(suite, GetParam(), kFaultSuite);
-  auto options = Options(kFaultSuite, GetParam());
-  options.timeout_seconds = scenario.fault == "hang_rank" ? 8 : 60;
+  const auto options = testing::TestLaunchOptions(kFaultSuite, GetParam(), scenario.fault == "hang_rank" ? 8 : 60);
   const auto caught = harness::LaunchScenario(scenario, options);
   EXPECT_NE(caught.Get("status"), "PASS");
   EXPECT_EQ(caught.Get("ok"), "1");
@@ -87,13 +76,9 @@ TEST_P(Fault, IsCaughtAndItsControlPasses) {
   scenario.fault = "none";
   scenario.expect = "pass";
   const std::string control_suite = options.work_directory + "/control.csv";
-  std::string header, row;
-  for (const auto& [column, value] : scenarios::ColumnValues(scenario)) {
-    header += (header.empty() ? "" : ",") + column;
-    row += (row.empty() ? "" : ",") + value;
-  }
-  std::ofstream(control_suite) << header << "\n" << row << "\n";
-  const auto control = harness::LaunchScenario(scenario, Options(control_suite, GetParam() + "_control"));
+  std::ofstream(control_suite) << testing::ScenariosCsv({scenario});
+  const auto control =
+      harness::LaunchScenario(scenario, testing::TestLaunchOptions(control_suite, GetParam() + "_control"));
   EXPECT_EQ(control.Get("status"), "PASS") << control.Get("message");
 }
 
@@ -123,7 +108,7 @@ TEST(Launcher, ABusyPortIsReplacedByAFreeOne) {
   ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
   const std::string suite = testing::ScratchDirectory("busy_port") + "/suite.csv";
   std::ofstream(suite) << "name,world_size,layers,hidden,batch,microbatches,seq_len\nbusy,2,2,16,4,2,8\n";
-  auto options = Options(suite, "busy_port_work");
+  auto options = testing::TestLaunchOptions(suite, "busy_port_work");
   options.port = ntohs(address.sin_port);
   const auto report = harness::LaunchScenario(scenarios::LoadScenarios(suite)[0], options);
   close(listener);

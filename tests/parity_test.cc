@@ -26,13 +26,7 @@ class Parity : public ::testing::TestWithParam<std::string> {};
 TEST_P(Parity, PipelineMatchesReference) {
   const auto suite = scenarios::LoadScenarios(kSuite);
   const auto& scenario = scenarios::FindScenario(suite, GetParam(), kSuite);
-  harness::LaunchOptions options;
-  options.executable = PIPECHECK_BINARY;
-  options.scenarios_path = kSuite;
-  options.work_directory = testing::ScratchDirectory("parity_" + scenario.name);
-  options.timeout_seconds = 120;
-  options.threads_per_rank = 1;
-  const auto report = harness::LaunchScenario(scenario, options);
+  const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(kSuite, "parity_" + scenario.name));
   EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
   EXPECT_EQ(report.Get("ok"), "1");
   EXPECT_LE(std::stod(report.Get("grad_max_rel_err")), scenario.tol);
@@ -58,11 +52,7 @@ TEST(ScheduleMemory, OneFOneBFirstRankPeaksBelowGPipe) {
                         "gpipe,4,64,4,4,gpipe,16,16,32,2\n"
                         "onefoneb,4,64,4,4,1f1b,16,16,32,2\n";
   const auto suite = scenarios::LoadScenarios(csv);
-  harness::LaunchOptions options;
-  options.executable = PIPECHECK_BINARY;
-  options.scenarios_path = csv;
-  options.work_directory = testing::ScratchDirectory("schedule_memory_work");
-  options.threads_per_rank = 1;
+  const auto options = testing::TestLaunchOptions(csv, "schedule_memory_work");
   std::map<std::string, int64_t> first_rank_peak;
   for (const auto& scenario : suite) {
     const auto report = harness::LaunchScenario(scenario, options);

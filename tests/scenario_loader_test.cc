@@ -72,12 +72,7 @@ TEST(ScenarioLoader, ReadsEveryColumnWithQuotesCommentsAndBlankLines) {
 
 TEST(ScenarioLoader, ColumnValuesRoundTrip) {
   const auto original = ParseScenarios("name,lr,partition,world_size,layers\nx,0.003,2;1,2,3\n", "a.csv")[0];
-  std::string header, row;
-  for (const auto& [column, value] : scenarios::ColumnValues(original)) {
-    header += (header.empty() ? "" : ",") + column;
-    row += (row.empty() ? "" : ",") + value;
-  }
-  const auto again = ParseScenarios(header + "\n" + row + "\n", "b.csv")[0];
+  const auto again = ParseScenarios(testing::ScenariosCsv({original}), "b.csv")[0];
   EXPECT_EQ(scenarios::ColumnValues(again), scenarios::ColumnValues(original));
 }
 

@@ -18,27 +18,9 @@ TEST_P(CoreSuiteSeed, EveryRowPasses) {
   auto suite = scenarios::LoadScenarios(PIPECHECK_SOURCE_DIR "/scenarios/core.csv");
   const std::string directory = testing::ScratchDirectory("seed" + std::to_string(GetParam()));
   const std::string path = directory + "/core_seed.csv";
-  {
-    std::ofstream csv(path);
-    bool header = true;
-    for (auto& scenario : suite) {
-      scenario.seed = seed;
-      std::string names, values;
-      for (const auto& [column, value] : scenarios::ColumnValues(scenario)) {
-        names += (names.empty() ? "" : ",") + column;
-        values += (values.empty() ? "" : ",") + value;
-      }
-      if (header) csv << names << "\n";
-      header = false;
-      csv << values << "\n";
-    }
-  }
-  harness::LaunchOptions options;
-  options.executable = PIPECHECK_BINARY;
-  options.scenarios_path = path;
-  options.work_directory = directory + "/work";
-  options.timeout_seconds = 120;
-  options.threads_per_rank = 1;
+  for (auto& scenario : suite) scenario.seed = seed;
+  std::ofstream(path) << testing::ScenariosCsv(suite);
+  const auto options = testing::TestLaunchOptions(path, "seed_work" + std::to_string(GetParam()));
   for (const auto& scenario : scenarios::LoadScenarios(path)) {
     const auto report = harness::LaunchScenario(scenario, options);
     EXPECT_EQ(report.Get("status"), "PASS") << scenario.name << " seed " << seed << ": " << report.Get("message");

@@ -15,4 +15,28 @@ std::string ScratchDirectory(const std::string& name) {
   return path.string();
 }
 
+harness::LaunchOptions TestLaunchOptions(const std::string& suite, const std::string& name, double timeout_seconds) {
+  harness::LaunchOptions options;
+  options.executable = PIPECHECK_BINARY;
+  options.scenarios_path = suite;
+  options.work_directory = ScratchDirectory(name);
+  options.timeout_seconds = timeout_seconds;
+  options.threads_per_rank = 1;
+  return options;
+}
+
+std::string ScenariosCsv(const std::vector<scenarios::Scenario>& scenarios) {
+  std::string text;
+  for (size_t i = 0; i < scenarios.size(); ++i) {
+    std::string names, values;
+    for (const auto& [column, value] : scenarios::ColumnValues(scenarios[i])) {
+      names += (names.empty() ? "" : ",") + column;
+      values += (values.empty() ? "" : ",") + value;
+    }
+    if (i == 0) text += names + "\n";
+    text += values + "\n";
+  }
+  return text;
+}
+
 }  // namespace pipecheck::testing

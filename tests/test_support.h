@@ -4,8 +4,11 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
+#include "harness/launcher.h"
 #include "reference/trainer.h"
+#include "scenarios/scenario.h"
 
 namespace pipecheck::testing {
 
@@ -34,5 +37,12 @@ inline double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
 
 // A scratch directory unique to this test, removed first if it exists.
 std::string ScratchDirectory(const std::string& name);
+
+// Launch options for real ranks of the pipecheck binary under test: one thread per rank, work
+// in a fresh scratch directory called `name`.
+harness::LaunchOptions TestLaunchOptions(const std::string& suite, const std::string& name, double timeout_seconds = 120);
+
+// A scenario CSV (header and one row per scenario) with every column at its value.
+std::string ScenariosCsv(const std::vector<scenarios::Scenario>& scenarios);
 
 }  // namespace pipecheck::testing
