@@ -284,6 +284,11 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
                 fmt::format("schedule '{}' runs one stage per rank; virtual stages need an interleaved schedule, "
                             "which this version does not have", s.schedule));
   }
+  if (s.recompute) {
+    throw at.At(line, "recompute", "1",
+                "activation recomputation is not implemented in this version; use 0 (a run must not silently "
+                "ignore it)");
+  }
   const auto counts = s.PartitionCounts();
   if (!counts.empty()) {
     const int64_t stages = s.world_size * s.virtual_stages;

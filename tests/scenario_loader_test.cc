@@ -47,7 +47,7 @@ TEST(ScenarioLoader, ReadsEveryColumnWithQuotesCommentsAndBlankLines) {
       "name,flavor,layers,hidden,heads,ffn,vocab,tied,world_size,schedule,virtual_stages,partition,batch,"
       "microbatches,seq_len,seq_len_min,dtype,steps,optimizer,lr,clip,recompute,seed,device,tol,fault,expect\n"
       "# another\n"
-      "full,gpt2,3,48,6,100,99,1,4,gpipe,1,\"1;0;2;0\",9,5,20,3,float32,3,sgd,0.25,1.5,1,18446744073709551615,"
+      "full,gpt2,3,48,6,100,99,1,4,gpipe,1,\"1;0;2;0\",9,5,20,3,float32,3,sgd,0.25,1.5,0,18446744073709551615,"
       "cpu,2e-4,none,fail\n"
       "dtype_tol , llama , 2 ,,,,,,,,,,,,,,bfloat16,,,,,,,,,,\n";
   const auto suite = ParseScenarios(text, "suite.csv");
@@ -60,7 +60,7 @@ TEST(ScenarioLoader, ReadsEveryColumnWithQuotesCommentsAndBlankLines) {
   EXPECT_EQ(s.PartitionCounts(), (std::vector<int64_t>{1, 0, 2, 0}));
   EXPECT_EQ(s.seq_len_min, 3);
   EXPECT_DOUBLE_EQ(s.lr, 0.25);
-  EXPECT_TRUE(s.recompute);
+  EXPECT_FALSE(s.recompute);
   EXPECT_EQ(s.seed, 18446744073709551615ull);
   EXPECT_DOUBLE_EQ(s.tol, 2e-4);
   EXPECT_EQ(s.expect, "fail");
@@ -157,6 +157,9 @@ TEST(ScenarioLoader, RejectsImpossibleCombinations) {
             "suite.csv:2:4: column 'partition', value '1;2': the counts add up to 3 layers, but the model has 4");
   EXPECT_NE(ErrorFor("name,virtual_stages\nx,2\n").find("suite.csv:2:2: column 'virtual_stages', value '2'"),
             std::string::npos);
+  EXPECT_EQ(ErrorFor("name,recompute\nx,1\n").rfind(
+                "suite.csv:2:2: column 'recompute', value '1': activation recomputation is not implemented", 0),
+            0u);
 }
 
 TEST(ScenarioLoader, RejectsRowsWithTheWrongFieldCount) {
