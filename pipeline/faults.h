@@ -21,8 +21,8 @@ enum class Fault {
   kStaleShape,              // receive buffers sized from the first microbatch, reused
   kOptimizerStateReset,     // the optimizer rebuilt at every step
   kSendBeforeRecv,          // blocking sends issued before the matching receives are posted
-  kCrashRank,               // the last rank aborts in the middle of step 1
-  kHangRank,                // the last rank stops making progress in the middle of step 1
+  kCrashRank,               // the last rank aborts in the middle of step 1 (0 if only one step)
+  kHangRank,                // the last rank stops making progress in the middle of step 1 (likewise)
 };
 
 // Names as the scenario column spells them, "none" first.

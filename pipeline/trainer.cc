@@ -232,9 +232,11 @@ void PipelineTrainer::AfterBackwardFault() {
   reference::ScaleGradients(OwnedParameters(true), 1.0 / config_.microbatches);
 }
 
-// crash_rank / hang_rank: the last rank dies or stops half-way through step 1.
+// crash_rank / hang_rank: the last rank dies or stops half-way through step 1 (step 0 when
+// the scenario has only one).
 void PipelineTrainer::ProcessFault(int64_t step, size_t action_index) const {
-  const bool here = transport_.rank() == transport_.world_size() - 1 && step == 1 &&
+  const int64_t fault_step = std::min<int64_t>(1, config_.train.steps - 1);
+  const bool here = transport_.rank() == transport_.world_size() - 1 && step == fault_step &&
                     action_index == schedule_.ranks[transport_.rank()].size() / 2;
   if (!here) return;
   if (config_.fault == Fault::kCrashRank) {
