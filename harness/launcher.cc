@@ -170,22 +170,22 @@ reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std
     if (rank.running && waitpid(rank.pid, &rank.status, WNOHANG) == rank.pid) rank.running = false;
   }
   KillAndReap(ranks);
-  const Rank* blamed = nullptr;
-  std::vector<std::string> others;
+  // Ranks that failed on their own, not by the SIGKILL this launcher sent, with what they said.
+  std::vector<std::pair<const Rank*, std::string>> failed;
   for (const auto& rank : ranks) {
-    if (!Failed(rank, result_written) || (WIFSIGNALED(rank.status) && WTERMSIG(rank.status) == SIGKILL)) continue;
-    const bool primary = !LostConnection(Tail(rank.log));
-    if (blamed == nullptr || (primary && LostConnection(Tail(blamed->log)))) blamed = &rank;
+    const bool killed_by_us = WIFSIGNALED(rank.status) && WTERMSIG(rank.status) == SIGKILL;
+    if (Failed(rank, result_written) && !killed_by_us) failed.emplace_back(&rank, Tail(rank.log));
   }
-  if (blamed == nullptr) blamed = &ranks.front();
-  for (const auto& rank : ranks) {
-    if (&rank != blamed && Failed(rank, result_written) && !(WIFSIGNALED(rank.status) && WTERMSIG(rank.status) == SIGKILL)) {
-      others.push_back(std::to_string(rank.rank));
-    }
+  if (failed.empty()) failed.emplace_back(&ranks.front(), Tail(ranks.front().log));
+  auto blamed = std::find_if(failed.begin(), failed.end(), [](const auto& f) { return !LostConnection(f.second); });
+  if (blamed == failed.end()) blamed = failed.begin();
+  std::vector<std::string> others;
+  for (const auto& [rank, output] : failed) {
+    if (rank != blamed->first) others.push_back(std::to_string(rank->rank));
   }
   return FailedScenarioReport(
       scenario, "ERROR",
-      fmt::format("rank {} {}; its last output: {}{}", blamed->rank, HowItEnded(blamed->status), Tail(blamed->log),
+      fmt::format("rank {} {}; its last output: {}{}", blamed->first->rank, HowItEnded(blamed->first->status), blamed->second,
                   others.empty() ? "" : fmt::format(" (then rank(s) {} failed too)", fmt::join(others, ", "))));
 }
 

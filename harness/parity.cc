@@ -38,15 +38,7 @@ TensorError Compare(const torch::Tensor& pipeline, const torch::Tensor& referenc
   return error;
 }
 
-double Median(std::vector<double> values) {
-  if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(values.begin(), values.end());
-  const size_t middle = values.size() / 2;
-  return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
-}
 
-// Steps that count for speed: all but the first (warm-up) when there are several.
-size_t FirstTimedStep(size_t steps) { return steps > 1 ? 1 : 0; }
 
 std::map<std::string, std::string> ScenarioColumns(const scenarios::Scenario& s) {
   return {{"scenario", s.name},
@@ -71,7 +63,7 @@ RankTime TimeOf(const pipeline::RankResult& rank, size_t steps) {
   RankTime time;
   std::map<int64_t, double> step_end;
   for (const auto& t : rank.timeline) {
-    if (t.step < static_cast<int64_t>(FirstTimedStep(steps))) continue;
+    if (t.step < static_cast<int64_t>(reference::FirstTimedStep(steps))) continue;
     step_end[t.step] = std::max(step_end[t.step], t.end_us);
     (t.action.IsCompute() ? time.busy_us : time.comm_us) += t.end_us - t.start_us;
   }
@@ -215,7 +207,7 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
 
   // Speed: median step after warm-up; a pipeline step lasts as long as its slowest rank.
   std::vector<double> pp_ms, pp_rate;
-  for (size_t k = FirstTimedStep(steps); k < steps; ++k) {
+  for (size_t k = reference::FirstTimedStep(steps); k < steps; ++k) {
     double slowest = 0.0;
     for (const auto& rank : input.ranks) slowest = std::max(slowest, k < rank.step_ms.size() ? rank.step_ms[k] : 0.0);
     pp_ms.push_back(slowest);
@@ -254,9 +246,9 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   }
   row["weights_max_rel_err"] = FormatNumber(weights_max_rel);
   row["ref_step_ms"] = FormatNumber(reference.MedianStepMs());
-  row["pp_step_ms"] = FormatNumber(Median(pp_ms));
+  row["pp_step_ms"] = FormatNumber(reference::Median(pp_ms));
   row["ref_tokens_per_s"] = FormatNumber(reference.MedianTokensPerSecond());
-  row["pp_tokens_per_s"] = FormatNumber(Median(pp_rate));
+  row["pp_tokens_per_s"] = FormatNumber(reference::Median(pp_rate));
   row["bubble_theory"] = FormatNumber(input.simulation.bubble);
   double busy = 0.0, wall = 0.0;
   int64_t pp_peak = -1;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "reference/loss.h"
 
@@ -16,22 +17,24 @@ NamedTensors DetachedCopies(const NamedTensors& tensors) {
   return copies;
 }
 
-}  // namespace
-
-namespace {
-
-// Median of `value(step)` over the timed steps: all but step 0 (warm-up) when there are several.
+// Median of `value(step)` over the timed steps; 0 when there are none.
 template <typename Value>
 double MedianOverTimedSteps(const std::vector<StepRecord>& steps, Value value) {
   std::vector<double> values;
-  for (size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) values.push_back(value(steps[i]));
-  if (values.empty()) return 0.0;
+  for (size_t i = FirstTimedStep(steps.size()); i < steps.size(); ++i) values.push_back(value(steps[i]));
+  return values.empty() ? 0.0 : Median(std::move(values));
+}
+
+}  // namespace
+
+size_t FirstTimedStep(size_t steps) { return steps > 1 ? 1 : 0; }
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
   std::sort(values.begin(), values.end());
   const size_t middle = values.size() / 2;
   return values.size() % 2 == 1 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
 }
-
-}  // namespace
 
 double TrainResult::MedianStepMs() const {
   return MedianOverTimedSteps(steps, [](const StepRecord& step) { return step.step_ms; });

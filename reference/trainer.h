@@ -85,4 +85,10 @@ class ReferenceTrainer {
 // Bytes of tensor storage in `tensors`.
 int64_t TensorBytes(const NamedTensors& tensors);
 
+// The first step that counts for speed: step 1 when there are several (step 0 warms up), else 0.
+size_t FirstTimedStep(size_t steps);
+
+// Median of `values`; NaN when there are none.
+double Median(std::vector<double> values);
+
 }  // namespace pipecheck::reference
