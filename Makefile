@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 PIPECHECK := $(BUILD_DIR)/pipecheck
 
-.PHONY: all deps configure build run test bench clean
+.PHONY: all deps configure build run test test-long bench clean
 
 all: build
 
@@ -23,7 +23,11 @@ run: build
 	$(PIPECHECK) run --scenarios scenarios/core.csv
 
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
+	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -LE long
+
+# The long sweeps: 50 seeds of the core suite, long and high-lr runs (scenarios/long.csv).
+test-long: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -L long
 
 bench: build
 	$(BUILD_DIR)/benchmarks/bench_reference --benchmark_min_time=2

@@ -62,6 +62,8 @@ pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& option
   const std::vector<std::string> args = {options.executable, "worker", "--scenarios", options.scenarios_path,
                                          "--scenario", scenario.name, "--out", directory, "--threads",
                                          std::to_string(options.threads_per_rank)};
+  std::vector<std::string> all_args = args;
+  if (!options.device.empty()) all_args.insert(all_args.end(), {"--device", options.device});
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
   if (pid > 0) return pid;
@@ -79,7 +81,7 @@ pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& option
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
   std::vector<char*> argv;
-  for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  for (const auto& arg : all_args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
   execv(options.executable.c_str(), argv.data());
   fmt::print(stderr, "exec {} failed: {}\n", options.executable, std::strerror(errno));

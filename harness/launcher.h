@@ -19,6 +19,7 @@ struct LaunchOptions {
   double timeout_seconds = 300.0;
   int threads_per_rank = 1;
   int port = 0;  // rendezvous port; 0 lets the kernel pick a free one
+  std::string device;  // run-level --device override handed to every rank ("" keeps the scenario's)
 };
 
 // Thrown when SIGINT or SIGTERM arrived (see InstallInterruptHandlers) while a scenario ran:

@@ -4,7 +4,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <charconv>
+#include <cmath>
+#include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include "harness/dump.h"
 #include "harness/errors.h"
@@ -26,9 +30,10 @@ constexpr const char* kDefaultOut = "reports/latest";
 
 struct Options {
   std::string scenarios = kDefaultSuite;
-  std::string only;
+  std::vector<std::string> only;  // globs; each may hold several, comma-separated
+  bool list = false;
   std::string scenario;
-  std::string out;
+  std::string out = kDefaultOut;
   std::string device;
   int threads = 0;
   double timeout = 0.0;
@@ -43,7 +48,54 @@ struct Options {
   std::string current;
   double max_slowdown = 0.10;
   double max_memory_growth = 0.10;
+  std::string compare_out;  // where compare.csv goes ("" beside the current summary)
 };
+
+// A finite number in [min, max]: CLI11's own range checks let NaN through and print bounds
+// such as DBL_MAX in full.
+CLI::Validator FiniteIn(double min, double max, const std::string& allowed) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double value = 0.0;
+        const char* end = text.data() + text.size();
+        auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (ec != std::errc() || ptr != end || !std::isfinite(value) || value < min || value > max) {
+          return "value '" + text + "' is not allowed: expected " + allowed;
+        }
+        return "";
+      },
+      allowed);
+}
+
+// Intra-op threads per process: 0 (automatic) up to the machine's cores; more only
+// oversubscribes and turns seconds into timeouts.
+CLI::Validator ThreadCount() {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return FiniteIn(0, cores, fmt::format("a whole number of threads from 0 (automatic) to {} (this machine's cores)", cores))
+      & CLI::Validator(
+            [](std::string& text) -> std::string {
+              return text.find_first_not_of("0123456789") == std::string::npos ? "" : "expected a whole number";
+            },
+            "");
+}
+
+// An --out directory that can be written, checked before any work: bad input otherwise.
+bool WritableOut(const std::string& out, const char* command) {
+  if (out.empty()) {
+    fmt::print(stderr, "pipecheck {}: --out is empty: name a directory\n", command);
+    return false;
+  }
+  try {
+    std::filesystem::create_directories(out);
+    const auto probe = (std::filesystem::path(out) / ".pipecheck-write-test").string();
+    pipecheck::reports::WriteFileAtomically(probe, "");
+    std::filesystem::remove(probe);
+    return true;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "pipecheck {}: --out {} is not writable: {}\n", command, out, error.what());
+    return false;
+  }
+}
 
 void ApplyThreads(int threads) {
   if (threads > 0) {
@@ -60,9 +112,10 @@ int Validate(const Options& options) {
 
 int Reference(const Options& options) {
   const auto suite = pipecheck::scenarios::LoadScenarios(options.scenarios);
-  const auto selected = pipecheck::scenarios::SelectScenarios(suite, options.only);
+  const auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")));
   if (selected.empty()) {
-    fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios, options.only);
+    fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios,
+               fmt::join(options.only, ","));
     return kExitBadInput;
   }
   ApplyThreads(options.threads);
@@ -71,30 +124,38 @@ int Reference(const Options& options) {
 
 int Run(Options options) {
   auto suite = pipecheck::scenarios::LoadScenarios(options.scenarios);
-  auto selected = pipecheck::scenarios::SelectScenarios(suite, options.only);
+  auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")));
   if (selected.empty()) {
-    fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios, options.only);
+    fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios,
+               fmt::join(options.only, ","));
     return kExitBadInput;
   }
   if (!options.device.empty()) {
     for (auto& scenario : selected) scenario.device = options.device;
   }
-  if (options.out.empty()) options.out = kDefaultOut;
-  std::filesystem::create_directories(options.out);
-  // An unwritable --out is bad input, found before anything runs.
-  const auto probe = (std::filesystem::path(options.out) / ".pipecheck-write-test").string();
-  try {
-    pipecheck::reports::WriteFileAtomically(probe, "");
-  } catch (const std::runtime_error& error) {
-    fmt::print(stderr, "pipecheck: --out {} is not writable: {}\n", options.out, error.what());
-    return kExitBadInput;
+  if (options.list) {
+    for (const auto& s : selected) {
+      fmt::print("{}  world_size {} {} m={} {} {} {} steps  ({})\n", s.name, s.world_size, s.schedule, s.microbatches,
+                 s.dtype, s.device, s.steps, s.source);
+    }
+    return 0;
   }
-  std::filesystem::remove(probe);
+  // A scenario this build or machine cannot run at all is bad input, found before anything runs.
+  for (const auto& scenario : selected) {
+    if (scenario.device == "cuda" && !torch::cuda::is_available()) {
+      fmt::print(stderr, "pipecheck: {}: scenario '{}' needs device cuda, but this build or machine has no CUDA "
+                         "device; run it with --device cpu or on a GPU machine\n", scenario.source, scenario.name);
+      return kExitBadInput;
+    }
+  }
+  // An unwritable --out is bad input, found before anything runs.
+  if (!WritableOut(options.out, "run")) return kExitBadInput;
   pipecheck::harness::RunOptions run;
   run.scenarios_path = options.scenarios;
   run.out = options.out;
   run.timeout_seconds = options.timeout;
   run.threads_per_rank = options.threads;
+  run.device = options.device;
   return pipecheck::harness::RunSuite(selected, run, std::cout);
 }
 
@@ -102,8 +163,9 @@ int Worker(const Options& options) {
   pipecheck::harness::WorkerOptions worker;
   worker.scenarios_path = options.scenarios;
   worker.scenario = options.scenario;
-  worker.out = options.out.empty() ? kDefaultOut : options.out;
+  worker.out = options.out;
   worker.threads = options.threads;
+  worker.device = options.device;
   return pipecheck::harness::RunWorker(worker);
 }
 
@@ -131,17 +193,24 @@ int PrintSchedule(const Options& options) {
 
 int Compare(const Options& options) {
   using namespace pipecheck::reports;
+  // compare.csv goes to --out, else beside the current summary; unwritable is bad input, found first.
+  const std::string out_directory =
+      options.compare_out.empty() ? std::filesystem::path(SummaryPath(options.current)).parent_path().string()
+                                  : options.compare_out;
+  if (!WritableOut(out_directory.empty() ? "." : out_directory, "compare")) return kExitBadInput;
   const Comparison comparison = CompareSummaries(options.baseline, options.current,
                                                  {options.max_slowdown, options.max_memory_growth});
-  fmt::print("{:<28} {:<10} {:>8} {:>8} {:>10} {:>10}  {}\n", "scenario", "verdict", "baseline", "current",
+  size_t width = 8;
+  for (const auto& row : comparison.rows) width = std::max(width, row.scenario.size());
+  fmt::print("{:<{}} {:<10} {:>8} {:>8} {:>10} {:>10}  {}\n", "scenario", width, "verdict", "baseline", "current",
              "tokens/s", "memory", "notes");
   CsvTable table(ComparisonColumns());
   for (const auto& row : comparison.rows) {
-    fmt::print("{:<28} {:<10} {:>8} {:>8} {:>10} {:>10}  {}\n", row.scenario, row.verdict, row.baseline_status,
+    fmt::print("{:<{}} {:<10} {:>8} {:>8} {:>10} {:>10}  {}\n", row.scenario, width, row.verdict, row.baseline_status,
                row.current_status, row.throughput_change, row.memory_change, row.notes);
     table.AddRow(ComparisonFields(row));
   }
-  const auto out = std::filesystem::path(SummaryPath(options.current)).parent_path() / "compare.csv";
+  const auto out = std::filesystem::path(out_directory.empty() ? "." : out_directory) / "compare.csv";
   WriteFileAtomically(out.string(), table.ToString());
   fmt::print("\n{} scenarios compared: {} regression(s), {} warning(s) (limits: tokens/s -{:.0f}%, memory +{:.0f}%)\n"
              "wrote {}\n",
@@ -153,6 +222,7 @@ int Compare(const Options& options) {
 int Dump(const Options& options) {
   const auto suite = pipecheck::scenarios::LoadScenarios(options.scenarios);
   const auto& scenario = pipecheck::scenarios::FindScenario(suite, options.scenario, options.scenarios);
+  if (!WritableOut(options.out, "dump")) return kExitBadInput;
   ApplyThreads(options.threads);
   pipecheck::harness::DumpReference(scenario, options.out);
   fmt::print("wrote {}/{{weights,batch,grads,loss}}.pt and scenario.csv for {}\n", options.out, scenario.name);
@@ -164,6 +234,8 @@ int Dump(const Options& options) {
 int main(int argc, char** argv) {
   CLI::App app{"pipecheck: verifies a pipeline-parallel trainer against a single-device reference"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", fmt::format("pipecheck {} (LibTorch {}.{}.{})", PIPECHECK_VERSION, TORCH_VERSION_MAJOR,
+                                                  TORCH_VERSION_MINOR, TORCH_VERSION_PATCH));
   Options options;
 
   auto* validate = app.add_subcommand("validate", "Load a scenario suite and report the first error (exit 2)");
@@ -171,35 +243,40 @@ int main(int argc, char** argv) {
 
   auto* reference = app.add_subcommand("reference", "Train the reference on each scenario: losses, step time");
   reference->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
-  reference->add_option("--only", options.only, "Shell glob on scenario names");
+  reference->add_option("--only", options.only, "Shell globs on scenario names (repeat, or separate with commas)")
+      ->take_all();
   reference->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadCount());
 
   auto* dump = app.add_subcommand("dump", "Write the reference's first step as torch.load-able files");
   dump->add_option("--scenario", options.scenario, "Scenario name")->required();
   dump->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
   dump->add_option("--out", options.out, "Output directory")->required();
   dump->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadCount());
 
   auto* run = app.add_subcommand("run", "Run scenarios through the pipeline and the reference; write reports");
   run->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
-  run->add_option("--only", options.only, "Shell glob on scenario names");
+  run->add_option("--only", options.only, "Shell globs on scenario names (repeat, or separate with commas)")
+      ->take_all();
   run->add_option("--out", options.out, "Report directory (default reports/latest)");
+  run->add_flag("--list", options.list, "List the selected scenarios and exit; nothing runs");
   run->add_option("--device", options.device, "Override every scenario's device")->check(CLI::IsMember({"cpu", "cuda"}));
   run->add_option("--timeout", options.timeout,
                   "Deadline per scenario in seconds (default: sized to each scenario, 30 s and up)")
-      ->check(CLI::PositiveNumber);
+      ->check(FiniteIn(0.001, 86400, "seconds from 0.001 to 86400 (a day)"));
   run->add_option("--threads", options.threads, "Intra-op threads per rank (0: cores / world_size)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadCount());
 
   auto* worker = app.add_subcommand("worker", "One rank of one scenario (environment: RANK, WORLD_SIZE, "
                                               "MASTER_ADDR, MASTER_PORT, as torchrun and SLURM set them)");
   worker->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
   worker->add_option("--scenario", options.scenario, "Scenario name")->required();
   worker->add_option("--out", options.out, "Where rank 0 writes the reports (default reports/latest)");
+  worker->add_option("--device", options.device, "Override the scenario's device")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   worker->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadCount());
 
   auto* schedule = app.add_subcommand("schedule", "Print a schedule's per-rank actions, timeline and bubble");
   schedule->add_option("--schedule", options.schedule, "Schedule name")
@@ -210,15 +287,16 @@ int main(int argc, char** argv) {
   schedule->add_option("--virtual", options.virtual_stages, "Stages per rank")->check(CLI::Range(1, 64))
       ->capture_default_str();
   schedule->add_option("--backward-cost", options.backward_cost, "Backward duration relative to forward")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(FiniteIn(0.01, 100, "a backward/forward cost ratio from 0.01 to 100"))->capture_default_str();
 
   auto* compare = app.add_subcommand("compare", "Compare a run's summary.csv with a baseline's; exit 1 on regression");
   compare->add_option("BASELINE", options.baseline, "Baseline summary.csv or its directory")->required();
   compare->add_option("CURRENT", options.current, "Current summary.csv or its directory")->required();
   compare->add_option("--max-slowdown", options.max_slowdown, "Tolerated loss of tokens/s, as a fraction")
-      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+      ->check(FiniteIn(0.0, 1.0, "a fraction from 0 to 1"))->capture_default_str();
+  compare->add_option("--out", options.compare_out, "Directory for compare.csv (default: the current summary's)");
   compare->add_option("--max-memory-growth", options.max_memory_growth, "Tolerated growth of peak bytes, as a fraction")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(FiniteIn(0.0, 100.0, "a fraction from 0 to 100"))->capture_default_str();
 
   try {
     app.parse(argc, argv);

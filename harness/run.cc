@@ -17,21 +17,33 @@
 namespace pipecheck::harness {
 namespace {
 
-// A number column for the table: short, or "-" when unmeasured.
+// A number column for the table: short, "-" when unmeasured, "~0" for magnitudes too small
+// to mean anything but zero (which {:.1e} would print with a three-digit exponent).
 std::string Short(const std::string& value, const char* format) {
   if (value.empty() || value == "nan") return "-";
   try {
-    return fmt::format(fmt::runtime(format), std::stod(value));
+    const double number = std::stod(value);
+    if (number != 0.0 && std::abs(number) < 1e-99) return "~0";
+    return fmt::format(fmt::runtime(format), number);
   } catch (const std::exception&) {
     return value;
   }
 }
 
+size_t NameWidth(const std::vector<std::string>& names) {
+  size_t width = 8;
+  for (const auto& name : names) width = std::max(width, name.size());
+  return width;
+}
+
 void PrintTable(const std::vector<reports::ScenarioReport>& reports, std::ostream& out) {
-  fmt::print(out, "\n{:<28} {:<7} {:>2} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6}\n", "scenario", "status", "ok",
-             "loss_diff", "grad_rel", "wt_rel", "ref_ms", "pp_ms", "pp_tok/s", "bub_th", "bub_ms");
+  std::vector<std::string> names;
+  for (const auto& r : reports) names.push_back(r.Get("scenario"));
+  const size_t width = NameWidth(names);
+  fmt::print(out, "\n{:<{}} {:<7} {:>2} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7} {:>8}\n", "scenario", width, "status",
+             "ok", "loss_diff", "grad_rel", "wt_rel", "ref_ms", "pp_ms", "pp_tok/s", "bub_thy", "bub_meas");
   for (const auto& r : reports) {
-    fmt::print(out, "{:<28} {:<7} {:>2} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6}\n", r.Get("scenario"),
+    fmt::print(out, "{:<{}} {:<7} {:>2} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7} {:>8}\n", r.Get("scenario"), width,
                r.Get("status"), r.Get("ok"), Short(r.Get("loss_max_abs_diff"), "{:.1e}"),
                Short(r.Get("grad_max_rel_err"), "{:.1e}"), Short(r.Get("weights_max_rel_err"), "{:.1e}"),
                Short(r.Get("ref_step_ms"), "{:.1f}"), Short(r.Get("pp_step_ms"), "{:.1f}"),
@@ -48,11 +60,17 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
   launch.executable = CurrentExecutable();
   launch.scenarios_path = std::filesystem::absolute(options.scenarios_path).string();
   launch.work_directory = (std::filesystem::path(options.out) / "work").string();
+  launch.device = options.device;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::string> names;
+  for (const auto& scenario : scenarios) names.push_back(scenario.name);
+  const size_t name_width = NameWidth(names);
 
   std::vector<reports::ScenarioReport> reports;
   std::vector<std::string> paths;
   InstallInterruptHandlers();
+  // The previous run's rows go first: an interrupted run must not leave them mixed with its own.
+  paths = reports::WriteReports(options.out, {});
   int not_ok = 0;
   for (size_t i = 0; i < scenarios.size(); ++i) {
     const auto& scenario = scenarios[i];
@@ -75,8 +93,8 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - scenario_start).count();
     if (report.Get("ok") != "1") ++not_ok;
-    fmt::print(out, "[{}/{}] {:<28} {:<7} grad_rel {:>8} pp {:>7} tok/s {:6.1f} s{}\n", i + 1, scenarios.size(),
-               scenario.name, report.Get("status"), Short(report.Get("grad_max_rel_err"), "{:.1e}"),
+    fmt::print(out, "[{}/{}] {:<{}} {:<7} grad_rel {:>8} pp {:>7} tok/s {:6.1f} s{}\n", i + 1, scenarios.size(),
+               scenario.name, name_width, report.Get("status"), Short(report.Get("grad_max_rel_err"), "{:.1e}"),
                Short(report.Get("pp_tokens_per_s"), "{:.0f}"), seconds,
                report.Get("ok") == "1" ? "" : "  <- expected " + scenario.expect + ": " + report.Get("message"));
     out.flush();

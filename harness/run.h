@@ -16,6 +16,7 @@ struct RunOptions {
   std::string out;
   double timeout_seconds = 0.0;  // 0: DefaultDeadlineSeconds of each scenario
   int threads_per_rank = 0;  // 0: the machine's cores shared among a scenario's ranks
+  std::string device;        // run-level override of every scenario's device ("" keeps each)
 };
 
 // Exit code: 0 when every scenario met its expectation, 1 otherwise, 128 + signal when

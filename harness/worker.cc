@@ -61,19 +61,34 @@ pipeline::RendezvousOptions ReadRendezvous(int expected_world_size) {
   if (options.world_size > 1) {
     options.master_addr = Environment("MASTER_ADDR");
     options.master_port = EnvironmentInteger("MASTER_PORT");
+    if (options.master_port < 1 || options.master_port > 65535) {
+      throw EnvironmentError(fmt::format("MASTER_PORT={} is not a TCP port (1 to 65535)", options.master_port));
+    }
+    // Under torchrun (without --standalone too) the elastic agent already serves the store on
+    // MASTER_PORT; rank 0 then joins it as a client instead of binding the port itself.
+    const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    options.serve_store = !(agent_store != nullptr && (std::string(agent_store) == "True" ||
+                                                       std::string(agent_store) == "true" ||
+                                                       std::string(agent_store) == "1"));
   }
   return options;
+}
+
+// torchrun's contract: a rank uses cuda:LOCAL_RANK; ranks beyond the host's GPUs share them.
+torch::Device CudaDeviceOfThisRank() {
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  const int local = local_rank != nullptr ? EnvironmentInteger("LOCAL_RANK") : 0;
+  const int count = static_cast<int>(torch::cuda::device_count());
+  TORCH_CHECK(count > 0, "device cuda asked for, but no CUDA device is visible");
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local % count));
 }
 
 // Rank 0's part after the pipeline: the reference, the comparison, the reports.
 int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::PipelineConfig& config,
                      const std::vector<pipeline::RankResult>& ranks, const std::string& out) {
-  auto train = config.train;
-  train.record_gradients = true;
-  reference::ReferenceTrainer reference(train);
-  const auto reference_result = reference.Train();
+  Oracle oracle(config.train, config.microbatches);
   const auto simulation = pipeline::ValidateSchedule(pipeline::BuildSchedule(config));
-  const auto report = CompareWithReference({scenario, reference_result, ranks, simulation});
+  const auto report = CompareWithReference({scenario, oracle, ranks, simulation});
   std::filesystem::create_directories(out);
   reports::WriteReports(out, {report});
   reports::WriteFileAtomically((std::filesystem::path(out) / kResultFile).string(), reports::ToJson(report));
@@ -90,8 +105,9 @@ int RunWorker(const WorkerOptions& options) {
   std::string rank = rank_text ? rank_text : "?";
   try {
     const auto suite = scenarios::LoadScenarios(options.scenarios_path);
-    const auto& scenario = scenarios::FindScenario(suite, options.scenario, options.scenarios_path);
-    const auto config = ToPipelineConfig(scenario);
+    auto scenario = scenarios::FindScenario(suite, options.scenario, options.scenarios_path);
+    if (!options.device.empty()) scenario.device = options.device;
+    auto config = ToPipelineConfig(scenario);
     const auto rendezvous = ReadRendezvous(config.world_size);
     rank = std::to_string(rendezvous.rank);
     if (options.threads > 0) {
@@ -99,6 +115,7 @@ int RunWorker(const WorkerOptions& options) {
       at::set_num_interop_threads(1);
     }
     auto transport = pipeline::ConnectGloo(rendezvous);
+    if (config.train.device.is_cuda()) config.train.device = CudaDeviceOfThisRank();
     pipeline::PipelineTrainer trainer(config, *transport);
     auto results = pipeline::GatherResults(*transport, trainer.Train());
     if (rendezvous.rank != 0) return 0;

@@ -10,7 +10,8 @@ const std::vector<std::string>& FaultNames() {
       "none",           "detach_input",   "mean_of_microbatch_means", "grad_scale_per_microbatch",
       "zero_grad_per_microbatch", "drop_microbatch", "local_clip",    "tied_norm_twice",
       "skip_tied_sync", "stale_shape",    "optimizer_state_reset",    "send_before_recv",
-      "crash_rank",     "hang_rank"};
+      "crash_rank",     "hang_rank",      "clip_before_tied_sync",    "double_grad_scaling",
+      "send_buffer_reuse"};
   return names;
 }
 

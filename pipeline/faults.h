@@ -23,6 +23,9 @@ enum class Fault {
   kSendBeforeRecv,          // blocking sends issued before the matching receives are posted
   kCrashRank,               // the last rank aborts in the middle of step 1 (0 if only one step)
   kHangRank,                // the last rank stops making progress in the middle of step 1 (likewise)
+  kClipBeforeTiedSync,      // the clipping norm computed before the tied gradients are summed
+  kDoubleGradScaling,       // gradients divided by m at step end on top of the whole-batch normalisation
+  kSendBufferReuse,         // an activation's send buffer overwritten before its send completed
 };
 
 // Names as the scenario column spells them, "none" first.

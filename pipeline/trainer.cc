@@ -100,6 +100,7 @@ PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transp
     stage->optimizer = reference::MakeOptimizer(config.train.optimizer, stage->parameters);
     stages_.push_back(std::move(stage));
   }
+  accumulator_ = std::make_unique<reference::GradientAccumulator>(OwnedParameters(/*count_tied_copy=*/true));
 }
 
 PipelineTrainer::~PipelineTrainer() = default;
@@ -168,6 +169,7 @@ void PipelineTrainer::Backward(const Action& action, StepState& state) {
     }
   }
   AfterBackwardFault();
+  accumulator_->AfterBackward();
   if (s > 0) {
     auto input = state.inputs.at({s, mb});
     state.inputs.erase({s, mb});
@@ -249,6 +251,16 @@ void PipelineTrainer::ProcessFault(int64_t step, size_t action_index) const {
   }
 }
 
+// send_buffer_reuse: activations go out through one staging buffer that the next use
+// overwrites without waiting for the previous send to complete (here: at once, as a pool
+// handing the buffer back early would), so the peer receives whatever the buffer holds then.
+void PipelineTrainer::SendFromReusedBuffer(const torch::Tensor& output, int stage, int microbatch, StepState& state) {
+  auto buffer = output.detach().clone();  // (b, t, hidden)
+  state.sends.push_back(transport_.Send(buffer, schedule_.shape.RankOfStage(stage + 1),
+                                        MessageTag(Direction::kActivation, stage + 1, microbatch)));
+  buffer.zero_();
+}
+
 torch::Tensor PipelineTrainer::TakeArrived(int direction, const Action& action, StepState& state) {
   auto arrived = state.arrived.find({direction, action.stage, action.microbatch});
   TORCH_CHECK(arrived != state.arrived.end(), "rank ", transport_.rank(), ": ", action.ToString(),
@@ -278,6 +290,10 @@ void PipelineTrainer::Execute(const Action& action, StepState& state) {
       break;
     case ActionKind::kSendForward: {
       auto& output = state.outputs.at({s, mb});
+      if (config_.fault == Fault::kSendBufferReuse) {
+        SendFromReusedBuffer(output, s, mb, state);
+        break;
+      }
       state.sends.push_back(transport_.Send(output.detach(), schedule_.shape.RankOfStage(s + 1),
                                             MessageTag(Direction::kActivation, s + 1, mb)));
       ReleaseOutputData(output);
@@ -352,8 +368,18 @@ double PipelineTrainer::ClipGradients() {
   return norm;
 }
 
+void PipelineTrainer::RecordWeights(RankResult& result) {
+  reference::NamedTensors weights;
+  for (const auto& stage : stages_) {
+    for (const auto& item : stage->module->named_parameters()) weights.insert(item.key(), item.value().detach().clone());
+  }
+  copies_bytes_ += reference::TensorBytes(weights);
+  result.weights.push_back(std::move(weights));
+}
+
 void PipelineTrainer::Step(int64_t step, RankResult& result) {
-  for (auto& parameter : OwnedParameters(true)) parameter.mutable_grad().reset();
+  if (config_.train.record_gradients) RecordWeights(result);
+  accumulator_->Begin();
   if (config_.fault == Fault::kOptimizerStateReset) {
     for (auto& stage : stages_) stage->optimizer = reference::MakeOptimizer(config_.train.optimizer, stage->parameters);
   }
@@ -379,8 +405,17 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
               "rank ", transport_.rank(), " step ", step, " ended with work pending: ", state.receives.size(),
               " receives, ", state.inputs.size(), " inputs, ", state.outputs.size(), " outputs, ", state.losses.size(),
               " losses, ", state.input_grads.size(), " gradients");
-  SyncTiedGradients();
-  result.grad_norms.push_back(ClipGradients());
+  accumulator_->Finish();
+  if (config_.fault == Fault::kDoubleGradScaling) {
+    reference::ScaleGradients(OwnedParameters(true), 1.0 / config_.microbatches);
+  }
+  if (config_.fault == Fault::kClipBeforeTiedSync) {
+    result.grad_norms.push_back(ClipGradients());
+    SyncTiedGradients();
+  } else {
+    SyncTiedGradients();
+    result.grad_norms.push_back(ClipGradients());
+  }
   const auto backward_done = Clock::now();
 
   memory.PauseForCopies();
@@ -397,6 +432,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   memory.ResumeAfterCopies(copies_bytes_);
 
   const auto update_start = Clock::now();
+  reference::GradientsToParameterDtype(OwnedParameters(true));
   for (auto& stage : stages_) stage->optimizer->step();
   const auto end = Clock::now();
   result.peak_bytes.push_back(memory.EndStep());
@@ -468,6 +504,14 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   }
   dict.insert("gradients", gradients);
   dict.insert("gradient_names", gradient_names);
+  c10::List<c10::List<torch::Tensor>> step_weights;
+  c10::List<c10::List<std::string>> step_weight_names;
+  for (const auto& step : result.weights) {
+    step_weights.push_back(TensorsOf(step));
+    step_weight_names.push_back(NamesOf(step));
+  }
+  dict.insert("step_weights", step_weights);
+  dict.insert("step_weight_names", step_weight_names);
   dict.insert("weights", TensorsOf(result.final_weights));
   dict.insert("weight_names", NamesOf(result.final_weights));
   std::vector<double> timeline;
@@ -497,6 +541,12 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   for (size_t i = 0; i < gradients.size(); ++i) {
     result.gradients.push_back(Zip(c10::impl::toTypedList<std::string>(gradient_names.get(i).toList()),
                                    c10::impl::toTypedList<torch::Tensor>(gradients.get(i).toList())));
+  }
+  const auto step_weights = dict.at("step_weights").toList();
+  const auto step_weight_names = dict.at("step_weight_names").toList();
+  for (size_t i = 0; i < step_weights.size(); ++i) {
+    result.weights.push_back(Zip(c10::impl::toTypedList<std::string>(step_weight_names.get(i).toList()),
+                                 c10::impl::toTypedList<torch::Tensor>(step_weights.get(i).toList())));
   }
   result.final_weights = Zip(c10::impl::toTypedList<std::string>(dict.at("weight_names").toList()),
                              c10::impl::toTypedList<torch::Tensor>(dict.at("weights").toList()));

@@ -46,6 +46,7 @@ struct RankResult {
   std::vector<double> grad_norms;  // per step, global norm before clipping
   std::vector<int64_t> peak_bytes; // per step, tensor bytes this rank held at most; -1 unmetered
   std::vector<reference::NamedTensors> gradients;  // per step, as applied (after tied sum and clipping)
+  std::vector<reference::NamedTensors> weights;    // per step, the weights the step started from
   reference::NamedTensors final_weights;
   std::vector<ActionTiming> timeline;
 };
@@ -77,6 +78,7 @@ class PipelineTrainer {
   double LossDenominatorFault(const reference::Batch& part, const StepState& state) const;
   void BeforeBackwardFault();
   void AfterBackwardFault();
+  void SendFromReusedBuffer(const torch::Tensor& output, int stage, int microbatch, StepState& state);
   void ProcessFault(int64_t step, size_t action_index) const;
   torch::Tensor TakeArrived(int direction, const Action& action, StepState& state);
   void Forward(const Action& action, StepState& state);
@@ -85,6 +87,7 @@ class PipelineTrainer {
   double ClipGradients();
   std::vector<torch::Tensor> OwnedParameters(bool count_tied_copy) const;
   Stage& StageAt(int stage);
+  void RecordWeights(RankResult& result);
 
   PipelineConfig config_;
   Transport& transport_;
@@ -92,7 +95,8 @@ class PipelineTrainer {
   std::vector<std::unique_ptr<Stage>> stages_;  // this rank's stages, ascending
   int num_stages_ = 1;
   int64_t baseline_bytes_ = 0;  // live tensor bytes before the trainer existed
-  int64_t copies_bytes_ = 0;    // bytes of gradient copies handed out so far
+  int64_t copies_bytes_ = 0;    // bytes of gradient and weight copies handed out so far
+  std::unique_ptr<reference::GradientAccumulator> accumulator_;  // over OwnedParameters(true)
 };
 
 // Packs a rank's result into bytes and back (for sending it to rank 0).

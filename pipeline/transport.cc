@@ -1,7 +1,12 @@
 // Header-then-payload P2P over c10d Gloo (see transport.h).
 #include "pipeline/transport.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "pipeline/c10d_compat.h"
 
@@ -123,6 +128,31 @@ class SoloTransport : public Transport {
 
 bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
 
+// The local address this host uses to reach `host` (what a peer on another machine can connect
+// back to): the source address the kernel picks for a UDP socket "connected" there. Nothing is
+// sent. Empty when it cannot be found.
+std::string LocalAddressToward(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || found == nullptr) return "";
+  std::string address;
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t length = sizeof(local);
+    char text[INET_ADDRSTRLEN] = {};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+      address = text;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return address;
+}
+
 }  // namespace
 
 int MessageTag(Direction direction, int stage, int microbatch) {
@@ -136,8 +166,11 @@ std::unique_ptr<Transport> ConnectGloo(const RendezvousOptions& options) {
   TORCH_CHECK(options.master_port > 0 && options.master_port < 65536, "MASTER_PORT ", options.master_port,
               " is not a port");
   auto store = compat::MakeTcpStore(options.master_addr, static_cast<uint16_t>(options.master_port),
-                                    options.rank == 0, options.world_size, options.timeout);
-  const std::string device_host = IsLoopback(options.master_addr) ? "127.0.0.1" : "";
+                                    options.rank == 0 && options.serve_store, options.world_size, options.timeout);
+  // Gloo's own default (the address the hostname resolves to) is often 127.0.1.1 on Debian, which
+  // a peer on another host cannot reach: use the address that faces the rendezvous host.
+  const std::string device_host =
+      IsLoopback(options.master_addr) ? "127.0.0.1" : LocalAddressToward(options.master_addr, options.master_port);
   auto group = compat::MakeGlooGroup(store, options.rank, options.world_size, device_host, options.timeout);
   return std::make_unique<GlooTransport>(store, group, options.rank, options.world_size);
 }

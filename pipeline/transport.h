@@ -51,6 +51,7 @@ struct RendezvousOptions {
   int master_port = 29500;
   int rank = 0;
   int world_size = 1;
+  bool serve_store = true;  // rank 0 serves the TCPStore; false when a launcher (torchrun's agent) does
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 

@@ -58,9 +58,12 @@ int64_t TensorBytes(const NamedTensors& tensors) {
 
 ReferenceTrainer::ReferenceTrainer(const TrainConfig& config) : config_(config), baseline_bytes_(LiveTensorBytes()) {
   CheckDtypeSupported(config.dtype, config.device);
+  TORCH_CHECK(config.microbatches >= 1 && config.microbatches <= config.data.batch, "the reference accumulates over ",
+              config.microbatches, " microbatches, which needs 1 to batch (", config.data.batch, ")");
   model_ = BuildSlice(config.model, WholeModel(config.model), config.seed, config.dtype, config.device);
   parameters_ = model_->parameters();
   optimizer_ = MakeOptimizer(config.optimizer, parameters_);
+  accumulator_ = std::make_unique<GradientAccumulator>(parameters_);
 }
 
 torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch) {
@@ -72,21 +75,38 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch) {
   return loss.detach();
 }
 
+StepRecord ReferenceTrainer::ComputeGradients(int64_t step) {
+  accumulator_->Begin();
+  auto batch = MakeBatch(config_.data, config_.seed, step);
+  StepRecord record;
+  record.step = step;
+  record.tokens = batch.valid_tokens;
+  if (config_.microbatches == 1) {
+    record.loss = ForwardBackward(batch).item<double>();
+  } else {
+    // The pipeline's arithmetic: microbatches in order, each normalised by the whole batch.
+    for (auto& part : SplitMicrobatches(batch, config_.microbatches)) {
+      const auto tokens = part.valid_tokens;
+      part.valid_tokens = batch.valid_tokens;
+      record.loss += ForwardBackward(part).item<double>();
+      part.valid_tokens = tokens;
+      accumulator_->AfterBackward();
+    }
+  }
+  accumulator_->Finish();
+  record.grad_norm = std::sqrt(GradSquaredSum(parameters_));
+  ScaleGradients(parameters_, ClipFactor(record.grad_norm, config_.clip));
+  return record;
+}
+
 StepRecord ReferenceTrainer::Step(int64_t step) {
-  for (auto& parameter : parameters_) parameter.mutable_grad().reset();
   StepMemory memory(baseline_bytes_);
   memory.BeginStep(copies_bytes_);
-  auto batch = MakeBatch(config_.data, config_.seed, step);
 
   // The timed region is the step itself; copying gradients out for comparison is not.
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  StepRecord record;
-  record.step = step;
-  record.tokens = batch.valid_tokens;
-  record.loss = ForwardBackward(batch).item<double>();
-  record.grad_norm = std::sqrt(GradSquaredSum(parameters_));
-  ScaleGradients(parameters_, ClipFactor(record.grad_norm, config_.clip));
+  StepRecord record = ComputeGradients(step);
   const auto backward_done = Clock::now();
   memory.PauseForCopies();
   if (config_.record_gradients) {
@@ -95,11 +115,38 @@ StepRecord ReferenceTrainer::Step(int64_t step) {
   }
   memory.ResumeAfterCopies(copies_bytes_);
   const auto update_start = Clock::now();
+  GradientsToParameterDtype(parameters_);
   optimizer_->step();
   const auto end = Clock::now();
   record.peak_bytes = memory.EndStep();
   record.step_ms = std::chrono::duration<double, std::milli>((backward_done - start) + (end - update_start)).count();
   return record;
+}
+
+StepRecord ReferenceTrainer::Evaluate(int64_t step) {
+  StepRecord record = ComputeGradients(step);
+  record.gradients = Gradients();
+  return record;
+}
+
+void ReferenceTrainer::SetWeights(const NamedTensors& weights) {
+  torch::NoGradGuard no_grad;
+  auto named = model_->named_parameters();
+  for (const auto& item : weights) {
+    TORCH_CHECK(named.contains(item.key()), "the reference model has no parameter ", item.key());
+    named[item.key()].copy_(item.value());
+  }
+}
+
+void ReferenceTrainer::ApplyGradients(const NamedTensors& gradients) {
+  auto named = model_->named_parameters();
+  for (auto& parameter : parameters_) parameter.mutable_grad().reset();
+  for (const auto& item : gradients) {
+    TORCH_CHECK(named.contains(item.key()), "the reference model has no parameter ", item.key());
+    named[item.key()].mutable_grad() = item.value().detach().clone().to(named[item.key()].device());
+  }
+  GradientsToParameterDtype(parameters_);
+  optimizer_->step();
 }
 
 TrainResult ReferenceTrainer::Train() {

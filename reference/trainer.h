@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "reference/data.h"
+#include "reference/gradient_accumulation.h"
 #include "reference/memory_meter.h"
 #include "reference/model.h"
 #include "reference/model_config.h"
@@ -31,6 +32,10 @@ struct TrainConfig {
   torch::Dtype dtype = torch::kFloat64;
   torch::Device device = torch::kCPU;
   bool record_gradients = true;  // keep every step's (clipped) gradients
+  // 1: the whole batch in one forward and backward (the oracle). m > 1: the batch's m
+  // microbatches one after another with gradients accumulated, the arithmetic a pipeline does;
+  // used to measure how far rounding alone moves a free-running trajectory.
+  int64_t microbatches = 1;
 };
 
 struct StepRecord {
@@ -66,6 +71,16 @@ class ReferenceTrainer {
   // One training step on MakeBatch(seed, step).
   StepRecord Step(int64_t step);
 
+  // Loss and gradients of MakeBatch(seed, step) at the current weights, clipped as a step
+  // would clip them, without the optimizer: what a step applies. Gradients always recorded.
+  StepRecord Evaluate(int64_t step);
+
+  // Overwrites every parameter with `weights` (same names; extra names are an error).
+  void SetWeights(const NamedTensors& weights);
+
+  // One optimizer step that applies `gradients` (by name, as given: already clipped).
+  void ApplyGradients(const NamedTensors& gradients);
+
   // `steps` steps from the initial weights.
   TrainResult Train();
 
@@ -74,10 +89,14 @@ class ReferenceTrainer {
   TransformerSlice& model() { return model_; }
 
  private:
+  // Gradients of `step`'s batch into the parameters, clipped; fills loss, tokens, grad_norm.
+  StepRecord ComputeGradients(int64_t step);
+
   TrainConfig config_;
   TransformerSlice model_{nullptr};
   std::vector<torch::Tensor> parameters_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<GradientAccumulator> accumulator_;
   int64_t baseline_bytes_ = 0;  // live tensor bytes before the trainer existed
   int64_t copies_bytes_ = 0;    // bytes of gradient copies handed out so far
 };

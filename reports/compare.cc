@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <libfccp/csv.h>
 
+#include <charconv>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -49,23 +51,23 @@ std::map<std::string, SummaryEntry> ReadSummary(const std::string& path) {
   return entries;
 }
 
-// A measured number, or NaN for an empty cell; anything else is bad input.
+// A measured number (finite, >= 0, decimal), or NaN for an empty cell; anything else is bad input.
 double Measured(const SummaryEntry& entry, const std::string& value, const char* column, const std::string& path) {
   if (value.empty() || value == "nan") return std::nan("");
-  try {
-    size_t used = 0;
-    const double number = std::stod(value, &used);
-    if (used == value.size()) return number;
-  } catch (const std::exception&) {
-  }
-  throw CompareError(fmt::format("{}:{}: column '{}', value '{}': not a number", path, entry.line, column, value));
+  double number = 0.0;
+  const char* end = value.data() + value.size();
+  auto [ptr, ec] = std::from_chars(value.data(), end, number);
+  if (ec == std::errc() && ptr == end && std::isfinite(number) && number >= 0.0) return number;
+  throw CompareError(fmt::format("{}:{}: column '{}', value '{}': expected a finite decimal number >= 0 (or empty)",
+                                 path, entry.line, column, value));
 }
 
 int Severity(const std::string& status) {
   if (status == "PASS") return 0;
-  if (status == "FAIL") return 1;
-  if (status == "TIMEOUT") return 2;
-  return 3;  // ERROR and anything unknown
+  if (status == "SKIPPED") return 1;  // PASS -> SKIPPED is a regression: the check no longer ran
+  if (status == "FAIL") return 2;
+  if (status == "TIMEOUT") return 3;
+  return 4;  // ERROR and anything unknown
 }
 
 std::string Percent(double change) { return std::isnan(change) ? "" : fmt::format("{:+.1f}%", 100.0 * change); }

@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -40,10 +41,22 @@ const std::vector<std::string> kFaults = {
     "none",           "detach_input",   "mean_of_microbatch_means", "grad_scale_per_microbatch",
     "zero_grad_per_microbatch", "drop_microbatch", "local_clip",    "tied_norm_twice",
     "skip_tied_sync", "stale_shape",    "optimizer_state_reset",    "send_before_recv",
-    "crash_rank",     "hang_rank"};
+    "crash_rank",     "hang_rank",      "clip_before_tied_sync",    "double_grad_scaling",
+    "send_buffer_reuse"};
 const std::vector<std::string> kExpectations = {"pass", "fail"};
 
-constexpr int64_t kMaxCount = 1 << 20;  // generous bound on sizes: catches typos like 1e9
+// Upper bounds on sizes: generous for any model a CI runner can hold, tight enough to catch
+// typos (an extra zero) before a run spends minutes or all memory on them. README lists them.
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxWidth = 65536;  // hidden; ffn up to 8x this
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxVocab = 1 << 20;
+constexpr int64_t kMaxWorldSize = 256;
+constexpr int64_t kMaxVirtualStages = 16;
+constexpr int64_t kMaxBatch = 65536;  // also microbatches
+constexpr int64_t kMaxSeqLen = 65536;
+constexpr int64_t kMaxSteps = 100000;
+constexpr size_t kMaxSuiteBytes = 16 << 20;  // a suite file
 
 // A bad value; the loader adds file, line and column.
 struct ValueProblem {
@@ -93,10 +106,17 @@ bool ParseFlag(const std::string& text) {
   throw ValueProblem{"expected 0 or 1"};
 }
 
+// Names become file and folder names (rank logs, reports): short, and never '.' or '..'.
+constexpr size_t kMaxNameLength = 100;
+
 std::string ParseName(const std::string& text) {
-  const bool valid = !text.empty() && text.find_first_not_of(
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") == std::string::npos;
-  if (!valid) throw ValueProblem{"expected a non-empty name of letters, digits, '_', '.' and '-'"};
+  const bool valid = !text.empty() && text.size() <= kMaxNameLength && text != "." && text != ".." &&
+                     text.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") ==
+                         std::string::npos;
+  if (!valid) {
+    throw ValueProblem{fmt::format("expected a name of 1 to {} letters, digits, '_', '.' and '-', other than '.' and "
+                                   "'..'", kMaxNameLength)};
+  }
   return text;
 }
 
@@ -107,7 +127,7 @@ std::string ParsePartition(const std::string& text) {
   size_t entries = 0;
   while (std::getline(stream, count, ';')) {
     try {
-      ParseInteger(count, 0, kMaxCount);
+      ParseInteger(count, 0, kMaxLayers);
     } catch (const ValueProblem&) {
       throw ValueProblem{"expected uniform, params, or layer counts per stage such as 2;0;3;1"};
     }
@@ -121,14 +141,49 @@ std::string ParsePartition(const std::string& text) {
 
 std::string FormatReal(double value) { return fmt::format("{}", value); }
 
+// `text` safe to print on a terminal: bytes outside printable ASCII as \xNN, cut at 80.
+std::string Printable(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < 80; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    out += (c >= 0x20 && c < 0x7f) ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+  }
+  return text.size() > 80 ? out + "..." : out;
+}
+
+// What fccp reads: CR-only line ends become LF, and a line whose first non-blank character is
+// '#' becomes empty (a comment, like an unindented one), so line numbers stay the file's.
+std::string NormaliseLines(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\r' && (i + 1 == text.size() || text[i + 1] != '\n')) {
+      out += '\n';
+    } else {
+      out += text[i];
+    }
+  }
+  size_t start = 0;
+  while (start < out.size()) {
+    size_t end = out.find('\n', start);
+    if (end == std::string::npos) end = out.size();
+    const size_t first = out.find_first_not_of(" \t", start);
+    if (first < end && out[first] == '#' && first > start) {
+      std::fill(out.begin() + static_cast<std::ptrdiff_t>(start), out.begin() + static_cast<std::ptrdiff_t>(end), ' ');
+    }
+    start = end + 1;
+  }
+  return out;
+}
+
 // How one column is read into a Scenario and written back out.
 struct Column {
   std::function<void(Scenario&, const std::string&)> parse;
   std::function<std::string(const Scenario&)> format;
 };
 
-Column IntegerColumn(int64_t Scenario::*field, int64_t min) {
-  return {[=](Scenario& s, const std::string& v) { s.*field = ParseInteger(v, min, kMaxCount); },
+Column IntegerColumn(int64_t Scenario::*field, int64_t min, int64_t max) {
+  return {[=](Scenario& s, const std::string& v) { s.*field = ParseInteger(v, min, max); },
           [=](const Scenario& s) { return std::to_string(s.*field); }};
 }
 
@@ -153,24 +208,24 @@ const std::array<Column, kColumnCount>& Columns() {
       Column{[](Scenario& s, const std::string& v) { s.name = ParseName(v); },
              [](const Scenario& s) { return s.name; }},
       ChoiceColumn(&Scenario::flavor, kFlavors),
-      IntegerColumn(&Scenario::layers, 1),
-      IntegerColumn(&Scenario::hidden, 1),
-      IntegerColumn(&Scenario::heads, 1),
-      Column{[](Scenario& s, const std::string& v) { s.ffn = ParseInteger(v, 1, kMaxCount); },
+      IntegerColumn(&Scenario::layers, 1, kMaxLayers),
+      IntegerColumn(&Scenario::hidden, 1, kMaxWidth),
+      IntegerColumn(&Scenario::heads, 1, kMaxHeads),
+      Column{[](Scenario& s, const std::string& v) { s.ffn = ParseInteger(v, 1, kMaxWidth * 8); },
              [](const Scenario& s) { return s.ffn == 0 ? std::string() : std::to_string(s.ffn); }},
-      IntegerColumn(&Scenario::vocab, 2),
+      IntegerColumn(&Scenario::vocab, 2, kMaxVocab),
       FlagColumn(&Scenario::tied),
-      IntegerColumn(&Scenario::world_size, 1),
+      IntegerColumn(&Scenario::world_size, 1, kMaxWorldSize),
       ChoiceColumn(&Scenario::schedule, kSchedules),
-      IntegerColumn(&Scenario::virtual_stages, 1),
+      IntegerColumn(&Scenario::virtual_stages, 1, kMaxVirtualStages),
       Column{[](Scenario& s, const std::string& v) { s.partition = ParsePartition(v); },
              [](const Scenario& s) { return s.partition; }},
-      IntegerColumn(&Scenario::batch, 1),
-      IntegerColumn(&Scenario::microbatches, 1),
-      IntegerColumn(&Scenario::seq_len, 2),
-      IntegerColumn(&Scenario::seq_len_min, 2),
+      IntegerColumn(&Scenario::batch, 1, kMaxBatch),
+      IntegerColumn(&Scenario::microbatches, 1, kMaxBatch),
+      IntegerColumn(&Scenario::seq_len, 2, kMaxSeqLen),
+      IntegerColumn(&Scenario::seq_len_min, 2, kMaxSeqLen),
       ChoiceColumn(&Scenario::dtype, kDtypes),
-      IntegerColumn(&Scenario::steps, 1),
+      IntegerColumn(&Scenario::steps, 1, kMaxSteps),
       ChoiceColumn(&Scenario::optimizer, kOptimizers),
       RealColumn(&Scenario::lr, 0.0, /*min_allowed=*/false),
       RealColumn(&Scenario::clip, 0.0, /*min_allowed=*/true),
@@ -196,8 +251,9 @@ class Locator {
  public:
   Locator(std::string file, const Header& header) : file_(std::move(file)), header_(header) {}
 
-  ScenarioError At(unsigned line, const std::string& column, const std::string& value,
+  ScenarioError At(unsigned line, const std::string& column, const std::string& raw_value,
                    const std::string& problem) const {
+    const std::string value = Printable(raw_value);
     auto found = header_.positions.find(column);
     if (found == header_.positions.end()) {  // a default value that breaks a rule
       return ScenarioError(fmt::format("{}:{}: column '{}' (not in file, default '{}'): {}", file_, line,
@@ -243,10 +299,14 @@ Header ReadHeader(const std::string& file, const std::string& text) {
     ++position;
     cell = Trim(cell);
     if (cell.size() >= 2 && cell.front() == '"' && cell.back() == '"') cell = cell.substr(1, cell.size() - 2);
+    if (cell.empty()) {
+      throw ScenarioError(fmt::format("{}:{}:{}: empty column name in the header (a trailing or doubled comma?); "
+                                      "allowed columns: {}", file, header.line, position, fmt::join(kColumnNames, ", ")));
+    }
     const bool known = std::find(kColumnNames.begin(), kColumnNames.end(), cell) != kColumnNames.end();
     if (!known) {
       throw ScenarioError(fmt::format("{}:{}:{}: unknown column '{}'; allowed columns: {}", file, header.line,
-                                      position, cell, fmt::join(kColumnNames, ", ")));
+                                      position, Printable(cell), fmt::join(kColumnNames, ", ")));
     }
     if (!header.positions.emplace(cell, position).second) {
       throw ScenarioError(fmt::format("{}:{}:{}: column '{}' appears twice (first at column {})", file,
@@ -263,6 +323,15 @@ Header ReadHeader(const std::string& file, const std::string& text) {
 void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
   if (s.seq_len_min == 0) s.seq_len_min = s.seq_len;
   if (s.tol == 0.0) s.tol = DefaultTolerance(s.dtype);
+  if (s.tol > MaxTolerance(s.dtype)) {
+    throw at.At(line, "tol", fmt::format("{}", s.tol),
+                fmt::format("tol for {} must be at most {:g} (default {:g}): a looser tolerance would let real bugs "
+                            "pass", s.dtype, MaxTolerance(s.dtype), DefaultTolerance(s.dtype)));
+  }
+  if (s.lr > kMaxLearningRate) {
+    throw at.At(line, "lr", fmt::format("{}", s.lr),
+                fmt::format("lr must be at most {:g}: larger rates only make both trainers diverge", kMaxLearningRate));
+  }
   if (s.hidden % s.heads != 0) {
     throw at.At(line, "heads", std::to_string(s.heads), fmt::format("heads must divide hidden ({})", s.hidden));
   }
@@ -362,13 +431,23 @@ std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& sc
   return values;
 }
 
+double MaxTolerance(const std::string& dtype) {
+  if (dtype == "float64") return 1e-3;
+  if (dtype == "float32") return 1e-2;
+  return 1e-1;
+}
+
 double DefaultTolerance(const std::string& dtype) {
   if (dtype == "float64") return 1e-9;
   if (dtype == "float32") return 1e-4;
   return 3e-2;
 }
 
-std::vector<Scenario> ParseScenarios(const std::string& text, const std::string& file) {
+std::vector<Scenario> ParseScenarios(const std::string& raw_text, const std::string& file) {
+  if (raw_text.find('\0') != std::string::npos) {
+    throw ScenarioError(fmt::format("{}: not a text file (it holds NUL bytes): expected a scenario CSV", file));
+  }
+  const std::string text = NormaliseLines(raw_text);
   const Header header = ReadHeader(file, text);
   const Locator at(file, header);
   std::vector<Scenario> scenarios;
@@ -405,17 +484,35 @@ std::vector<Scenario> ParseScenarios(const std::string& text, const std::string&
 }
 
 std::vector<Scenario> LoadScenarios(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw ScenarioError(fmt::format("{}: is a directory: expected a scenario CSV file", path));
+  }
   std::ifstream stream(path, std::ios::binary);
   if (!stream) throw ScenarioError(fmt::format("{}: cannot open scenario file: {}", path, std::strerror(errno)));
-  std::stringstream contents;
-  contents << stream.rdbuf();
-  return ParseScenarios(contents.str(), path);
+  // Read at most kMaxSuiteBytes + 1: a suite is text of a few kilobytes, and /dev/zero is not one.
+  std::string contents(kMaxSuiteBytes + 1, '\0');
+  stream.read(contents.data(), static_cast<std::streamsize>(contents.size()));
+  contents.resize(static_cast<size_t>(stream.gcount()));
+  if (contents.size() > kMaxSuiteBytes) {
+    throw ScenarioError(fmt::format("{}: larger than {} MiB: not a scenario suite", path, kMaxSuiteBytes >> 20));
+  }
+  return ParseScenarios(contents, path);
 }
 
-std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& glob) {
+std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& globs) {
+  std::vector<std::string> patterns;
+  std::stringstream stream(globs);
+  std::string pattern;
+  while (std::getline(stream, pattern, ',')) {
+    if (!pattern.empty()) patterns.push_back(pattern);
+  }
   std::vector<Scenario> selected;
   for (const auto& scenario : scenarios) {
-    if (glob.empty() || fnmatch(glob.c_str(), scenario.name.c_str(), 0) == 0) selected.push_back(scenario);
+    const bool match = patterns.empty() || std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) {
+                         return fnmatch(p.c_str(), scenario.name.c_str(), 0) == 0;
+                       });
+    if (match) selected.push_back(scenario);
   }
   return selected;
 }

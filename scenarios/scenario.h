@@ -63,6 +63,13 @@ std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& sc
 // Default tolerance on gradients and loss for a dtype name.
 double DefaultTolerance(const std::string& dtype);
 
+// The loosest `tol` a scenario may set, by dtype: float64 1e-3, float32 1e-2, bfloat16 1e-1.
+// Beyond these a check compares nothing a bug would move.
+double MaxTolerance(const std::string& dtype);
+
+// The largest learning rate a scenario may set.
+constexpr double kMaxLearningRate = 10.0;
+
 // Loads and validates a suite; throws ScenarioError.
 std::vector<Scenario> LoadScenarios(const std::string& path);
 
@@ -70,7 +77,9 @@ std::vector<Scenario> LoadScenarios(const std::string& path);
 std::vector<Scenario> ParseScenarios(const std::string& text, const std::string& display_name);
 
 // Scenarios whose name matches a shell glob (`*`, `?`, `[...]`); an empty glob matches all.
-std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& glob);
+// `globs`: comma-separated shell globs on names; a scenario matching any is kept, in suite
+// order. Empty keeps every scenario.
+std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& globs);
 
 // The scenario called `name`; throws ScenarioError naming the file when there is none.
 const Scenario& FindScenario(const std::vector<Scenario>& scenarios, const std::string& name,

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  cmake make g++
+  cmake make g++ iproute2
   libtorch-dev libgloo-dev python3-torch
   # Debian's LibTorch calls libblas.so.3, which is the slow netlib reference BLAS unless an
   # optimised one is installed: OpenBLAS (OpenMP build, sharing LibTorch's thread pool) is ~19x faster.

@@ -27,7 +27,61 @@ GRADIENT_FLOOR = 1e-6
 
 
 def ffn_size(row):
-    return int(row["ffn"])
+    """DESIGN §2: 4 x hidden for gpt2; 8 x hidden / 3 rounded up to a multiple of 4 for llama."""
+    if row.get("ffn"):
+        return int(row["ffn"])
+    hidden = int(row["hidden"])
+    if row["flavor"] == "gpt2":
+        return 4 * hidden
+    return math.ceil(math.ceil(8 * hidden / 3) / 4) * 4
+
+
+def expected_shapes(row):
+    """Every parameter name and shape DESIGN §2 gives this scenario, derived from its columns
+    alone (never from the dump)."""
+    flavor, hidden, vocab = row["flavor"], int(row["hidden"]), int(row["vocab"])
+    layers, ffn, tied = int(row["layers"]), ffn_size(row), row["tied"] == "1"
+    gpt2 = flavor == "gpt2"
+    shapes = {"tok_embeddings.weight": (vocab, hidden)}
+    if gpt2:
+        shapes["pos_embeddings.weight"] = (int(row["seq_len"]), hidden)
+
+    def norm(prefix):
+        shapes[prefix + ".weight"] = (hidden,)
+        if gpt2:
+            shapes[prefix + ".bias"] = (hidden,)
+
+    def linear(prefix, out_features, in_features):
+        shapes[prefix + ".weight"] = (out_features, in_features)
+        if gpt2:
+            shapes[prefix + ".bias"] = (out_features,)
+
+    for i in range(layers):
+        p = f"layers.{i}."
+        norm(p + "attention_norm")
+        for n in ("wq", "wk", "wv", "wo"):
+            linear(p + "attention." + n, hidden, hidden)
+        norm(p + "ffn_norm")
+        linear(p + "feed_forward.w1", ffn, hidden)
+        linear(p + "feed_forward.w2", hidden, ffn)
+        if not gpt2:
+            linear(p + "feed_forward.w3", ffn, hidden)
+    norm("norm")
+    if not tied:
+        shapes["output.weight"] = (vocab, hidden)
+    return shapes
+
+
+def labels_from(tokens, lengths):
+    """DESIGN §2: the next token, -100 on padding and on each sequence's last position."""
+    labels = torch.full_like(tokens, -100)
+    for b, length in enumerate(lengths.tolist()):
+        labels[b, : length - 1] = tokens[b, 1:length]
+    return labels
+
+
+def microbatch_sizes(batch, microbatches):
+    return [batch // microbatches + (1 if i < batch % microbatches else 0) for i in range(microbatches)]
 
 
 def rms_norm(x, weight):
@@ -50,9 +104,8 @@ def rotary(x, positions):
     return x * cos + rotated * sin
 
 
-def linear(x, w, params, bias_name):
-    b = params.get(bias_name)
-    return F.linear(x, w, b)
+def linear(x, params, prefix, has_bias):
+    return F.linear(x, params[prefix + ".weight"], params[prefix + ".bias"] if has_bias else None)
 
 
 def forward(params, row, tokens, lengths):
@@ -78,8 +131,8 @@ def forward(params, row, tokens, lengths):
     for i in range(layers):
         p = f"layers.{i}."
         h = norm(x, p + "attention_norm")
-        q, k, v = (linear(h, params[p + f"attention.{n}.weight"], params, p + f"attention.{n}.bias")
-                   for n in ("wq", "wk", "wv"))
+        gpt2 = flavor == "gpt2"
+        q, k, v = (linear(h, params, p + f"attention.{n}", gpt2) for n in ("wq", "wk", "wv"))
         q, k, v = (t.view(B, T, heads, hd).transpose(1, 2) for t in (q, k, v))
         if flavor == "llama":
             q, k = rotary(q, pos), rotary(k, pos)
@@ -87,48 +140,82 @@ def forward(params, row, tokens, lengths):
         scores = scores.masked_fill(~mask, float("-inf"))
         attn = torch.softmax(scores, dim=-1) @ v
         attn = attn.transpose(1, 2).reshape(B, T, hidden)
-        x = x + linear(attn, params[p + "attention.wo.weight"], params, p + "attention.wo.bias")
+        x = x + linear(attn, params, p + "attention.wo", gpt2)
         h = norm(x, p + "ffn_norm")
         if flavor == "llama":
             up = F.silu(F.linear(h, params[p + "feed_forward.w1.weight"])) * F.linear(h, params[p + "feed_forward.w3.weight"])
             x = x + F.linear(up, params[p + "feed_forward.w2.weight"])
         else:
-            up = F.gelu(linear(h, params[p + "feed_forward.w1.weight"], params, p + "feed_forward.w1.bias"), approximate="tanh")
-            x = x + linear(up, params[p + "feed_forward.w2.weight"], params, p + "feed_forward.w2.bias")
+            up = F.gelu(linear(h, params, p + "feed_forward.w1", True), approximate="tanh")
+            x = x + linear(up, params, p + "feed_forward.w2", True)
     x = norm(x, "norm")
     head = params["tok_embeddings.weight"] if tied else params["output.weight"]
     return F.linear(x, head)
 
 
-def check_dump(directory):
+def check_dump(directory, suite_row):
+    """suite_row: the scenario as the suite file states it (empty cells: DESIGN's defaults)."""
     with open(os.path.join(directory, "scenario.csv"), newline="") as f:
         row = next(csv.DictReader(f))
+    # Shapes come from the suite's own columns and DESIGN §2, never from what the dump says.
+    row = dict(row, ffn=suite_row.get("ffn") or "")
+    dumped_ffn = int(next(csv.DictReader(open(os.path.join(directory, "scenario.csv"), newline="")))["ffn"])
+    if dumped_ffn != ffn_size(row):
+        return [f"scenario.csv says ffn {dumped_ffn}, DESIGN §2 gives {ffn_size(row)}"]
     weights = torch.load(os.path.join(directory, "weights.pt"))
     batch = torch.load(os.path.join(directory, "batch.pt"))
     grads = torch.load(os.path.join(directory, "grads.pt"))
     expected_loss = torch.load(os.path.join(directory, "loss.pt"))["loss"]
 
-    expected_names = {"tok_embeddings.weight", "norm.weight"}
-    if row["tied"] != "1":
-        expected_names.add("output.weight")
-    missing = expected_names - set(weights)
-    if missing or (row["tied"] == "1" and "output.weight" in weights):
-        return [f"unexpected parameter names: missing {sorted(missing)}, have {sorted(weights)[:5]}..."]
+    problems = []
+    shapes = expected_shapes(row)
+    if set(weights) != set(shapes):
+        return [f"weights.pt names differ from DESIGN §2: missing {sorted(set(shapes) - set(weights))}, "
+                f"unexpected {sorted(set(weights) - set(shapes))}"]
+    for name, shape in shapes.items():
+        if tuple(weights[name].shape) != shape:
+            problems.append(f"weight {name} has shape {tuple(weights[name].shape)}, DESIGN §2 gives {shape}")
+    if problems:
+        return problems
 
-    params = {name: tensor.clone().requires_grad_(True) for name, tensor in weights.items()}
-    tokens, labels, lengths = batch["tokens"], batch["labels"], batch["lengths"]
-    logits = forward(params, row, tokens, lengths)
+    tokens, lengths = batch["tokens"], batch["lengths"]
+    labels = labels_from(tokens, lengths)
+    if not torch.equal(labels, batch["labels"]):
+        problems.append("batch.pt labels differ from the next-token labels derived from tokens and lengths")
     valid = (labels != -100).sum()
+
+    # Whole batch, as the reference computes it.
+    params = {name: weights[name].clone().requires_grad_(True) for name in shapes}
+    logits = forward(params, row, tokens, lengths)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                            ignore_index=-100, reduction="sum") / valid
     loss.backward()
 
-    problems = []
+    # Microbatched, as a pipeline computes it: contiguous microbatches, each padded only to its
+    # own longest sequence, each normalised by the whole batch's tokens, gradients summed.
+    microbatches = int(row.get("microbatches") or 1)
+    mb_params = {name: weights[name].clone().requires_grad_(True) for name in shapes}
+    mb_loss = 0.0
+    first = 0
+    for size in microbatch_sizes(tokens.shape[0], microbatches):
+        part_lengths = lengths[first:first + size]
+        time = int(part_lengths.max())
+        part_tokens = tokens[first:first + size, :time]
+        part_labels = labels_from(part_tokens, part_lengths)
+        part_logits = forward(mb_params, row, part_tokens, part_lengths)
+        part_loss = F.cross_entropy(part_logits.reshape(-1, part_logits.shape[-1]), part_labels.reshape(-1),
+                                    ignore_index=-100, reduction="sum") / valid
+        part_loss.backward()
+        mb_loss += part_loss.item()
+        first += size
     loss_diff = abs(loss.item() - expected_loss.item())
     if loss_diff > TOLERANCE:
         problems.append(f"loss {expected_loss.item():.15g} vs python {loss.item():.15g} (diff {loss_diff:.3g})")
-    if set(grads) != set(params):
-        problems.append(f"gradient names differ: {sorted(set(grads) ^ set(params))}")
+    if abs(mb_loss - expected_loss.item()) > TOLERANCE:
+        problems.append(f"loss {expected_loss.item():.15g} vs python over {microbatches} microbatches {mb_loss:.15g}")
+    if set(grads) != set(shapes):
+        problems.append(f"grads.pt names differ from DESIGN §2: missing {sorted(set(shapes) - set(grads))}, "
+                        f"unexpected {sorted(set(grads) - set(shapes))}")
     # A gradient that is zero analytically (a key projection's bias: softmax ignores a constant
     # per row) holds rounding noise of ~1e-20; it is judged against a floor of GRADIENT_FLOOR
     # times the whole model's gradient norm instead of against its own noise.
@@ -144,8 +231,11 @@ def check_dump(directory):
             worst = (rel, name)
         if rel > TOLERANCE:
             problems.append(f"gradient {name}: relative error {rel:.3g}")
+        mb_rel = (grads[name] - mb_params[name].grad).norm().item() / denom
+        if mb_rel > TOLERANCE:
+            problems.append(f"gradient {name} over {microbatches} microbatches: relative error {mb_rel:.3g}")
     print(f"  loss {loss.item():.12f} (diff {loss_diff:.2e}), worst gradient rel err {worst[0]:.2e} {worst[1]}, "
-          f"{len(params)} parameters, {int(valid)} tokens")
+          f"{len(params)} parameters, {int(valid)} tokens, {microbatches} microbatch(es) agree")
     return problems
 
 
@@ -158,14 +248,15 @@ def main():
     torch.set_default_dtype(torch.float64)
 
     with open(args.scenarios, newline="") as f:
-        names = [r["name"] for r in csv.DictReader(line for line in f if not line.startswith("#"))]
+        rows = {r["name"]: r for r in csv.DictReader(line for line in f if not line.startswith("#"))}
+    names = list(rows)
     failures = 0
     for name in names:
         out = os.path.join(args.workdir, name)
         subprocess.run([args.pipecheck, "dump", "--scenarios", args.scenarios, "--scenario", name, "--out", out],
                        check=True, stdout=subprocess.DEVNULL)
         print(f"{name}:")
-        problems = check_dump(out)
+        problems = check_dump(out, rows[name])
         for problem in problems:
             print(f"  FAIL {problem}")
         failures += bool(problems)

@@ -1,6 +1,6 @@
 // The parity judge itself: fed the reference's own numbers it passes; a gradient off by 1e-6,
-// a missing or zeroed gradient, a drifted loss or weight each fail with a message naming
-// what, where and when.
+// a missing or zeroed gradient, a drifted loss, a wrong update or a wrong initial weight each
+// fail with a message naming what, where and when; a diverging reference is an ERROR.
 #include <gtest/gtest.h>
 
 #include "harness/parity.h"
@@ -11,21 +11,28 @@ namespace {
 
 class ParityJudge : public ::testing::Test {
  protected:
-  void SetUp() override {
-    scenario_ = scenarios::ParseScenarios("name,flavor\njudge,gpt2\n", "judge.csv")[0];
-    auto config = testing::TinyConfig(reference::Flavor::kGpt2, false);
-    config.steps = 2;
-    reference_ = reference::ReferenceTrainer(config).Train();
-    // A one-rank "pipeline" that reproduced the reference exactly.
+  void SetUp() override { Build("name,flavor\njudge,gpt2\n"); }
+
+  // A one-rank "pipeline" that reproduced the reference exactly: the reference's own steps,
+  // with the weights each step started from.
+  void Build(const std::string& csv, int steps = 2) {
+    scenario_ = scenarios::ParseScenarios(csv, "judge.csv")[0];
+    config_ = testing::TinyConfig(scenario_.flavor == "gpt2" ? reference::Flavor::kGpt2 : reference::Flavor::kLlama, false);
+    config_.steps = steps;
+    scenario_.vocab = config_.model.vocab;
+    scenario_.steps = steps;
+    reference::ReferenceTrainer trainer(config_);
     rank_ = pipeline::RankResult();
     rank_.rank = 0;
     rank_.stages = {0};
-    for (const auto& step : reference_.steps) {
+    for (int k = 0; k < steps; ++k) {
+      rank_.weights.push_back(trainer.Weights());
+      const auto step = trainer.Step(k);
       rank_.losses.push_back(step.loss);
       rank_.step_ms.push_back(1.0);
       rank_.gradients.push_back(Copy(step.gradients));
     }
-    rank_.final_weights = Copy(reference_.final_weights);
+    rank_.final_weights = trainer.Weights();
     simulation_ = pipeline::ValidateSchedule(pipeline::AddCommunication(pipeline::GPipeSchedule({1, 1, 1})));
   }
 
@@ -37,11 +44,12 @@ class ParityJudge : public ::testing::Test {
 
   reports::ScenarioReport Judge() {
     std::vector<pipeline::RankResult> ranks = {rank_};
-    return harness::CompareWithReference({scenario_, reference_, ranks, simulation_});
+    harness::Oracle oracle(config_, 1);
+    return harness::CompareWithReference({scenario_, oracle, ranks, simulation_});
   }
 
   scenarios::Scenario scenario_;
-  reference::TrainResult reference_;
+  reference::TrainConfig config_;
   pipeline::RankResult rank_;
   pipeline::SimulationResult simulation_;
 };
@@ -52,7 +60,8 @@ TEST_F(ParityJudge, IdenticalResultsPass) {
   EXPECT_EQ(report.Get("ok"), "1");
   EXPECT_EQ(report.Get("grad_max_rel_err"), "0");
   EXPECT_EQ(report.steps.size(), 2u);
-  EXPECT_EQ(report.params.size(), reference_.final_weights.size());
+  EXPECT_EQ(report.params.size(), rank_.final_weights.size());
+  EXPECT_EQ(report.Get("weights_max_rel_err"), "0");
 }
 
 TEST_F(ParityJudge, GradientOffByOneInAMillionFailsNamingParameterAndStep) {
@@ -87,15 +96,45 @@ TEST_F(ParityJudge, LossAndWeightDriftFail) {
   EXPECT_EQ(Judge().Get("message").rfind("loss at step 1:", 0), 0u) << Judge().Get("message");
   SetUp();
   rank_.final_weights["output.weight"].add_(1e-6);
-  EXPECT_EQ(Judge().Get("message").rfind("final weight output.weight on rank 0", 0), 0u) << Judge().Get("message");
+  EXPECT_EQ(Judge().Get("message").rfind("update of output.weight at step 1 on rank 0", 0), 0u) << Judge().Get("message");
+  SetUp();
+  rank_.weights[0]["norm.weight"].add_(1e-3);
+  EXPECT_EQ(Judge().Get("message").rfind("initial weight norm.weight: rel err", 0), 0u) << Judge().Get("message");
 }
 
-TEST_F(ParityJudge, NumericallyZeroGradientsAreNamedAndStillChecked) {
-  // gpt2's key biases have zero gradients analytically: the judge names them...
-  EXPECT_NE(Judge().Get("message").find("layers.0.attention.wk.bias"), std::string::npos) << Judge().Get("message");
-  // ...and a pipeline whose key-bias gradient is not noise-sized fails.
+TEST_F(ParityJudge, AnOptimizerThatForgetsItsStateFailsAtTheStepItForgot) {
+  // The pipeline's step-1 update made by a fresh AdamW (state reset) instead of the running one.
+  Build("name,flavor\njudge,gpt2\n", 3);
+  reference::ReferenceTrainer fresh(config_);
+  fresh.SetWeights(rank_.weights[1]);
+  fresh.ApplyGradients(rank_.gradients[1]);
+  rank_.weights[2] = fresh.Weights();
+  EXPECT_EQ(Judge().Get("message").rfind("update of ", 0), 0u) << Judge().Get("message");
+  EXPECT_NE(Judge().Get("message").find(" at step 1 on rank 0"), std::string::npos) << Judge().Get("message");
+}
+
+TEST_F(ParityJudge, AnalyticallyZeroGradientsAreCheckedAgainstAFloorThatIgnoresTol) {
+  // gpt2's key biases have zero gradients analytically: noise-sized ones pass...
+  EXPECT_EQ(Judge().Get("status"), "PASS") << Judge().Get("message");
+  // ...a key-bias gradient that is not noise-sized fails...
   rank_.gradients[0]["layers.0.attention.wk.bias"].add_(1e-3);
   EXPECT_EQ(Judge().Get("status"), "FAIL");
+  // ...and the floor does not grow with tol: the largest tol allowed still sees a dropped
+  // gradient (a whole parameter's gradient zeroed).
+  Build("name,flavor,dtype,tol\njudge,gpt2,float64,1e-3\n");
+  rank_.gradients[0]["layers.1.feed_forward.w1.weight"].zero_();
+  EXPECT_NE(Judge().Get("message").find("gradient of layers.1.feed_forward.w1.weight at step 0 is all zero"),
+            std::string::npos)
+      << Judge().Get("message");
+  EXPECT_EQ(harness::GradientFloorFraction("float64"), 1e-6);
+}
+
+TEST_F(ParityJudge, ADivergingReferenceIsAnErrorNotAVerdict) {
+  Build("name,flavor,optimizer,lr\njudge,gpt2,sgd,10\n", 6);
+  config_.optimizer = {reference::OptimizerKind::kSgd, 1e4};
+  const auto report = Judge();
+  EXPECT_EQ(report.Get("status"), "ERROR") << report.Get("message");
+  EXPECT_EQ(report.Get("message").rfind("reference diverged at step ", 0), 0u) << report.Get("message");
 }
 
 TEST(ParityExpectation, FailExpectationIsMetByAnyNonPass) {

@@ -181,6 +181,7 @@ TEST(ScenarioLoader, SelectsByGlobAndFindsByName) {
   const auto suite = ParseScenarios("name\nws1_a\nws2_b\nws1_c\n", "s.csv");
   EXPECT_EQ(scenarios::SelectScenarios(suite, "ws1_*").size(), 2u);
   EXPECT_EQ(scenarios::SelectScenarios(suite, "").size(), 3u);
+  EXPECT_EQ(scenarios::SelectScenarios(suite, "nothing*,ws1_*").size(), 2u);
   EXPECT_EQ(scenarios::FindScenario(suite, "ws2_b", "s.csv").source, "s.csv:3");
   EXPECT_THROW(scenarios::FindScenario(suite, "nope", "s.csv"), ScenarioError);
 }

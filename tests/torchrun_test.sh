@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One parity scenario launched by torchrun (Debian's python3-torch) instead of pipecheck run:
+# One parity scenario launched by torchrun (Debian's python3-torch) as the README writes it, without
+# --standalone (torchrun's agent serves the store on MASTER_PORT), instead of pipecheck run:
 # the worker must read torchrun's environment, rendezvous, and have rank 0 write a PASS report.
 # Exits 77 (CTest's skip) where python3-torch is absent.
 set -uo pipefail
@@ -14,7 +15,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # --redirects 1 --tee 1: torch 1.13's torchrun on Python 3.11 cannot parse its own default "0"
 # (Std.from_str returns None since 3.11's IntFlag iteration skips the zero member).
-/usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node=2 --redirects 1 --tee 1 --no_python \
+/usr/bin/python3 -m torch.distributed.run --nproc_per_node=2 --master_port "$(( 20000 + RANDOM % 20000 ))" --redirects 1 --tee 1 --no_python \
   "$pipecheck" worker --scenarios "$suite" --scenario "$scenario" --out "$work/out" --threads 1
 code=$?
 summary="$work/out/summary.csv"

@@ -1,0 +1,47 @@
+// Reference runs for the parity judges (see oracle.h).
+#include "harness/oracle.h"
+
+namespace pipecheck::harness {
+
+Oracle::Oracle(reference::TrainConfig config, int64_t microbatches)
+    : config_(std::move(config)), microbatches_(microbatches) {
+  config_.record_gradients = true;
+  config_.microbatches = 1;
+  evaluator_ = std::make_unique<reference::ReferenceTrainer>(config_);
+  updater_ = std::make_unique<reference::ReferenceTrainer>(config_);
+}
+
+reference::NamedTensors Oracle::InitialWeights() { return reference::ReferenceTrainer(config_).Weights(); }
+
+reference::StepRecord Oracle::EvaluateAt(const reference::NamedTensors& weights, int64_t step) {
+  evaluator_->SetWeights(weights);
+  return evaluator_->Evaluate(step);
+}
+
+reference::NamedTensors Oracle::UpdateFrom(const reference::NamedTensors& weights,
+                                           const reference::NamedTensors& gradients) {
+  updater_->SetWeights(weights);
+  updater_->ApplyGradients(gradients);
+  return updater_->Weights();
+}
+
+const reference::TrainResult& Oracle::FreeRunning() {
+  if (!free_running_) {
+    auto config = config_;
+    config.record_gradients = false;  // gradients are judged at the pipeline's weights instead
+    free_running_ = reference::ReferenceTrainer(config).Train();
+  }
+  return *free_running_;
+}
+
+const reference::TrainResult& Oracle::Envelope() {
+  if (!envelope_) {
+    auto config = config_;
+    config.microbatches = microbatches_;
+    config.record_gradients = false;
+    envelope_ = reference::ReferenceTrainer(config).Train();
+  }
+  return *envelope_;
+}
+
+}  // namespace pipecheck::harness

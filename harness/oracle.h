@@ -1,0 +1,50 @@
+// The reference runs a scenario's verdict is drawn from, all on one device:
+//  - at the pipeline's weights: for every step k, the reference's loss and gradients of batch k
+//    at exactly the weights the pipeline started step k with, and the weights one optimizer step
+//    gives from there with the gradients the pipeline applied. Errors then measure only step k's
+//    arithmetic and stay at rounding level however long the run;
+//  - free-running: the reference trained from the initial weights on its own, the trajectory
+//    the pipeline's losses and final weights should follow;
+//  - the rounding envelope, computed only when asked for: the free-running reference again, but
+//    accumulating over the scenario's microbatches in the pipeline's order, which measures how
+//    far legitimate rounding differences move a trajectory by step k.
+// Not a judge: it produces numbers; parity.h decides.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "reference/trainer.h"
+
+namespace pipecheck::harness {
+
+class Oracle {
+ public:
+  // `microbatches` is the pipeline's count, used by the envelope run only.
+  Oracle(reference::TrainConfig config, int64_t microbatches);
+
+  // The initial weights every trainer must start from.
+  reference::NamedTensors InitialWeights();
+
+  // Loss and (clipped) gradients of step k's batch at `weights`. Call for k = 0, 1, ... in order.
+  reference::StepRecord EvaluateAt(const reference::NamedTensors& weights, int64_t step);
+
+  // Weights after one optimizer step from `weights` applying `gradients`. Optimizer state
+  // carries over between calls, so call once per step in order.
+  reference::NamedTensors UpdateFrom(const reference::NamedTensors& weights, const reference::NamedTensors& gradients);
+
+  // The free-running reference (computed on first call; timed and metered).
+  const reference::TrainResult& FreeRunning();
+
+  // The microbatched free-running reference (computed on first call).
+  const reference::TrainResult& Envelope();
+
+ private:
+  reference::TrainConfig config_;
+  int64_t microbatches_;
+  std::unique_ptr<reference::ReferenceTrainer> evaluator_;  // weights set from outside each step
+  std::unique_ptr<reference::ReferenceTrainer> updater_;    // owns the optimizer state of UpdateFrom
+  std::optional<reference::TrainResult> free_running_, envelope_;
+};
+
+}  // namespace pipecheck::harness
