@@ -110,6 +110,20 @@ std::string Tail(const std::string& path, size_t count = 4) {
   return joined.empty() ? "(no output)" : joined;
 }
 
+// The last progress line a worker wrote to its log (without the prefix), or "".
+std::string LastProgress(const std::string& path) {
+  std::ifstream stream(path, std::ios::binary | std::ios::ate);
+  if (!stream) return "";
+  const std::streamoff size = stream.tellg();
+  stream.seekg(std::max<std::streamoff>(0, size - 4096));
+  std::string text((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
+  const size_t at = text.rfind(kProgressPrefix);
+  if (at == std::string::npos) return "";
+  const size_t end = text.find('\n', at);
+  if (end == std::string::npos) return "";
+  return text.substr(at + std::strlen(kProgressPrefix), end - at - std::strlen(kProgressPrefix));
+}
+
 std::string HowItEnded(int status) {
   if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
   return fmt::format("exited with code {}", WEXITSTATUS(status));
@@ -208,7 +222,10 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
     ranks.push_back(rank);
   }
 
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options.timeout_seconds);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::duration<double>(options.timeout_seconds);
+  auto next_progress = start + std::chrono::duration<double>(options.progress_seconds);
+  std::string last_progress;
   while (true) {
     if (g_interrupt_signal != 0) {
       KillAndReap(ranks);
@@ -226,6 +243,12 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
       return report;
     }
     if (!any_running) break;
+    if (options.progress && std::chrono::steady_clock::now() > next_progress) {
+      next_progress += std::chrono::duration<double>(options.progress_seconds);
+      const std::string line = LastProgress(ranks.back().log);
+      if (!line.empty() && line != last_progress) options.progress(line);
+      last_progress = line;
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       std::vector<std::string> stuck, outputs;
       for (const auto& rank : ranks) {

@@ -5,6 +5,7 @@
 // of that scenario is killed and reaped. Not a cluster scheduler: one machine, loopback only.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "reports/report.h"
@@ -20,6 +21,10 @@ struct LaunchOptions {
   int threads_per_rank = 1;
   int port = 0;  // rendezvous port; 0 lets the kernel pick a free one
   std::string device;  // run-level --device override handed to every rank ("" keeps the scenario's)
+  // Called about every progress_seconds while a scenario runs, with the latest progress line of
+  // its ranks ("step 3/24 loss 5.41"); none when empty.
+  std::function<void(const std::string&)> progress;
+  double progress_seconds = 5.0;
 };
 
 // Thrown when SIGINT or SIGTERM arrived (see InstallInterruptHandlers) while a scenario ran:

@@ -49,6 +49,10 @@ struct Options {
   double max_slowdown = 0.10;
   double max_memory_growth = 0.10;
   std::string compare_out;  // where compare.csv goes ("" beside the current summary)
+  // baseline update
+  std::string baseline_from = kDefaultOut;
+  std::string baseline_to;
+  bool allow_failures = false;
 };
 
 // A finite number in [min, max]: CLI11's own range checks let NaN through and print bounds
@@ -219,6 +223,15 @@ int Compare(const Options& options) {
   return comparison.regressions == 0 ? 0 : 1;
 }
 
+int UpdateBaseline(const Options& options) {
+  if (!WritableOut(options.baseline_to, "baseline update")) return kExitBadInput;
+  const auto written =
+      pipecheck::reports::PromoteToBaseline(options.baseline_from, options.baseline_to, options.allow_failures);
+  fmt::print("baseline {} now holds the run of {}: {}\n", options.baseline_to, options.baseline_from,
+             fmt::join(written, ", "));
+  return 0;
+}
+
 int Dump(const Options& options) {
   const auto suite = pipecheck::scenarios::LoadScenarios(options.scenarios);
   const auto& scenario = pipecheck::scenarios::FindScenario(suite, options.scenario, options.scenarios);
@@ -234,8 +247,9 @@ int Dump(const Options& options) {
 int main(int argc, char** argv) {
   CLI::App app{"pipecheck: verifies a pipeline-parallel trainer against a single-device reference"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", fmt::format("pipecheck {} (LibTorch {}.{}.{})", PIPECHECK_VERSION, TORCH_VERSION_MAJOR,
-                                                  TORCH_VERSION_MINOR, TORCH_VERSION_PATCH));
+  app.set_version_flag("--version", fmt::format("pipecheck {} (LibTorch {}.{}.{}, CUDA devices: {})", PIPECHECK_VERSION,
+                                                  TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH,
+                                                  torch::cuda::device_count()));
   Options options;
 
   auto* validate = app.add_subcommand("validate", "Load a scenario suite and report the first error (exit 2)");
@@ -298,6 +312,17 @@ int main(int argc, char** argv) {
   compare->add_option("--max-memory-growth", options.max_memory_growth, "Tolerated growth of peak bytes, as a fraction")
       ->check(FiniteIn(0.0, 100.0, "a fraction from 0 to 100"))->capture_default_str();
 
+  auto* baseline = app.add_subcommand("baseline", "Manage committed baselines");
+  baseline->require_subcommand(1);
+  auto* baseline_update =
+      baseline->add_subcommand("update", "Promote a reviewed run's reports to a baseline directory");
+  baseline_update->add_option("--from", options.baseline_from, "The run's report directory or summary.csv")
+      ->capture_default_str();
+  baseline_update->add_option("--to", options.baseline_to, "Baseline directory, e.g. reports/baselines/RUNNER")
+      ->required();
+  baseline_update->add_flag("--allow-failures", options.allow_failures,
+                            "Promote even if some scenarios did not meet their expectation");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -313,6 +338,7 @@ int main(int argc, char** argv) {
     if (worker->parsed()) return Worker(options);
     if (schedule->parsed()) return PrintSchedule(options);
     if (compare->parsed()) return Compare(options);
+    if (baseline_update->parsed()) return UpdateBaseline(options);
   } catch (const pipecheck::scenarios::ScenarioError& error) {
     fmt::print(stderr, "pipecheck: {}\n", error.what());
     return kExitBadInput;

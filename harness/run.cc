@@ -79,6 +79,13 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
                                   ? options.threads_per_rank
                                   : std::max(1, cores / static_cast<int>(scenario.world_size));
     const auto scenario_start = std::chrono::steady_clock::now();
+    launch.progress = [&, i](const std::string& line) {
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - scenario_start).count();
+      fmt::print(out, "[{}/{}] {:<{}} ... {} ({:.0f} s)\n", i + 1, scenarios.size(), scenario.name, name_width, line,
+                 elapsed);
+      out.flush();
+    };
     reports::ScenarioReport report;
     try {
       report = LaunchScenario(scenario, launch);

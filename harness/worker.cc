@@ -117,7 +117,13 @@ int RunWorker(const WorkerOptions& options) {
     auto transport = pipeline::ConnectGloo(rendezvous);
     if (config.train.device.is_cuda()) config.train.device = CudaDeviceOfThisRank();
     pipeline::PipelineTrainer trainer(config, *transport);
-    auto results = pipeline::GatherResults(*transport, trainer.Train());
+    // The last rank knows the loss: it reports progress in its log, which `run` shows.
+    const bool reports_progress = rendezvous.rank == rendezvous.world_size - 1;
+    auto results = pipeline::GatherResults(*transport, trainer.Train([&](int64_t step, const pipeline::RankResult& r) {
+      if (!reports_progress) return;
+      fmt::print("{}step {}/{} loss {:.6g}\n", kProgressPrefix, step + 1, config.train.steps, r.losses.back());
+      std::fflush(stdout);
+    }));
     if (rendezvous.rank != 0) return 0;
     return FinishOnRankZero(scenario, config, results, options.out);
   } catch (const scenarios::ScenarioError& error) {

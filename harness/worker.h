@@ -24,4 +24,7 @@ int RunWorker(const WorkerOptions& options);
 // Name of the file rank 0 leaves in --out for the launcher.
 constexpr const char* kResultFile = "result.json";
 
+// Lines a worker prints to its log as steps finish; the launcher shows the latest.
+constexpr const char* kProgressPrefix = "pipecheck progress: ";
+
 }  // namespace pipecheck::harness

@@ -442,11 +442,14 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   result.losses.push_back(has_loss ? state.loss : std::numeric_limits<double>::quiet_NaN());
 }
 
-RankResult PipelineTrainer::Train() {
+RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankResult&)>& after_step) {
   RankResult result;
   result.rank = transport_.rank();
   for (const auto& stage : stages_) result.stages.push_back(stage->index);
-  for (int64_t step = 0; step < config_.train.steps; ++step) Step(step, result);
+  for (int64_t step = 0; step < config_.train.steps; ++step) {
+    Step(step, result);
+    if (after_step) after_step(step, result);
+  }
   for (const auto& stage : stages_) {
     for (const auto& item : stage->module->named_parameters()) {
       result.final_weights.insert(item.key(), item.value().detach().clone());

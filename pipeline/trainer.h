@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,8 +63,8 @@ class PipelineTrainer {
   // One training step on MakeBatch(seed, step); returns this rank's record of it.
   void Step(int64_t step, RankResult& result);
 
-  // Every step, then the final weights.
-  RankResult Train();
+  // Every step, then the final weights; `after_step(step, result)` runs after each step (progress).
+  RankResult Train(const std::function<void(int64_t, const RankResult&)>& after_step = {});
 
   const Schedule& schedule() const { return schedule_; }
 

@@ -1,9 +1,12 @@
 // Baseline comparison of summaries (see compare.h).
 #include "reports/compare.h"
 
+#include "reports/csv.h"
+
 #include <fmt/format.h>
 #include <libfccp/csv.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -70,6 +73,13 @@ int Severity(const std::string& status) {
   return 4;  // ERROR and anything unknown
 }
 
+std::vector<const SummaryEntry*> InFileOrder(const std::map<std::string, SummaryEntry>& entries) {
+  std::vector<const SummaryEntry*> ordered;
+  for (const auto& [name, entry] : entries) ordered.push_back(&entry);
+  std::sort(ordered.begin(), ordered.end(), [](const auto* a, const auto* b) { return a->line < b->line; });
+  return ordered;
+}
+
 std::string Percent(double change) { return std::isnan(change) ? "" : fmt::format("{:+.1f}%", 100.0 * change); }
 
 }  // namespace
@@ -77,6 +87,39 @@ std::string Percent(double change) { return std::isnan(change) ? "" : fmt::forma
 std::string SummaryPath(const std::string& path) {
   if (std::filesystem::is_directory(path)) return (std::filesystem::path(path) / "summary.csv").string();
   return path;
+}
+
+std::vector<std::string> ScenariosNotOk(const std::string& path) {
+  std::vector<std::string> names;
+  for (const auto* entry : InFileOrder(ReadSummary(SummaryPath(path)))) {
+    if (entry->ok != "1") names.push_back(entry->scenario);
+  }
+  return names;
+}
+
+std::vector<std::string> PromoteToBaseline(const std::string& run_path, const std::string& baseline_directory,
+                                           bool allow_not_ok) {
+  const std::string summary = SummaryPath(run_path);
+  const auto not_ok = ScenariosNotOk(summary);  // also proves it is a readable pipecheck summary
+  if (!not_ok.empty() && !allow_not_ok) {
+    throw CompareError(fmt::format("{}: {} scenario(s) did not meet their expectation ({}); a baseline must be a "
+                                   "good run (pass --allow-failures to promote it anyway)",
+                                   summary, not_ok.size(), fmt::join(not_ok, ", ")));
+  }
+  std::filesystem::create_directories(baseline_directory);
+  const auto source = std::filesystem::path(summary).parent_path();
+  std::vector<std::string> written;
+  for (const char* name : {"summary.csv", "params.csv", "steps.csv", "ranks.csv", "timeline.csv"}) {
+    const auto from = source / name;
+    if (!std::filesystem::exists(from)) continue;
+    std::ifstream stream(from, std::ios::binary);
+    std::stringstream contents;
+    contents << stream.rdbuf();
+    const auto to = (std::filesystem::path(baseline_directory) / name).string();
+    WriteFileAtomically(to, contents.str());
+    written.push_back(to);
+  }
+  return written;
 }
 
 const std::vector<std::string>& ComparisonColumns() {
@@ -99,7 +142,10 @@ Comparison CompareSummaries(const std::string& baseline_path, const std::string&
   const auto baseline = ReadSummary(baseline_file);
   const auto current = ReadSummary(current_file);
   Comparison comparison;
-  for (const auto& [name, base] : baseline) {
+  // Rows in suite order: the baseline's, then scenarios new in the current run in its order.
+  for (const auto* entry : InFileOrder(baseline)) {
+    const std::string& name = entry->scenario;
+    const SummaryEntry& base = *entry;
     ComparisonRow row;
     row.scenario = name;
     row.baseline_status = base.status;
@@ -151,7 +197,9 @@ Comparison CompareSummaries(const std::string& baseline_path, const std::string&
     comparison.warnings += regressions.empty() && !warnings.empty();
     comparison.rows.push_back(row);
   }
-  for (const auto& [name, now] : current) {
+  for (const auto* entry : InFileOrder(current)) {
+    const std::string& name = entry->scenario;
+    const SummaryEntry& now = *entry;
     if (baseline.count(name)) continue;
     ComparisonRow row;
     row.scenario = name;

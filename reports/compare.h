@@ -45,6 +45,17 @@ std::string SummaryPath(const std::string& path);
 Comparison CompareSummaries(const std::string& baseline_path, const std::string& current_path,
                             const CompareOptions& options);
 
+// Scenarios of a summary whose status did not meet their expectation (ok != 1), in file order.
+// Throws CompareError like CompareSummaries.
+std::vector<std::string> ScenariosNotOk(const std::string& path);
+
+// `pipecheck baseline update`: copies a reviewed run's reports (summary.csv and whichever of
+// params, steps, ranks and timeline exist) into `baseline_directory`, each atomically. Refuses a
+// run with scenarios that did not meet their expectation unless `allow_not_ok`. Returns the
+// files written.
+std::vector<std::string> PromoteToBaseline(const std::string& run_path, const std::string& baseline_directory,
+                                           bool allow_not_ok);
+
 const std::vector<std::string>& ComparisonColumns();
 std::vector<std::string> ComparisonFields(const ComparisonRow& row);
 

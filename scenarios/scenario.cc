@@ -313,6 +313,11 @@ Header ReadHeader(const std::string& file, const std::string& text) {
                                       header.line, position, cell, header.positions[cell]));
     }
   }
+  const std::string trimmed = Trim(std::string(line));
+  if (!trimmed.empty() && trimmed.back() == ',') {
+    throw ScenarioError(fmt::format("{}:{}:{}: empty column name in the header (a trailing or doubled comma?); "
+                                    "allowed columns: {}", file, header.line, position + 1, fmt::join(kColumnNames, ", ")));
+  }
   if (!header.positions.count("name")) {
     throw ScenarioError(fmt::format("{}:{}: the header has no 'name' column (it is required)", file, header.line));
   }
@@ -432,9 +437,9 @@ std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& sc
 }
 
 double MaxTolerance(const std::string& dtype) {
-  if (dtype == "float64") return 1e-3;
-  if (dtype == "float32") return 1e-2;
-  return 1e-1;
+  if (dtype == "float64") return 1e-6;
+  if (dtype == "float32") return 1e-3;
+  return 5e-2;
 }
 
 double DefaultTolerance(const std::string& dtype) {

@@ -7,6 +7,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 passed=0
 failed=0
+skipped=0
 
 # expect CODE PATTERN COMMAND...: runs COMMAND, checks its exit code and that its output matches PATTERN.
 expect() {
@@ -56,14 +57,55 @@ for report in summary params steps ranks timeline; do
   expect 0 "^scenario," head -n 1 "$work/r/$report.csv"
 done
 expect 0 "^pp2,PASS,pass,1,2,1f1b," tail -n 1 "$work/r/summary.csv"
-# A scenario whose ranks fail at start-up (CUDA on a machine without it) is ERROR, naming the
-# rank and its output; its summary row keeps every column; the run goes on to the next one.
+# A scenario this build or machine cannot run (device cuda without a CUDA device) is bad input
+# before anything runs. On a machine with a GPU that check cannot be made: it is reported as
+# skipped, never silently dropped.
 printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,device\ngpu,2,2,16,4,2,8,cuda\nafter,2,2,16,4,2,8,cpu\n' >"$work/gpu.csv"
-if ! "$pipecheck" run --scenarios "$work/gpu.csv" --only gpu --out "$work/g" 2>&1 | grep -q "^\[1/1\] gpu *PASS"; then
-  expect 1 "gpu +ERROR .*rank [01] exited with code 1; its last output: .*no CUDA device" "$pipecheck" run --scenarios "$work/gpu.csv" --out "$work/g"
-  expect 0 "^gpu,ERROR,pass,0(,[^,]*){23},\"?rank [01] exited with code 1" tail -n +2 "$work/g/summary.csv"
-  expect 0 "^after,PASS" tail -n 1 "$work/g/summary.csv"
+if "$pipecheck" --version | grep -q "CUDA devices: 0)"; then
+  expect 2 "gpu.csv:2: scenario 'gpu' needs device cuda, but this build or machine has no CUDA device" \
+    "$pipecheck" run --scenarios "$work/gpu.csv" --out "$work/g"
+  expect 2 "scenario 'pp2' needs device cuda" "$pipecheck" run --scenarios "$work/pp.csv" --device cuda --out "$work/g"
+else
+  echo "SKIPPED (this machine has a CUDA device): 'device cuda without CUDA is exit 2' checks"
+  skipped=$((skipped + 2))
 fi
+# A crashed rank is ERROR naming the rank and its output; its summary row keeps every column;
+# the run goes on to the next scenario.
+printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,fault,expect\ncrash,2,2,16,4,2,8,crash_rank,pass\nafter,2,2,16,4,2,8,none,pass\n' >"$work/crash.csv"
+expect 1 "crash +ERROR .*rank 1 was killed by signal 6" "$pipecheck" run --scenarios "$work/crash.csv" --out "$work/g"
+expect 0 "^crash,ERROR,pass,0(,[^,]*){23},\"?rank 1 was killed" tail -n +2 "$work/g/summary.csv"
+expect 0 "^after,PASS" tail -n 1 "$work/g/summary.csv"
+# --device reaches every rank and the report: cpu scenarios stay cpu when --device cpu is given.
+expect 0 "1 scenarios, 1 met" "$pipecheck" run --scenarios "$work/pp.csv" --device cpu --out "$work/dev"
+expect 0 "^pp2,PASS,pass,1,2,1f1b,1,2,float64,cpu," tail -n 1 "$work/dev/summary.csv"
+
+# Bounds and messages: every bad value says what is wrong, where, and what is allowed (exit 2).
+expect 2 "world_size', value '1048576': expected an integer in \[1, 256\]" "$pipecheck" validate --scenarios <(printf 'name,world_size\nx,1048576\n')
+expect 2 "hidden', value '1048576': expected an integer in \[1, 65536\]" "$pipecheck" validate --scenarios <(printf 'name,hidden\nx,1048576\n')
+expect 2 "seq_len', value '1048576': expected an integer in \[2, 65536\]" "$pipecheck" validate --scenarios <(printf 'name,seq_len\nx,1048576\n')
+expect 2 "tol', value '1e\+300': tol for float64 must be at most 1e-06" "$pipecheck" validate --scenarios <(printf 'name,tol\nx,1e300\n')
+expect 2 "lr', value '1e\+30': lr must be at most 10" "$pipecheck" validate --scenarios <(printf 'name,lr\nx,1e30\n')
+long_name=$(printf 'n%.0s' {1..300})
+expect 2 "expected a name of 1 to 100 letters" "$pipecheck" validate --scenarios <(printf 'name\n%s\n' "$long_name")
+expect 2 "value '\.\.': expected a name of 1 to 100 letters.*other than '\.' and '\.\.'" "$pipecheck" validate --scenarios <(printf 'name\n..\n')
+expect 2 "value '\.': expected a name" "$pipecheck" validate --scenarios <(printf 'name\n.\n')
+expect 2 "$work: is a directory: expected a scenario CSV file" "$pipecheck" validate --scenarios "$work"
+expect 2 "larger than 16 MiB: not a scenario suite" "$pipecheck" validate --scenarios /dev/zero
+expect 2 ":1:3: empty column name in the header \(a trailing or doubled comma\?\)" "$pipecheck" validate --scenarios <(printf 'name,layers,\nx,2,\n')
+expect 0 "1 scenarios, all valid" "$pipecheck" validate --scenarios <(printf 'name,layers\n  # an indented comment\nx,2\n')
+expect 0 "2 scenarios, all valid" "$pipecheck" validate --scenarios <(printf 'name,layers\rx,2\ry,3\r')
+expect 2 "value 'x\\\\x01\\\\xff': expected an integer" "$pipecheck" validate --scenarios <(printf 'name,layers\na,x\001\377\n')
+expect 2 "--timeout: value '0' is not allowed: expected seconds from 0.001 to 86400" "$pipecheck" run --scenarios "$work/pp.csv" --timeout 0
+expect 2 "--threads: value '999' is not allowed: expected a whole number of threads from 0" "$pipecheck" run --scenarios "$work/pp.csv" --threads 999
+expect 2 "--out is empty" "$pipecheck" run --scenarios "$work/pp.csv" --out ''
+expect 2 "--backward-cost: value '1e-300' is not allowed" "$pipecheck" schedule --schedule 1f1b --backward-cost 1e-300
+expect 2 "--backward-cost: value 'nan' is not allowed" "$pipecheck" schedule --schedule 1f1b --backward-cost nan
+expect 2 "MASTER_PORT=99999 is not a TCP port" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=99999 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
+expect 0 "^pipecheck [0-9]+\.[0-9]+\.[0-9]+ \(LibTorch" "$pipecheck" --version
+expect 0 "^pp2  world_size 2 1f1b" "$pipecheck" run --scenarios "$work/pp.csv" --list
+expect 0 "^ws1_gpipe_llama .*\n?" "$pipecheck" run --scenarios "$source_dir/scenarios/core.csv" --only 'ws1_g*,ws4_m*' --list
+expect 0 "^ws4_m_less_than_p " "$pipecheck" run --scenarios "$source_dir/scenarios/core.csv" --only 'ws1_g*' --only 'ws4_m*' --list
+
 # compare: a report against itself is clean; halving one scenario's tokens/s is a regression.
 expect 0 "0 regression\(s\)" "$pipecheck" compare "$work/r" "$work/r/summary.csv"
 expect 0 "^scenario,verdict," head -n 1 "$work/r/compare.csv"
@@ -81,8 +123,22 @@ expect 1 "pp2 +REGRESSION.*tokens/s -50.0%" "$pipecheck" compare "$work/r" "$wor
 expect 2 "not a pipecheck summary: column 'scenario' is missing" "$pipecheck" compare "$work/good.csv" "$work/r"
 expect 2 "cannot open" "$pipecheck" compare "$work/none" "$work/r"
 expect 2 "max-slowdown" "$pipecheck" compare "$work/r" "$work/r" --max-slowdown 2
+expect 2 "--max-slowdown: value 'nan' is not allowed: expected a fraction from 0 to 1" "$pipecheck" compare "$work/r" "$work/r" --max-slowdown nan
+for bad in inf -5 0x10; do
+  mkdir -p "$work/bad$bad"
+  sed "2s/^\(\([^,]*,\)\{22\}\)[^,]*/\1$bad/" "$work/r/summary.csv" >"$work/bad$bad/summary.csv"
+  expect 2 "column 'pp_tokens_per_s', value '$bad': expected a finite decimal number >= 0" "$pipecheck" compare "$work/r" "$work/bad$bad"
+done
+# compare into an unwritable place is bad input, said before any table is printed.
+output=$("$pipecheck" compare "$work/r" "$work/r" --out /proc/pipecheck-out 2>&1); code=$?
+if [ "$code" -eq 2 ] && ! grep -q "verdict" <<<"$output" && grep -q "not writable" <<<"$output"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1)); echo "FAIL: compare --out /proc/... -> exit $code: $output"
+fi
+expect 0 "wrote $work/cmp/compare.csv" "$pipecheck" compare "$work/r" "$work/r" --out "$work/cmp"
 # An --out that cannot be written is bad input, found before anything runs.
-expect 2 "pipecheck: " "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/good.csv/sub"
+expect 2 "pipecheck run: --out .* is not writable" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/good.csv/sub"
 expect 2 "not writable|Read-only|cannot" "$pipecheck" run --scenarios "$work/pp.csv" --out /proc/pipecheck-out
 # worker: a missing torchrun environment is bad input.
 expect 2 "RANK is not set" env -u RANK "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
@@ -92,5 +148,5 @@ expect 0 "bubble: 0.4286 with F=1, B=2; 0.4286 with equal costs" "$pipecheck" sc
 expect 0 "peak in-flight microbatches per rank: 4 3 2 1" "$pipecheck" schedule --schedule 1f1b --stages 4 --microbatches 8
 expect 2 "schedule" "$pipecheck" schedule --schedule zigzag
 
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

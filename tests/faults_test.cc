@@ -120,6 +120,9 @@ TEST(Launcher, ABusyPortIsReplacedByAFreeOne) {
 
 TEST(Run, SigintEndsEveryRankAndKeepsFinishedReports) {
   const std::string directory = testing::ScratchDirectory("sigint");
+  // A previous run's reports in the same --out must not survive mixed with this run's rows.
+  std::filesystem::create_directories(directory + "/out");
+  std::ofstream(directory + "/out/summary.csv") << "scenario,status\nold_run_row,PASS\n";
   const std::string suite = directory + "/suite.csv";
   std::ofstream(suite) << "name,world_size,layers,hidden,batch,microbatches,seq_len,fault,expect\n"
                           "quick,2,2,16,4,2,8,none,pass\n"
@@ -133,16 +136,24 @@ TEST(Run, SigintEndsEveryRankAndKeepsFinishedReports) {
     _exit(127);
   }
   const auto summary = directory + "/out/summary.csv";
-  for (int i = 0; i < 600 && !std::filesystem::exists(summary); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_TRUE(std::filesystem::exists(summary)) << "the first scenario never finished";
+  auto finished_rows = [&] {
+    std::ifstream stream(summary);
+    std::string line;
+    int rows = -1;  // the header
+    while (std::getline(stream, line)) rows += line.rfind("quick,", 0) == 0 || line.rfind("scenario,", 0) == 0;
+    return rows;
+  };
+  for (int i = 0; i < 600 && finished_rows() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(finished_rows(), 1) << "the first scenario never finished";
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the hung scenario is running
   kill(run, SIGINT);
   int status = 0;
   waitpid(run, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT);
+  std::ifstream log(directory + "/run.log");
+  const std::string said((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(said.find("the reports hold the 1 scenario(s) that finished"), std::string::npos) << said;
   std::ifstream stream(summary);
   std::string header, first, extra;
   std::getline(stream, header);

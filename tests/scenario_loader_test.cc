@@ -102,17 +102,17 @@ TEST(ScenarioLoader, RejectsDuplicateAndMissingNames) {
             "suite.csv:4:1: column 'name', value 'a': duplicate scenario name (first defined on line 2)");
   EXPECT_EQ(ErrorFor("layers,name\n2,\n"), "suite.csv:2:2: column 'name', value '': every scenario needs a name");
   EXPECT_EQ(ErrorFor("name\nhas space\n"),
-            "suite.csv:2:1: column 'name', value 'has space': expected a non-empty name of letters, digits, '_', "
-            "'.' and '-'");
+            "suite.csv:2:1: column 'name', value 'has space': expected a name of 1 to 100 letters, digits, "
+            "'_', '.' and '-', other than '.' and '..'");
 }
 
 TEST(ScenarioLoader, RejectsBadNumbers) {
   EXPECT_EQ(ErrorFor("name,layers\nx,abc\n"),
-            "suite.csv:2:2: column 'layers', value 'abc': expected an integer in [1, 1048576]");
+            "suite.csv:2:2: column 'layers', value 'abc': expected an integer in [1, 1024]");
   EXPECT_EQ(ErrorFor("name,layers\nx,0\n"),
-            "suite.csv:2:2: column 'layers', value '0': expected an integer in [1, 1048576]");
+            "suite.csv:2:2: column 'layers', value '0': expected an integer in [1, 1024]");
   EXPECT_EQ(ErrorFor("name,batch\nx,4.5\n"),
-            "suite.csv:2:2: column 'batch', value '4.5': expected an integer in [1, 1048576]");
+            "suite.csv:2:2: column 'batch', value '4.5': expected an integer in [1, 65536]");
   EXPECT_EQ(ErrorFor("name,lr\nx,0\n"), "suite.csv:2:2: column 'lr', value '0': expected a finite number > 0");
   EXPECT_EQ(ErrorFor("name,lr\nx,nan\n"), "suite.csv:2:2: column 'lr', value 'nan': expected a finite number > 0");
   EXPECT_EQ(ErrorFor("name,clip\nx,-1\n"),
