@@ -143,6 +143,10 @@ expect 2 "not writable|Read-only|cannot" "$pipecheck" run --scenarios "$work/pp.
 # worker: a missing torchrun environment is bad input.
 expect 2 "RANK is not set" env -u RANK "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
 expect 2 "WORLD_SIZE is 3 but the scenario needs world_size 2" env RANK=0 WORLD_SIZE=3 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
+# baseline update: a good run is promoted; one with scenarios that missed their expectation is not.
+expect 2 "did not meet their expectation \(crash\)" "$pipecheck" baseline update --from "$work/g" --to "$work/bl"
+expect 0 "baseline $work/bl now holds the run of $work/r" "$pipecheck" baseline update --from "$work/r" --to "$work/bl"
+expect 0 "0 regression\(s\)" "$pipecheck" compare "$work/bl" "$work/r" --out "$work/cmp2"
 # schedule: the chart and the bubble.
 expect 0 "bubble: 0.4286 with F=1, B=2; 0.4286 with equal costs" "$pipecheck" schedule --schedule gpipe --stages 4 --microbatches 4
 expect 0 "peak in-flight microbatches per rank: 4 3 2 1" "$pipecheck" schedule --schedule 1f1b --stages 4 --microbatches 8

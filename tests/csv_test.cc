@@ -91,6 +91,7 @@ TEST(Csv, AWriterKilledMidwayLeavesThePreviousFileWhole) {
   const auto path = directory + "/summary.csv";
   const std::string previous = "scenario,status\nold,PASS\n";
   const std::string next(64 << 20, 'x');  // large enough to be caught mid-write
+  int killed_mid_write = 0;  // kills that provably landed while the new contents were being written
   for (int delay_ms : {0, 2, 5, 10, 20, 40}) {
     reports::WriteFileAtomically(path, previous);
     const pid_t child = fork();
@@ -102,6 +103,12 @@ TEST(Csv, AWriterKilledMidwayLeavesThePreviousFileWhole) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     kill(child, SIGKILL);
     waitpid(child, nullptr, 0);
+    // The writer's temporary, left partly written, shows the kill interrupted the write itself.
+    const std::string temporary = path + ".tmp." + std::to_string(child);
+    std::error_code error;
+    const auto partial = std::filesystem::file_size(temporary, error);
+    if (!error && partial < next.size()) ++killed_mid_write;
+    std::filesystem::remove(temporary, error);
     std::ifstream stream(path, std::ios::binary);
     std::stringstream contents;
     contents << stream.rdbuf();
@@ -109,6 +116,7 @@ TEST(Csv, AWriterKilledMidwayLeavesThePreviousFileWhole) {
     EXPECT_TRUE(seen == previous || seen == next) << "after " << delay_ms << " ms: a file of " << seen.size()
                                                   << " bytes that is neither version";
   }
+  EXPECT_GT(killed_mid_write, 0) << "no kill landed during a write: the test proved nothing";
 }
 
 }  // namespace

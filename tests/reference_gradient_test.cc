@@ -42,7 +42,15 @@ TEST_P(ReferenceGradient, MatchesCentralFiniteDifferences) {
   for (auto& item : trainer.model()->named_parameters()) {
     auto parameter = item.value();
     auto gradient = parameter.grad().reshape(-1);
-    ASSERT_GT(gradient.abs().sum().item<double>(), 0.0) << item.key() << " has an all-zero gradient";
+    // A key projection's bias adds the same value to every score of a query's row, which softmax
+    // ignores: its gradient is zero analytically and holds rounding noise only. Every other
+    // parameter's gradient is really non-zero.
+    const bool analytically_zero = item.key().find("attention.wk.bias") != std::string::npos;
+    if (analytically_zero) {
+      EXPECT_LT(gradient.abs().max().item<double>(), 1e-12) << item.key() << " should be zero up to rounding";
+    } else {
+      ASSERT_GT(gradient.abs().max().item<double>(), 1e-8) << item.key() << " has a (near) all-zero gradient";
+    }
     auto flat = parameter.data().view(-1);
     const int64_t numel = flat.numel();
     const int64_t stride = std::max<int64_t>(1, numel / kSamplesPerParameter);
