@@ -151,6 +151,27 @@ std::string Printable(const std::string& text) {
   return text.size() > 80 ? out + "..." : out;
 }
 
+// RFC 4180 allows a line break inside a quoted field; no scenario value can hold one, and fccp
+// reads line by line, so say so at the field's start instead of a confusing later error.
+void RejectQuotedLineBreaks(const std::string& text, const std::string& file) {
+  bool quoted = false;
+  unsigned line = 1, column = 1, quote_line = 0, quote_column = 0;
+  for (char c : text) {
+    if (c == '"') {
+      quoted = !quoted;
+      if (quoted) quote_line = line, quote_column = column;
+    } else if (c == '\n') {
+      if (quoted) {
+        throw ScenarioError(fmt::format("{}:{}:{}: a quoted field spans lines; scenario values cannot contain "
+                                        "line breaks (close the quote on the same line)", file, quote_line,
+                                        quote_column));
+      }
+      ++line, column = 0;
+    }
+    ++column;
+  }
+}
+
 // What fccp reads: CR-only line ends become LF, and a line whose first non-blank character is
 // '#' becomes empty (a comment, like an unindented one), so line numbers stay the file's.
 std::string NormaliseLines(const std::string& text) {
@@ -453,6 +474,7 @@ std::vector<Scenario> ParseScenarios(const std::string& raw_text, const std::str
     throw ScenarioError(fmt::format("{}: not a text file (it holds NUL bytes): expected a scenario CSV", file));
   }
   const std::string text = NormaliseLines(raw_text);
+  RejectQuotedLineBreaks(text, file);
   const Header header = ReadHeader(file, text);
   const Locator at(file, header);
   std::vector<Scenario> scenarios;

@@ -95,6 +95,9 @@ expect 2 ":1:3: empty column name in the header \(a trailing or doubled comma\?\
 expect 0 "1 scenarios, all valid" "$pipecheck" validate --scenarios <(printf 'name,layers\n  # an indented comment\nx,2\n')
 expect 0 "2 scenarios, all valid" "$pipecheck" validate --scenarios <(printf 'name,layers\rx,2\ry,3\r')
 expect 2 "value 'x\\\\x01\\\\xff': expected an integer" "$pipecheck" validate --scenarios <(printf 'name,layers\na,x\001\377\n')
+expect 2 ":2:1: a quoted field spans lines; scenario values cannot contain line breaks" "$pipecheck" validate --scenarios <(printf 'name,layers\n"a\nb",2\n')
+printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,optimizer,lr\ndiverge,2,2,16,4,2,8,adamw,10\n' >"$work/diverge.csv"
+expect 1 "diverge +ERROR .*reference diverged at step 1: loss" "$pipecheck" run --scenarios "$work/diverge.csv" --out "$work/dv"
 expect 2 "--timeout: value '0' is not allowed: expected seconds from 0.001 to 86400" "$pipecheck" run --scenarios "$work/pp.csv" --timeout 0
 expect 2 "--threads: value '999' is not allowed: expected a whole number of threads from 0" "$pipecheck" run --scenarios "$work/pp.csv" --threads 999
 expect 2 "--out is empty" "$pipecheck" run --scenarios "$work/pp.csv" --out ''
