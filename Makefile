@@ -1,7 +1,17 @@
 # The two README commands: `make run` and `make test`. Each installs what is missing
 # (Debian packages, as root), configures, builds with -j2, then runs.
+#
+# Which LibTorch: TORCH=auto (default) builds against the CUDA PyTorch of `python3` when it has
+# one (torch.cuda.is_available()), else Debian's LibTorch; TORCH=debian, TORCH=python (python3's
+# torch, CUDA or not) or TORCH=/some/prefix choose. NO_INSTALL=1 skips the package step (deps
+# from a Conda env, Spack, an unpacked bundle); PREFIX_PATH="a;b" is added to CMake's search
+# path. A build directory remembers the LibTorch it was configured with: switching needs another
+# BUILD_DIR or `make clean`.
 BUILD_DIR ?= build
 JOBS ?= 2
+TORCH ?= auto
+NO_INSTALL ?= 0
+PREFIX_PATH ?=
 PIPECHECK := $(BUILD_DIR)/pipecheck
 
 .PHONY: all deps configure build run test test-long bench clean
@@ -9,10 +19,15 @@ PIPECHECK := $(BUILD_DIR)/pipecheck
 all: build
 
 deps:
-	@scripts/install-deps.sh
+	@if [ "$(NO_INSTALL)" = 1 ]; then echo "deps: NO_INSTALL=1, package step skipped"; \
+	else torch="$$(scripts/torch-prefix.sh $(TORCH))" || exit 2; PIPECHECK_TORCH="$$torch" scripts/install-deps.sh; fi
 
 $(BUILD_DIR)/CMakeCache.txt:
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
+	@torch_prefix="$$(scripts/torch-prefix.sh $(TORCH))" || exit 2; \
+	prefix="$(PREFIX_PATH)"; \
+	if [ "$$torch_prefix" != debian ]; then prefix="$$torch_prefix$${prefix:+;$$prefix}"; fi; \
+	echo "configure: LibTorch $$torch_prefix$${prefix:+ (CMAKE_PREFIX_PATH=$$prefix)}"; \
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $${prefix:+"-DCMAKE_PREFIX_PATH=$$prefix"}
 
 configure: deps $(BUILD_DIR)/CMakeCache.txt
 

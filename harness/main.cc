@@ -2,6 +2,7 @@
 // DESIGN.md §5: 0 all good, 1 something did not meet its expectation, 2 bad input.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <charconv>

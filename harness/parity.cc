@@ -2,6 +2,7 @@
 #include "harness/parity.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>

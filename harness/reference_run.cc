@@ -2,6 +2,7 @@
 #include "harness/reference_run.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <fmt/ostream.h>
 
 #include <chrono>

@@ -2,6 +2,7 @@
 #include "pipeline/simulator.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>

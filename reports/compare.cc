@@ -4,6 +4,7 @@
 #include "reports/csv.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <libfccp/csv.h>
 
 #include <algorithm>

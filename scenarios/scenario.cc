@@ -4,6 +4,7 @@
 #include "scenarios/scenario.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <fnmatch.h>
 #include <libfccp/csv.h>
 

@@ -3,14 +3,18 @@
 # Needs root (or sudo) and Debian's registry only when something is missing.
 set -euo pipefail
 
+# PIPECHECK_TORCH (from scripts/torch-prefix.sh): "debian" (the default) installs Debian's CPU
+# LibTorch and python3-torch; anything else means another LibTorch is used, so neither is.
+torch="${PIPECHECK_TORCH:-debian}"
 packages=(
   cmake make g++ iproute2
-  libtorch-dev libgloo-dev python3-torch
-  # Debian's LibTorch calls libblas.so.3, which is the slow netlib reference BLAS unless an
-  # optimised one is installed: OpenBLAS (OpenMP build, sharing LibTorch's thread pool) is ~19x faster.
-  libopenblas0-openmp
+  libgloo-dev
   libgtest-dev libbenchmark-dev libfccp-dev libcli11-dev nlohmann-json3-dev libfmt-dev
 )
+
+# Debian's LibTorch calls libblas.so.3, which is the slow netlib reference BLAS unless an
+# optimised one is installed: OpenBLAS (OpenMP build, sharing LibTorch's thread pool) is ~19x faster.
+if [ "$torch" = debian ]; then packages+=(libtorch-dev python3-torch libopenblas0-openmp); fi
 
 missing=()
 for package in "${packages[@]}"; do

@@ -1,5 +1,6 @@
 // Report CSV writing: RFC 4180 quoting read back by the fccp parser, and atomic replacement.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <libfccp/csv.h>
 

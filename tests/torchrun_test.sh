@@ -4,10 +4,11 @@
 # the worker must read torchrun's environment, rendezvous, and have rank 0 write a PASS report.
 # Exits 77 (CTest's skip) where python3-torch is absent.
 set -uo pipefail
+python="${PIPECHECK_PYTHON:-/usr/bin/python3}"
 pipecheck="$1"
 suite="$2"
 scenario="${3:-ws2_tied_gpt2}"
-if ! /usr/bin/python3 -c "import torch.distributed.run" 2>/dev/null; then
+if ! "$python" -c "import torch.distributed.run" 2>/dev/null; then
   echo "SKIPPED: python3-torch (torch.distributed.run) is not available"
   exit 77
 fi
@@ -15,7 +16,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # --redirects 1 --tee 1: torch 1.13's torchrun on Python 3.11 cannot parse its own default "0"
 # (Std.from_str returns None since 3.11's IntFlag iteration skips the zero member).
-/usr/bin/python3 -m torch.distributed.run --nproc_per_node=2 --master_port "$(( 20000 + RANDOM % 20000 ))" --redirects 1 --tee 1 --no_python \
+"$python" -m torch.distributed.run --nproc_per_node=2 --master_port "$(( 20000 + RANDOM % 20000 ))" --redirects 1 --tee 1 --no_python \
   "$pipecheck" worker --scenarios "$suite" --scenario "$scenario" --out "$work/out" --threads 1
 code=$?
 summary="$work/out/summary.csv"

@@ -5,10 +5,11 @@
 # Exits 77 (CTest's skip, reported as skipped) where namespaces cannot be made (not root, no
 # iproute2, a sandbox without CAP_NET_ADMIN) or python3-torch is absent.
 set -uo pipefail
+python="${PIPECHECK_PYTHON:-/usr/bin/python3}"
 pipecheck="$1"
 suite="$2"
 scenario="${3:-ws2_tied_gpt2}"
-if ! /usr/bin/python3 -c "import torch.distributed.run" 2>/dev/null; then
+if ! "$python" -c "import torch.distributed.run" 2>/dev/null; then
   echo "SKIPPED: python3-torch (torch.distributed.run) is not available"; exit 77
 fi
 suffix="$$"
@@ -25,7 +26,7 @@ if ! { ip netns add "$a" && ip netns add "$b" &&
 fi
 node() {  # node_rank, namespace
   # --redirects 1 --tee 1: torch 1.13's torchrun on Python 3.11 cannot parse its own default "0".
-  timeout 240 ip netns exec "$2" /usr/bin/python3 -m torch.distributed.run --nnodes 2 --node_rank "$1" \
+  timeout 240 ip netns exec "$2" "$python" -m torch.distributed.run --nnodes 2 --node_rank "$1" \
     --nproc_per_node 1 --master_addr 10.77.0.1 --master_port 29500 --redirects 1 --tee 1 --no_python \
     "$pipecheck" worker --scenarios "$suite" --scenario "$scenario" --out "$work/out$1" --threads 1 \
     >"$work/node$1.log" 2>&1
