@@ -69,8 +69,13 @@ struct PipelineTrainer::StepState {
   std::map<std::tuple<int, int, int>, std::unique_ptr<PendingRecv>> receives;  // (direction, stage, mb)
   std::map<std::tuple<int, int, int>, torch::Tensor> arrived;                   // received, not yet used
   std::map<int, std::vector<int64_t>> first_shape;  // per direction (stale_shape fault only)
-  std::vector<std::unique_ptr<PendingSend>> sends;
-  double loss = 0.0;
+  // In-flight sends per (peer, direction), oldest first. Messages of one (peer, direction) are
+  // consumed in the order they were sent, so before the next one goes the previous one is waited
+  // for and its buffer released: a rank holds at most one send buffer per (peer, direction) in
+  // flight instead of every send of the step. Deadlock-free for any schedule the simulator
+  // accepts under rendezvous semantics (a send that blocks at once is never later than this).
+  std::map<std::pair<int, int>, std::unique_ptr<PendingSend>> sends;
+  torch::Tensor loss_sum;  // 0-dim float64 on the device; read once, at step end
 };
 
 Schedule BuildSchedule(const PipelineConfig& config) {
@@ -134,7 +139,9 @@ void PipelineTrainer::Forward(const Action& action, StepState& state) {
   if (stage.slice.has_head) {
     // Summed token loss over the *whole batch's* token count: microbatch terms add up exactly.
     auto loss = reference::TokenLossSum(output, part.labels.to(device)) / LossDenominatorFault(part, state);
-    state.loss += loss.item<double>();
+    // Accumulated on the device: reading it per microbatch would sync the host with the device.
+    auto term = loss.detach().to(torch::kFloat64);
+    state.loss_sum = state.loss_sum.defined() ? state.loss_sum + term : term;
     state.losses[{s, mb}] = loss;
   } else {
     state.outputs[{s, mb}] = output;
@@ -256,9 +263,15 @@ void PipelineTrainer::ProcessFault(int64_t step, size_t action_index) const {
 // handing the buffer back early would), so the peer receives whatever the buffer holds then.
 void PipelineTrainer::SendFromReusedBuffer(const torch::Tensor& output, int stage, int microbatch, StepState& state) {
   auto buffer = output.detach().clone();  // (b, t, hidden)
-  state.sends.push_back(transport_.Send(buffer, schedule_.shape.RankOfStage(stage + 1),
-                                        MessageTag(Direction::kActivation, stage + 1, microbatch)));
+  IssueSend(buffer, schedule_.shape.RankOfStage(stage + 1), Direction::kActivation,
+            MessageTag(Direction::kActivation, stage + 1, microbatch), state);
   buffer.zero_();
+}
+
+void PipelineTrainer::IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state) {
+  auto& in_flight = state.sends[{peer, static_cast<int>(direction)}];
+  if (in_flight) in_flight->Wait();  // the previous message to this peer and direction has left
+  in_flight = transport_.Send(tensor, peer, tag);
 }
 
 torch::Tensor PipelineTrainer::TakeArrived(int direction, const Action& action, StepState& state) {
@@ -294,16 +307,16 @@ void PipelineTrainer::Execute(const Action& action, StepState& state) {
         SendFromReusedBuffer(output, s, mb, state);
         break;
       }
-      state.sends.push_back(transport_.Send(output.detach(), schedule_.shape.RankOfStage(s + 1),
-                                            MessageTag(Direction::kActivation, s + 1, mb)));
+      IssueSend(output.detach(), schedule_.shape.RankOfStage(s + 1), Direction::kActivation,
+                MessageTag(Direction::kActivation, s + 1, mb), state);
       ReleaseOutputData(output);
       break;
     }
     case ActionKind::kSendBackward: {
       auto gradient = state.input_grads.at({s, mb});
       state.input_grads.erase({s, mb});
-      state.sends.push_back(transport_.Send(gradient, schedule_.shape.RankOfStage(s - 1),
-                                            MessageTag(Direction::kGradient, s - 1, mb)));
+      IssueSend(gradient, schedule_.shape.RankOfStage(s - 1), Direction::kGradient,
+                MessageTag(Direction::kGradient, s - 1, mb), state);
       break;
     }
     default:
@@ -399,7 +412,8 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
     Execute(action, state);
     result.timeline.push_back({step, action, action_start, MicrosecondsSince(start)});
   }
-  for (auto& send : state.sends) send->Wait();
+  for (auto& [peer_direction, send] : state.sends) send->Wait();
+  state.sends.clear();
   TORCH_CHECK(state.receives.empty() && state.arrived.empty() && state.inputs.empty() && state.outputs.empty() && state.losses.empty() &&
                   state.input_grads.empty(),
               "rank ", transport_.rank(), " step ", step, " ended with work pending: ", state.receives.size(),
@@ -439,7 +453,8 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   result.step_ms.push_back(
       std::chrono::duration<double, std::milli>((backward_done - start) + (end - update_start)).count());
   const bool has_loss = stages_.back()->slice.has_head;
-  result.losses.push_back(has_loss ? state.loss : std::numeric_limits<double>::quiet_NaN());
+  result.losses.push_back(has_loss && state.loss_sum.defined() ? state.loss_sum.item<double>()
+                                                              : std::numeric_limits<double>::quiet_NaN());
 }
 
 RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankResult&)>& after_step) {
@@ -456,124 +471,6 @@ RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankRe
     }
   }
   return result;
-}
-
-// ---- Results to rank 0 ----------------------------------------------------------------------
-
-namespace {
-
-c10::List<torch::Tensor> TensorsOf(const reference::NamedTensors& tensors) {
-  c10::List<torch::Tensor> list;
-  for (const auto& item : tensors) list.push_back(item.value().cpu());
-  return list;
-}
-
-c10::List<std::string> NamesOf(const reference::NamedTensors& tensors) {
-  c10::List<std::string> list;
-  for (const auto& item : tensors) list.push_back(item.key());
-  return list;
-}
-
-reference::NamedTensors Zip(const c10::List<std::string>& names, const c10::List<torch::Tensor>& tensors) {
-  reference::NamedTensors named;
-  for (size_t i = 0; i < names.size(); ++i) named.insert(names.get(i), tensors.get(i));
-  return named;
-}
-
-torch::Tensor Doubles(const std::vector<double>& values) {
-  return torch::tensor(values.empty() ? std::vector<double>{} : values, torch::kFloat64);
-}
-
-std::vector<double> ToDoubles(const torch::Tensor& tensor) {
-  auto contiguous = tensor.contiguous();
-  return std::vector<double>(contiguous.data_ptr<double>(), contiguous.data_ptr<double>() + contiguous.numel());
-}
-
-}  // namespace
-
-torch::Tensor SerializeRankResult(const RankResult& result) {
-  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
-  dict.insert("rank", static_cast<int64_t>(result.rank));
-  dict.insert("stages", c10::List<int64_t>(std::vector<int64_t>(result.stages.begin(), result.stages.end())));
-  dict.insert("losses", Doubles(result.losses));
-  dict.insert("step_ms", Doubles(result.step_ms));
-  dict.insert("grad_norms", Doubles(result.grad_norms));
-  dict.insert("peak_bytes", c10::List<int64_t>(result.peak_bytes));
-  c10::List<c10::List<torch::Tensor>> gradients;
-  c10::List<c10::List<std::string>> gradient_names;
-  for (const auto& step : result.gradients) {
-    gradients.push_back(TensorsOf(step));
-    gradient_names.push_back(NamesOf(step));
-  }
-  dict.insert("gradients", gradients);
-  dict.insert("gradient_names", gradient_names);
-  c10::List<c10::List<torch::Tensor>> step_weights;
-  c10::List<c10::List<std::string>> step_weight_names;
-  for (const auto& step : result.weights) {
-    step_weights.push_back(TensorsOf(step));
-    step_weight_names.push_back(NamesOf(step));
-  }
-  dict.insert("step_weights", step_weights);
-  dict.insert("step_weight_names", step_weight_names);
-  dict.insert("weights", TensorsOf(result.final_weights));
-  dict.insert("weight_names", NamesOf(result.final_weights));
-  std::vector<double> timeline;
-  for (const auto& t : result.timeline) {
-    timeline.insert(timeline.end(), {static_cast<double>(t.step), static_cast<double>(t.action.kind),
-                                     static_cast<double>(t.action.stage), static_cast<double>(t.action.microbatch),
-                                     t.start_us, t.end_us});
-  }
-  dict.insert("timeline", Doubles(timeline));
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  return torch::from_blob(const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kUInt8).clone();
-}
-
-RankResult DeserializeRankResult(const torch::Tensor& bytes) {
-  auto contiguous = bytes.contiguous();
-  const char* data = reinterpret_cast<const char*>(contiguous.data_ptr<uint8_t>());
-  const auto dict = torch::pickle_load(std::vector<char>(data, data + contiguous.numel())).toGenericDict();
-  RankResult result;
-  result.rank = static_cast<int>(dict.at("rank").toInt());
-  for (int64_t stage : dict.at("stages").toIntVector()) result.stages.push_back(static_cast<int>(stage));
-  result.losses = ToDoubles(dict.at("losses").toTensor());
-  result.step_ms = ToDoubles(dict.at("step_ms").toTensor());
-  result.grad_norms = ToDoubles(dict.at("grad_norms").toTensor());
-  result.peak_bytes = dict.at("peak_bytes").toIntVector();
-  const auto gradients = dict.at("gradients").toList();
-  const auto gradient_names = dict.at("gradient_names").toList();
-  for (size_t i = 0; i < gradients.size(); ++i) {
-    result.gradients.push_back(Zip(c10::impl::toTypedList<std::string>(gradient_names.get(i).toList()),
-                                   c10::impl::toTypedList<torch::Tensor>(gradients.get(i).toList())));
-  }
-  const auto step_weights = dict.at("step_weights").toList();
-  const auto step_weight_names = dict.at("step_weight_names").toList();
-  for (size_t i = 0; i < step_weights.size(); ++i) {
-    result.weights.push_back(Zip(c10::impl::toTypedList<std::string>(step_weight_names.get(i).toList()),
-                                 c10::impl::toTypedList<torch::Tensor>(step_weights.get(i).toList())));
-  }
-  result.final_weights = Zip(c10::impl::toTypedList<std::string>(dict.at("weight_names").toList()),
-                             c10::impl::toTypedList<torch::Tensor>(dict.at("weights").toList()));
-  const auto timeline = ToDoubles(dict.at("timeline").toTensor());
-  for (size_t i = 0; i + 5 < timeline.size(); i += 6) {
-    Action action{static_cast<ActionKind>(static_cast<int>(timeline[i + 1])), static_cast<int>(timeline[i + 2]),
-                  static_cast<int>(timeline[i + 3])};
-    result.timeline.push_back({static_cast<int64_t>(timeline[i]), action, timeline[i + 4], timeline[i + 5]});
-  }
-  return result;
-}
-
-std::vector<RankResult> GatherResults(Transport& transport, RankResult own) {
-  if (transport.rank() != 0) {
-    transport.Send(SerializeRankResult(own), 0, MessageTag(Direction::kResult, transport.rank(), 0))->Wait();
-    return {};
-  }
-  std::vector<RankResult> results;
-  results.push_back(std::move(own));
-  for (int rank = 1; rank < transport.world_size(); ++rank) {
-    auto bytes = transport.Recv(rank, MessageTag(Direction::kResult, rank, 0), torch::kCPU)->Wait();
-    results.push_back(DeserializeRankResult(bytes));
-  }
-  return results;
 }
 
 }  // namespace pipecheck::pipeline

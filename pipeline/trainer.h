@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pipeline/faults.h"
+#include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
 #include "pipeline/transport.h"
@@ -28,28 +29,6 @@ struct PipelineConfig {
   std::string schedule = "1f1b";
   std::string partition = "uniform";
   Fault fault = Fault::kNone;  // a known bug to inject (faults.h); kNone in every real run
-};
-
-// One action as executed: for timelines and measured bubbles.
-struct ActionTiming {
-  int64_t step = 0;
-  Action action;
-  double start_us = 0.0;  // since the step started
-  double end_us = 0.0;
-};
-
-// What one rank produced over the whole run.
-struct RankResult {
-  int rank = 0;
-  std::vector<int> stages;
-  std::vector<double> losses;      // per step; only the last stage's rank knows them (NaN elsewhere)
-  std::vector<double> step_ms;     // per step, this rank's wall time
-  std::vector<double> grad_norms;  // per step, global norm before clipping
-  std::vector<int64_t> peak_bytes; // per step, tensor bytes this rank held at most; -1 unmetered
-  std::vector<reference::NamedTensors> gradients;  // per step, as applied (after tied sum and clipping)
-  std::vector<reference::NamedTensors> weights;    // per step, the weights the step started from
-  reference::NamedTensors final_weights;
-  std::vector<ActionTiming> timeline;
 };
 
 // The validated, lowered schedule every rank of this configuration runs.
@@ -79,6 +58,7 @@ class PipelineTrainer {
   double LossDenominatorFault(const reference::Batch& part, const StepState& state) const;
   void BeforeBackwardFault();
   void AfterBackwardFault();
+  void IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state);
   void SendFromReusedBuffer(const torch::Tensor& output, int stage, int microbatch, StepState& state);
   void ProcessFault(int64_t step, size_t action_index) const;
   torch::Tensor TakeArrived(int direction, const Action& action, StepState& state);
@@ -99,13 +79,5 @@ class PipelineTrainer {
   int64_t copies_bytes_ = 0;    // bytes of gradient and weight copies handed out so far
   std::unique_ptr<reference::GradientAccumulator> accumulator_;  // over OwnedParameters(true)
 };
-
-// Packs a rank's result into bytes and back (for sending it to rank 0).
-torch::Tensor SerializeRankResult(const RankResult& result);
-RankResult DeserializeRankResult(const torch::Tensor& bytes);
-
-// Rank 0 receives every other rank's result; other ranks send theirs. Returns all results
-// (indexed by rank) on rank 0, an empty vector elsewhere.
-std::vector<RankResult> GatherResults(Transport& transport, RankResult own);
 
 }  // namespace pipecheck::pipeline

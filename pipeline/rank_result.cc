@@ -1,0 +1,124 @@
+// Rank results and their trip to rank 0 (see rank_result.h).
+#include "pipeline/rank_result.h"
+
+#include <torch/serialize.h>
+
+namespace pipecheck::pipeline {
+
+namespace {
+
+c10::List<torch::Tensor> TensorsOf(const reference::NamedTensors& tensors) {
+  c10::List<torch::Tensor> list;
+  for (const auto& item : tensors) list.push_back(item.value().cpu());
+  return list;
+}
+
+c10::List<std::string> NamesOf(const reference::NamedTensors& tensors) {
+  c10::List<std::string> list;
+  for (const auto& item : tensors) list.push_back(item.key());
+  return list;
+}
+
+reference::NamedTensors Zip(const c10::List<std::string>& names, const c10::List<torch::Tensor>& tensors) {
+  reference::NamedTensors named;
+  for (size_t i = 0; i < names.size(); ++i) named.insert(names.get(i), tensors.get(i));
+  return named;
+}
+
+torch::Tensor Doubles(const std::vector<double>& values) {
+  return torch::tensor(values.empty() ? std::vector<double>{} : values, torch::kFloat64);
+}
+
+std::vector<double> ToDoubles(const torch::Tensor& tensor) {
+  auto contiguous = tensor.contiguous();
+  return std::vector<double>(contiguous.data_ptr<double>(), contiguous.data_ptr<double>() + contiguous.numel());
+}
+
+}  // namespace
+
+torch::Tensor SerializeRankResult(const RankResult& result) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("rank", static_cast<int64_t>(result.rank));
+  dict.insert("stages", c10::List<int64_t>(std::vector<int64_t>(result.stages.begin(), result.stages.end())));
+  dict.insert("losses", Doubles(result.losses));
+  dict.insert("step_ms", Doubles(result.step_ms));
+  dict.insert("grad_norms", Doubles(result.grad_norms));
+  dict.insert("peak_bytes", c10::List<int64_t>(result.peak_bytes));
+  c10::List<c10::List<torch::Tensor>> gradients;
+  c10::List<c10::List<std::string>> gradient_names;
+  for (const auto& step : result.gradients) {
+    gradients.push_back(TensorsOf(step));
+    gradient_names.push_back(NamesOf(step));
+  }
+  dict.insert("gradients", gradients);
+  dict.insert("gradient_names", gradient_names);
+  c10::List<c10::List<torch::Tensor>> step_weights;
+  c10::List<c10::List<std::string>> step_weight_names;
+  for (const auto& step : result.weights) {
+    step_weights.push_back(TensorsOf(step));
+    step_weight_names.push_back(NamesOf(step));
+  }
+  dict.insert("step_weights", step_weights);
+  dict.insert("step_weight_names", step_weight_names);
+  dict.insert("weights", TensorsOf(result.final_weights));
+  dict.insert("weight_names", NamesOf(result.final_weights));
+  std::vector<double> timeline;
+  for (const auto& t : result.timeline) {
+    timeline.insert(timeline.end(), {static_cast<double>(t.step), static_cast<double>(t.action.kind),
+                                     static_cast<double>(t.action.stage), static_cast<double>(t.action.microbatch),
+                                     t.start_us, t.end_us});
+  }
+  dict.insert("timeline", Doubles(timeline));
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  return torch::from_blob(const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kUInt8).clone();
+}
+
+RankResult DeserializeRankResult(const torch::Tensor& bytes) {
+  auto contiguous = bytes.contiguous();
+  const char* data = reinterpret_cast<const char*>(contiguous.data_ptr<uint8_t>());
+  const auto dict = torch::pickle_load(std::vector<char>(data, data + contiguous.numel())).toGenericDict();
+  RankResult result;
+  result.rank = static_cast<int>(dict.at("rank").toInt());
+  for (int64_t stage : dict.at("stages").toIntVector()) result.stages.push_back(static_cast<int>(stage));
+  result.losses = ToDoubles(dict.at("losses").toTensor());
+  result.step_ms = ToDoubles(dict.at("step_ms").toTensor());
+  result.grad_norms = ToDoubles(dict.at("grad_norms").toTensor());
+  result.peak_bytes = dict.at("peak_bytes").toIntVector();
+  const auto gradients = dict.at("gradients").toList();
+  const auto gradient_names = dict.at("gradient_names").toList();
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    result.gradients.push_back(Zip(c10::impl::toTypedList<std::string>(gradient_names.get(i).toList()),
+                                   c10::impl::toTypedList<torch::Tensor>(gradients.get(i).toList())));
+  }
+  const auto step_weights = dict.at("step_weights").toList();
+  const auto step_weight_names = dict.at("step_weight_names").toList();
+  for (size_t i = 0; i < step_weights.size(); ++i) {
+    result.weights.push_back(Zip(c10::impl::toTypedList<std::string>(step_weight_names.get(i).toList()),
+                                 c10::impl::toTypedList<torch::Tensor>(step_weights.get(i).toList())));
+  }
+  result.final_weights = Zip(c10::impl::toTypedList<std::string>(dict.at("weight_names").toList()),
+                             c10::impl::toTypedList<torch::Tensor>(dict.at("weights").toList()));
+  const auto timeline = ToDoubles(dict.at("timeline").toTensor());
+  for (size_t i = 0; i + 5 < timeline.size(); i += 6) {
+    Action action{static_cast<ActionKind>(static_cast<int>(timeline[i + 1])), static_cast<int>(timeline[i + 2]),
+                  static_cast<int>(timeline[i + 3])};
+    result.timeline.push_back({static_cast<int64_t>(timeline[i]), action, timeline[i + 4], timeline[i + 5]});
+  }
+  return result;
+}
+
+std::vector<RankResult> GatherResults(Transport& transport, RankResult own) {
+  if (transport.rank() != 0) {
+    transport.Send(SerializeRankResult(own), 0, MessageTag(Direction::kResult, transport.rank(), 0))->Wait();
+    return {};
+  }
+  std::vector<RankResult> results;
+  results.push_back(std::move(own));
+  for (int rank = 1; rank < transport.world_size(); ++rank) {
+    auto bytes = transport.Recv(rank, MessageTag(Direction::kResult, rank, 0), torch::kCPU)->Wait();
+    results.push_back(DeserializeRankResult(bytes));
+  }
+  return results;
+}
+
+}  // namespace pipecheck::pipeline

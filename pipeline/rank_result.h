@@ -1,0 +1,47 @@
+// What one rank of the pipeline reports about a run (losses, gradients and weights per step,
+// timings, peak memory, its executed actions), and how it travels to rank 0: packed as a
+// pickled dict over the transport. Not a judge: harness/parity.h compares it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "pipeline/schedule.h"
+#include "pipeline/transport.h"
+#include "reference/trainer.h"
+
+namespace pipecheck::pipeline {
+
+// One action as executed: for timelines and measured bubbles.
+struct ActionTiming {
+  int64_t step = 0;
+  Action action;
+  double start_us = 0.0;  // since the step started
+  double end_us = 0.0;
+};
+
+// What one rank produced over the whole run.
+struct RankResult {
+  int rank = 0;
+  std::vector<int> stages;
+  std::vector<double> losses;      // per step; only the last stage's rank knows them (NaN elsewhere)
+  std::vector<double> step_ms;     // per step, this rank's wall time
+  std::vector<double> grad_norms;  // per step, global norm before clipping
+  std::vector<int64_t> peak_bytes; // per step, tensor bytes this rank held at most; -1 unmetered
+  std::vector<reference::NamedTensors> gradients;  // per step, as applied (after tied sum and clipping)
+  std::vector<reference::NamedTensors> weights;    // per step, the weights the step started from
+  reference::NamedTensors final_weights;
+  std::vector<ActionTiming> timeline;
+};
+
+// Packs a rank's result into bytes and back (for sending it to rank 0).
+torch::Tensor SerializeRankResult(const RankResult& result);
+RankResult DeserializeRankResult(const torch::Tensor& bytes);
+
+// Rank 0 receives every other rank's result; other ranks send theirs. Returns all results
+// (indexed by rank) on rank 0, an empty vector elsewhere.
+std::vector<RankResult> GatherResults(Transport& transport, RankResult own);
+
+}  // namespace pipecheck::pipeline
