@@ -25,6 +25,29 @@ reference::NamedTensors Zip(const c10::List<std::string>& names, const c10::List
   return named;
 }
 
+// One NamedTensors per step, stored as KEY (lists of tensors) and KEY_names (lists of names).
+void InsertPerStep(c10::impl::GenericDict& dict, const std::string& key, const std::vector<reference::NamedTensors>& steps) {
+  c10::List<c10::List<torch::Tensor>> tensors;
+  c10::List<c10::List<std::string>> names;
+  for (const auto& step : steps) {
+    tensors.push_back(TensorsOf(step));
+    names.push_back(NamesOf(step));
+  }
+  dict.insert(key, tensors);
+  dict.insert(key + "_names", names);
+}
+
+std::vector<reference::NamedTensors> PerStep(const c10::impl::GenericDict& dict, const std::string& key) {
+  const auto tensors = dict.at(key).toList();
+  const auto names = dict.at(key + "_names").toList();
+  std::vector<reference::NamedTensors> steps;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    steps.push_back(Zip(c10::impl::toTypedList<std::string>(names.get(i).toList()),
+                        c10::impl::toTypedList<torch::Tensor>(tensors.get(i).toList())));
+  }
+  return steps;
+}
+
 torch::Tensor Doubles(const std::vector<double>& values) {
   return torch::tensor(values.empty() ? std::vector<double>{} : values, torch::kFloat64);
 }
@@ -44,22 +67,8 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   dict.insert("step_ms", Doubles(result.step_ms));
   dict.insert("grad_norms", Doubles(result.grad_norms));
   dict.insert("peak_bytes", c10::List<int64_t>(result.peak_bytes));
-  c10::List<c10::List<torch::Tensor>> gradients;
-  c10::List<c10::List<std::string>> gradient_names;
-  for (const auto& step : result.gradients) {
-    gradients.push_back(TensorsOf(step));
-    gradient_names.push_back(NamesOf(step));
-  }
-  dict.insert("gradients", gradients);
-  dict.insert("gradient_names", gradient_names);
-  c10::List<c10::List<torch::Tensor>> step_weights;
-  c10::List<c10::List<std::string>> step_weight_names;
-  for (const auto& step : result.weights) {
-    step_weights.push_back(TensorsOf(step));
-    step_weight_names.push_back(NamesOf(step));
-  }
-  dict.insert("step_weights", step_weights);
-  dict.insert("step_weight_names", step_weight_names);
+  InsertPerStep(dict, "gradients", result.gradients);
+  InsertPerStep(dict, "step_weights", result.weights);
   dict.insert("weights", TensorsOf(result.final_weights));
   dict.insert("weight_names", NamesOf(result.final_weights));
   std::vector<double> timeline;
@@ -84,18 +93,8 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   result.step_ms = ToDoubles(dict.at("step_ms").toTensor());
   result.grad_norms = ToDoubles(dict.at("grad_norms").toTensor());
   result.peak_bytes = dict.at("peak_bytes").toIntVector();
-  const auto gradients = dict.at("gradients").toList();
-  const auto gradient_names = dict.at("gradient_names").toList();
-  for (size_t i = 0; i < gradients.size(); ++i) {
-    result.gradients.push_back(Zip(c10::impl::toTypedList<std::string>(gradient_names.get(i).toList()),
-                                   c10::impl::toTypedList<torch::Tensor>(gradients.get(i).toList())));
-  }
-  const auto step_weights = dict.at("step_weights").toList();
-  const auto step_weight_names = dict.at("step_weight_names").toList();
-  for (size_t i = 0; i < step_weights.size(); ++i) {
-    result.weights.push_back(Zip(c10::impl::toTypedList<std::string>(step_weight_names.get(i).toList()),
-                                 c10::impl::toTypedList<torch::Tensor>(step_weights.get(i).toList())));
-  }
+  result.gradients = PerStep(dict, "gradients");
+  result.weights = PerStep(dict, "step_weights");
   result.final_weights = Zip(c10::impl::toTypedList<std::string>(dict.at("weight_names").toList()),
                              c10::impl::toTypedList<torch::Tensor>(dict.at("weights").toList()));
   const auto timeline = ToDoubles(dict.at("timeline").toTensor());

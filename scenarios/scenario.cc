@@ -157,11 +157,15 @@ std::string Printable(const std::string& text) {
 void RejectQuotedLineBreaks(const std::string& text, const std::string& file) {
   bool quoted = false;
   unsigned line = 1, column = 1, quote_line = 0, quote_column = 0;
-  for (char c : text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
     if (c == '"') {
       quoted = !quoted;
       if (quoted) quote_line = line, quote_column = column;
     } else if (c == '\n') {
+      if (quoted && text.find('"', i) == std::string::npos) {
+        throw ScenarioError(fmt::format("{}:{}:{}: a quoted field is not closed", file, quote_line, quote_column));
+      }
       if (quoted) {
         throw ScenarioError(fmt::format("{}:{}:{}: a quoted field spans lines; scenario values cannot contain "
                                         "line breaks (close the quote on the same line)", file, quote_line,

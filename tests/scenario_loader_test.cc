@@ -165,7 +165,10 @@ TEST(ScenarioLoader, RejectsImpossibleCombinations) {
 TEST(ScenarioLoader, RejectsRowsWithTheWrongFieldCount) {
   EXPECT_EQ(ErrorFor("name,layers\nx,2\ny\n"), "suite.csv:3: too few fields: the header has 2 columns");
   EXPECT_EQ(ErrorFor("name,layers\nx,2,3\n"), "suite.csv:2: too many fields: the header has 2 columns");
-  EXPECT_EQ(ErrorFor("name,layers\n\"x,2\n"), "suite.csv:2: a quoted field is not closed");
+  EXPECT_EQ(ErrorFor("name,layers\n\"x,2\n"), "suite.csv:2:1: a quoted field is not closed");
+  EXPECT_EQ(ErrorFor("name,layers\n\"x\ny\",2\n"),
+            "suite.csv:2:1: a quoted field spans lines; scenario values cannot contain line breaks (close the quote "
+            "on the same line)");
 }
 
 TEST(ScenarioLoader, NamesAnUnreadableFile) {

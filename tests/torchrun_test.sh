@@ -4,14 +4,10 @@
 # the worker must read torchrun's environment, rendezvous, and have rank 0 write a PASS report.
 # Exits 77 (CTest's skip) where python3-torch is absent.
 set -uo pipefail
-python="${PIPECHECK_PYTHON:-/usr/bin/python3}"
 pipecheck="$1"
 suite="$2"
 scenario="${3:-ws2_tied_gpt2}"
-if ! "$python" -c "import torch.distributed.run" 2>/dev/null; then
-  echo "SKIPPED: python3-torch (torch.distributed.run) is not available"
-  exit 77
-fi
+source "$(dirname "$0")/torch_python.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # --redirects 1 --tee 1: torch 1.13's torchrun on Python 3.11 cannot parse its own default "0"

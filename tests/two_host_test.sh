@@ -5,13 +5,10 @@
 # Exits 77 (CTest's skip, reported as skipped) where namespaces cannot be made (not root, no
 # iproute2, a sandbox without CAP_NET_ADMIN) or python3-torch is absent.
 set -uo pipefail
-python="${PIPECHECK_PYTHON:-/usr/bin/python3}"
 pipecheck="$1"
 suite="$2"
 scenario="${3:-ws2_tied_gpt2}"
-if ! "$python" -c "import torch.distributed.run" 2>/dev/null; then
-  echo "SKIPPED: python3-torch (torch.distributed.run) is not available"; exit 77
-fi
+source "$(dirname "$0")/torch_python.sh"
 suffix="$$"
 a="pc_a_$suffix" b="pc_b_$suffix"
 work=$(mktemp -d)
