@@ -15,7 +15,7 @@
 #include <thread>
 #include <tuple>
 
-#include "pipeline/partition.h"
+#include "pipeline/gradient_sync.h"
 #include "reference/loss.h"
 
 namespace pipecheck::pipeline {
@@ -47,14 +47,6 @@ void BackwardFrom(const torch::Tensor& output, const torch::Tensor& gradient) {
 }
 
 }  // namespace
-
-struct PipelineTrainer::Stage {
-  int index = 0;
-  reference::SliceSpec slice;
-  reference::TransformerSlice module{nullptr};
-  std::vector<torch::Tensor> parameters;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-};
 
 // Everything one step keeps between actions, keyed by (stage, microbatch). Each entry is
 // removed by the action that consumes it, so an empty state at the end proves the list did
@@ -92,29 +84,17 @@ PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transp
   TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
               " but ", transport.world_size(), " ranks were started");
   reference::CheckDtypeSupported(config.train.dtype, config.train.device);
-  const auto& model = config.train.model;
   num_stages_ = schedule_.shape.stages();
-  const auto slices = StageSlices(PartitionLayers(model, num_stages_, config.partition));
-  for (int s = 0; s < num_stages_; ++s) {
-    if (schedule_.shape.RankOfStage(s) != transport.rank()) continue;
-    auto stage = std::make_unique<Stage>();
-    stage->index = s;
-    stage->slice = slices[s];
-    stage->module = reference::BuildSlice(model, slices[s], config.train.seed, config.train.dtype, config.train.device);
-    stage->parameters = stage->module->parameters();
-    stage->optimizer = reference::MakeOptimizer(config.train.optimizer, stage->parameters);
-    stages_.push_back(std::move(stage));
-  }
+  stages_ = BuildStages(config, schedule_.shape, transport.rank());
   accumulator_ = std::make_unique<reference::GradientAccumulator>(OwnedParameters(/*count_tied_copy=*/true));
 }
 
 PipelineTrainer::~PipelineTrainer() = default;
 
-PipelineTrainer::Stage& PipelineTrainer::StageAt(int stage) {
-  for (auto& candidate : stages_) {
-    if (candidate->index == stage) return *candidate;
-  }
-  TORCH_CHECK(false, "rank ", transport_.rank(), " does not hold stage ", stage);
+Stage& PipelineTrainer::StageAt(int stage) { return pipeline::StageAt(stages_, stage, transport_.rank()); }
+
+std::vector<torch::Tensor> PipelineTrainer::OwnedParameters(bool count_tied_copy) const {
+  return pipeline::OwnedParameters(stages_, config_.train.model.tied, count_tied_copy);
 }
 
 void PipelineTrainer::Forward(const Action& action, StepState& state) {
@@ -325,62 +305,6 @@ void PipelineTrainer::Execute(const Action& action, StepState& state) {
   }
 }
 
-std::vector<torch::Tensor> PipelineTrainer::OwnedParameters(bool count_tied_copy) const {
-  std::vector<torch::Tensor> parameters;
-  for (const auto& stage : stages_) {
-    for (const auto& item : stage->module->named_parameters()) {
-      // The last stage's copy of a tied embedding is the same weight as stage 0's: count once.
-      const bool tied_copy = config_.train.model.tied && stage->slice.has_head && !stage->slice.has_embedding &&
-                             item.key() == "tok_embeddings.weight";
-      if (count_tied_copy || !tied_copy) parameters.push_back(item.value());
-    }
-  }
-  return parameters;
-}
-
-void PipelineTrainer::SyncTiedGradients() {
-  if (!config_.train.model.tied || num_stages_ == 1 || config_.fault == Fault::kSkipTiedSync) return;
-  const int last = num_stages_ - 1;
-  const int first_rank = schedule_.shape.RankOfStage(0), last_rank = schedule_.shape.RankOfStage(last);
-  const int rank = transport_.rank();
-  auto gradient_of = [&](int stage) {
-    auto gradient = StageAt(stage).module->named_parameters()["tok_embeddings.weight"].grad();
-    TORCH_CHECK(gradient.defined(), "rank ", rank, ": tied weight of stage ", stage, " has no gradient");
-    return gradient;
-  };
-  // Both owners compute first + last in the same order, so their sums are bitwise equal.
-  if (first_rank == last_rank) {
-    if (rank != first_rank) return;
-    auto first = gradient_of(0), copy = gradient_of(last);
-    auto sum = first + copy;
-    first.copy_(sum);
-    copy.copy_(sum);
-    return;
-  }
-  if (rank != first_rank && rank != last_rank) return;
-  const bool is_first = rank == first_rank;
-  const int own_stage = is_first ? 0 : last, peer_stage = is_first ? last : 0;
-  auto own = gradient_of(own_stage);
-  auto receive = transport_.Recv(is_first ? last_rank : first_rank,
-                                 MessageTag(Direction::kTiedGradient, peer_stage, 0), own.device());
-  auto send = transport_.Send(own, is_first ? last_rank : first_rank, MessageTag(Direction::kTiedGradient, own_stage, 0));
-  auto other = receive->Wait();
-  send->Wait();
-  auto sum = is_first ? own + other : other + own;
-  own.copy_(sum);
-}
-
-double PipelineTrainer::ClipGradients() {
-  // tied_norm_twice counts the last stage's copy of the tied weight as well.
-  const double local = reference::GradSquaredSum(OwnedParameters(config_.fault == Fault::kTiedNormTwice));
-  double total = 0.0;
-  for (double part : transport_.AllGather(local)) total += part;  // rank order: identical everywhere
-  if (config_.fault == Fault::kLocalClip) total = local;
-  const double norm = std::sqrt(total);
-  reference::ScaleGradients(OwnedParameters(/*count_tied_copy=*/true), reference::ClipFactor(norm, config_.train.clip));
-  return norm;
-}
-
 void PipelineTrainer::RecordWeights(RankResult& result) {
   reference::NamedTensors weights;
   for (const auto& stage : stages_) {
@@ -424,11 +348,11 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
     reference::ScaleGradients(OwnedParameters(true), 1.0 / config_.microbatches);
   }
   if (config_.fault == Fault::kClipBeforeTiedSync) {
-    result.grad_norms.push_back(ClipGradients());
-    SyncTiedGradients();
+    result.grad_norms.push_back(ClipGradients(stages_, config_, transport_));
+    SyncTiedGradients(stages_, config_, schedule_.shape, transport_);
   } else {
-    SyncTiedGradients();
-    result.grad_norms.push_back(ClipGradients());
+    SyncTiedGradients(stages_, config_, schedule_.shape, transport_);
+    result.grad_norms.push_back(ClipGradients(stages_, config_, transport_));
   }
   const auto backward_done = Clock::now();
 

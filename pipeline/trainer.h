@@ -16,20 +16,11 @@
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
+#include "pipeline/stage.h"
 #include "pipeline/transport.h"
 #include "reference/trainer.h"
 
 namespace pipecheck::pipeline {
-
-struct PipelineConfig {
-  reference::TrainConfig train;  // model, data, optimizer, seed, steps, clip, dtype, device
-  int world_size = 1;
-  int virtual_stages = 1;
-  int microbatches = 1;
-  std::string schedule = "1f1b";
-  std::string partition = "uniform";
-  Fault fault = Fault::kNone;  // a known bug to inject (faults.h); kNone in every real run
-};
 
 // The validated, lowered schedule every rank of this configuration runs.
 Schedule BuildSchedule(const PipelineConfig& config);
@@ -48,7 +39,6 @@ class PipelineTrainer {
   const Schedule& schedule() const { return schedule_; }
 
  private:
-  struct Stage;
   struct StepState;
 
   void Execute(const Action& action, StepState& state);
@@ -64,8 +54,6 @@ class PipelineTrainer {
   torch::Tensor TakeArrived(int direction, const Action& action, StepState& state);
   void Forward(const Action& action, StepState& state);
   void Backward(const Action& action, StepState& state);
-  void SyncTiedGradients();
-  double ClipGradients();
   std::vector<torch::Tensor> OwnedParameters(bool count_tied_copy) const;
   Stage& StageAt(int stage);
   void RecordWeights(RankResult& result);
@@ -73,7 +61,7 @@ class PipelineTrainer {
   PipelineConfig config_;
   Transport& transport_;
   Schedule schedule_;
-  std::vector<std::unique_ptr<Stage>> stages_;  // this rank's stages, ascending
+  Stages stages_;  // this rank's stages, ascending
   int num_stages_ = 1;
   int64_t baseline_bytes_ = 0;  // live tensor bytes before the trainer existed
   int64_t copies_bytes_ = 0;    // bytes of gradient and weight copies handed out so far

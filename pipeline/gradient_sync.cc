@@ -1,0 +1,57 @@
+// Tied-gradient sums and global clipping (see gradient_sync.h).
+#include "pipeline/gradient_sync.h"
+
+#include <cmath>
+
+#include "reference/optimizer.h"
+
+namespace pipecheck::pipeline {
+
+void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const PipelineShape& shape,
+                       Transport& transport) {
+  const int num_stages = shape.stages();
+  if (!config.train.model.tied || num_stages == 1 || config.fault == Fault::kSkipTiedSync) return;
+  const int last = num_stages - 1;
+  const int first_rank = shape.RankOfStage(0), last_rank = shape.RankOfStage(last);
+  const int rank = transport.rank();
+  auto gradient_of = [&](int stage) {
+    auto gradient = StageAt(stages, stage, rank).module->named_parameters()["tok_embeddings.weight"].grad();
+    TORCH_CHECK(gradient.defined(), "rank ", rank, ": tied weight of stage ", stage, " has no gradient");
+    return gradient;
+  };
+  // Both owners compute first + last in the same order, so their sums are bitwise equal.
+  if (first_rank == last_rank) {
+    if (rank != first_rank) return;
+    auto first = gradient_of(0), copy = gradient_of(last);
+    auto sum = first + copy;
+    first.copy_(sum);
+    copy.copy_(sum);
+    return;
+  }
+  if (rank != first_rank && rank != last_rank) return;
+  const bool is_first = rank == first_rank;
+  const int own_stage = is_first ? 0 : last, peer_stage = is_first ? last : 0;
+  const int peer = is_first ? last_rank : first_rank;
+  auto own = gradient_of(own_stage);
+  auto receive = transport.Recv(peer, MessageTag(Direction::kTiedGradient, peer_stage, 0), own.device());
+  auto send = transport.Send(own, peer, MessageTag(Direction::kTiedGradient, own_stage, 0));
+  auto other = receive->Wait();
+  send->Wait();
+  auto sum = is_first ? own + other : other + own;
+  own.copy_(sum);
+}
+
+double ClipGradients(const Stages& stages, const PipelineConfig& config, Transport& transport) {
+  const bool tied = config.train.model.tied;
+  // tied_norm_twice counts the last stage's copy of the tied weight as well.
+  const double local = reference::GradSquaredSum(OwnedParameters(stages, tied, config.fault == Fault::kTiedNormTwice));
+  double total = 0.0;
+  for (double part : transport.AllGather(local)) total += part;  // rank order: identical everywhere
+  if (config.fault == Fault::kLocalClip) total = local;
+  const double norm = std::sqrt(total);
+  reference::ScaleGradients(OwnedParameters(stages, tied, /*count_tied_copy=*/true),
+                            reference::ClipFactor(norm, config.train.clip));
+  return norm;
+}
+
+}  // namespace pipecheck::pipeline

@@ -1,0 +1,45 @@
+// A rank's stages (see stage.h).
+#include "pipeline/stage.h"
+
+#include "pipeline/partition.h"
+#include "reference/optimizer.h"
+
+namespace pipecheck::pipeline {
+
+Stages BuildStages(const PipelineConfig& config, const PipelineShape& shape, int rank) {
+  const auto& model = config.train.model;
+  const auto slices = StageSlices(PartitionLayers(model, shape.stages(), config.partition));
+  Stages stages;
+  for (int s = 0; s < shape.stages(); ++s) {
+    if (shape.RankOfStage(s) != rank) continue;
+    auto stage = std::make_unique<Stage>();
+    stage->index = s;
+    stage->slice = slices[s];
+    stage->module = reference::BuildSlice(model, slices[s], config.train.seed, config.train.dtype, config.train.device);
+    stage->parameters = stage->module->parameters();
+    stage->optimizer = reference::MakeOptimizer(config.train.optimizer, stage->parameters);
+    stages.push_back(std::move(stage));
+  }
+  return stages;
+}
+
+Stage& StageAt(const Stages& stages, int stage, int rank) {
+  for (const auto& candidate : stages) {
+    if (candidate->index == stage) return *candidate;
+  }
+  TORCH_CHECK(false, "rank ", rank, " does not hold stage ", stage);
+}
+
+std::vector<torch::Tensor> OwnedParameters(const Stages& stages, bool tied, bool count_tied_copy) {
+  std::vector<torch::Tensor> parameters;
+  for (const auto& stage : stages) {
+    for (const auto& item : stage->module->named_parameters()) {
+      const bool tied_copy =
+          tied && stage->slice.has_head && !stage->slice.has_embedding && item.key() == "tok_embeddings.weight";
+      if (count_tied_copy || !tied_copy) parameters.push_back(item.value());
+    }
+  }
+  return parameters;
+}
+
+}  // namespace pipecheck::pipeline

@@ -1,0 +1,50 @@
+// One rank's pipeline stages: each a slice of the model (embedding?, layers [a, b), head?)
+// under the reference's global names and initial values, with its parameters and its own
+// optimizer state. Also the pipeline's configuration, shared by the executor and the
+// gradient synchronisation. Not an executor: stages only hold state.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipeline/faults.h"
+#include "pipeline/schedule.h"
+#include "reference/model.h"
+#include "reference/trainer.h"
+
+namespace pipecheck::pipeline {
+
+struct PipelineConfig {
+  reference::TrainConfig train;  // model, data, optimizer, seed, steps, clip, dtype, device
+  int world_size = 1;
+  int virtual_stages = 1;
+  int microbatches = 1;
+  std::string schedule = "1f1b";
+  std::string partition = "uniform";
+  Fault fault = Fault::kNone;  // a known bug to inject (faults.h); kNone in every real run
+};
+
+struct Stage {
+  int index = 0;
+  reference::SliceSpec slice;
+  reference::TransformerSlice module{nullptr};
+  std::vector<torch::Tensor> parameters;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+};
+
+using Stages = std::vector<std::unique_ptr<Stage>>;  // a rank's stages, ascending
+
+// The stages `shape` places on `rank`, partitioned as the configuration says.
+Stages BuildStages(const PipelineConfig& config, const PipelineShape& shape, int rank);
+
+// The stage with index `stage` among `stages`; an error naming `rank` if it is not there.
+Stage& StageAt(const Stages& stages, int stage, int rank);
+
+// Every parameter the stages own. With a tied embedding, the last stage's copy of
+// tok_embeddings.weight is the same weight as stage 0's: `count_tied_copy` includes it.
+std::vector<torch::Tensor> OwnedParameters(const Stages& stages, bool tied, bool count_tied_copy);
+
+}  // namespace pipecheck::pipeline
