@@ -110,7 +110,7 @@ std::vector<std::string> PromoteToBaseline(const std::string& run_path, const st
   std::filesystem::create_directories(baseline_directory);
   const auto source = std::filesystem::path(summary).parent_path();
   std::vector<std::string> written;
-  for (const char* name : {"summary.csv", "params.csv", "steps.csv", "ranks.csv", "timeline.csv"}) {
+  for (const char* name : {"summary.csv", "params.csv", "steps.csv", "ranks.csv"}) {
     const auto from = source / name;
     if (!std::filesystem::exists(from)) continue;
     std::ifstream stream(from, std::ios::binary);

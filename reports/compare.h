@@ -50,7 +50,7 @@ Comparison CompareSummaries(const std::string& baseline_path, const std::string&
 std::vector<std::string> ScenariosNotOk(const std::string& path);
 
 // `pipecheck baseline update`: copies a reviewed run's reports (summary.csv and whichever of
-// params, steps, ranks and timeline exist) into `baseline_directory`, each atomically. Refuses a
+// params, steps and ranks exist; timeline.csv is timing noise) into `baseline_directory`, each atomically. Refuses a
 // run with scenarios that did not meet their expectation unless `allow_not_ok`. Returns the
 // files written.
 std::vector<std::string> PromoteToBaseline(const std::string& run_path, const std::string& baseline_directory,
