@@ -1,6 +1,8 @@
 // Pipeline-versus-reference comparison (see parity.h).
 #include "harness/parity.h"
 
+#include "harness/scenario_model.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -63,7 +65,8 @@ std::map<std::string, std::string> ScenarioColumns(const scenarios::Scenario& s)
           {"microbatches", std::to_string(s.microbatches)},
           {"dtype", s.dtype},
           {"device", s.device},
-          {"steps", std::to_string(s.steps)}};
+          {"steps", std::to_string(s.steps)},
+          {"transport", ResolveTransport(s)}};
 }
 
 // Evidence, ordered as it appears: per-step evidence (step, kind) before the trajectory, so the

@@ -34,6 +34,13 @@ reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario) {
   return model;
 }
 
+std::string ResolveTransport(const scenarios::Scenario& scenario) {
+  if (scenario.world_size == 1) return "none";
+  if (scenario.device == "cpu") return "gloo";
+  if (scenario.transport != "auto") return scenario.transport;
+  return scenario.world_size <= static_cast<int64_t>(torch::cuda::device_count()) ? "nccl" : "staged";
+}
+
 reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario) {
   reference::TrainConfig config;
   config.model = ToModelConfig(scenario);

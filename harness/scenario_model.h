@@ -16,6 +16,11 @@ torch::Device ScenarioDevice(const scenarios::Scenario& scenario);
 reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario);
 reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario);
 
+// The transport a scenario's ranks use: "none" at world size 1 (no communication), "gloo" on
+// cpu; on cuda the scenario's choice, where auto is nccl when every rank of this host has its
+// own GPU and staged otherwise.
+std::string ResolveTransport(const scenarios::Scenario& scenario);
+
 pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario);
 
 // The scenario with every default made explicit (ffn resolved from the flavour).

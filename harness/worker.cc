@@ -114,6 +114,13 @@ int RunWorker(const WorkerOptions& options) {
       at::set_num_threads(options.threads);
       at::set_num_interop_threads(1);
     }
+    const std::string transport_name = ResolveTransport(scenario);
+    if (transport_name == "nccl" || transport_name == "staged") {
+      throw std::runtime_error(fmt::format(
+          "transport {} (device {}, {} ranks) is not implemented in this version yet; CUDA runs with more than one "
+          "rank need it (issue #9). Nothing falls back to another transport silently.",
+          transport_name, scenario.device, scenario.world_size));
+    }
     auto transport = pipeline::ConnectGloo(rendezvous);
     if (config.train.device.is_cuda()) config.train.device = CudaDeviceOfThisRank();
     pipeline::PipelineTrainer trainer(config, *transport);

@@ -18,7 +18,7 @@ const std::vector<std::string>& SummaryColumns() {
       "steps",           "tokens",          "loss_ref",         "loss_pp",            "loss_max_abs_diff",
       "grad_max_rel_err", "worst_param",    "params_checked",   "weights_max_rel_err", "ref_step_ms",
       "pp_step_ms",      "ref_tokens_per_s", "pp_tokens_per_s", "ref_peak_bytes",     "pp_peak_bytes_max",
-      "bubble_theory",   "bubble_measured", "message"};
+      "bubble_theory",   "bubble_measured", "message",          "transport"};
   return columns;
 }
 

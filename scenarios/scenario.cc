@@ -25,9 +25,9 @@
 namespace pipecheck::scenarios {
 namespace {
 
-constexpr std::array<const char*, 27> kColumnNames = {
+constexpr std::array<const char*, 28> kColumnNames = {
     "name",        "flavor",       "layers", "hidden",   "heads",          "ffn",   "vocab",
-    "tied",        "world_size",   "schedule", "virtual_stages", "partition", "batch", "microbatches",
+    "tied",        "world_size",   "schedule", "virtual_stages", "transport", "partition", "batch", "microbatches",
     "seq_len",     "seq_len_min",  "dtype",  "steps",    "optimizer",      "lr",    "clip",
     "recompute",   "seed",         "device", "tol",      "fault",          "expect"};
 constexpr size_t kColumnCount = kColumnNames.size();
@@ -37,6 +37,7 @@ const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
 const std::vector<std::string> kDtypes = {"float64", "float32", "bfloat16"};
 const std::vector<std::string> kOptimizers = {"sgd", "adamw"};
 const std::vector<std::string> kDevices = {"cpu", "cuda"};
+const std::vector<std::string> kTransports = {"auto", "gloo", "nccl", "staged"};
 // Must equal pipeline::FaultNames() (a test pins it); scenarios/ may not include pipeline/.
 const std::vector<std::string> kFaults = {
     "none",           "detach_input",   "mean_of_microbatch_means", "grad_scale_per_microbatch",
@@ -244,6 +245,7 @@ const std::array<Column, kColumnCount>& Columns() {
       IntegerColumn(&Scenario::world_size, 1, kMaxWorldSize),
       ChoiceColumn(&Scenario::schedule, kSchedules),
       IntegerColumn(&Scenario::virtual_stages, 1, kMaxVirtualStages),
+      ChoiceColumn(&Scenario::transport, kTransports),
       Column{[](Scenario& s, const std::string& v) { s.partition = ParsePartition(v); },
              [](const Scenario& s) { return s.partition; }},
       IntegerColumn(&Scenario::batch, 1, kMaxBatch),
@@ -370,6 +372,14 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
     throw at.At(line, "heads", std::to_string(s.heads),
                 fmt::format("llama's rotary embedding needs an even head dimension, but hidden {} / heads {} = {}",
                             s.hidden, s.heads, s.hidden / s.heads));
+  }
+  if (s.device == "cpu" && (s.transport == "nccl" || s.transport == "staged")) {
+    throw at.At(line, "transport", s.transport,
+                fmt::format("{} moves CUDA tensors, but the scenario runs on cpu; use gloo or auto", s.transport));
+  }
+  if (s.device == "cuda" && s.transport == "gloo") {
+    throw at.At(line, "transport", s.transport,
+                "c10d's Gloo cannot send CUDA tensors; use nccl (a GPU per rank), staged (ranks sharing GPUs) or auto");
   }
   if (s.seq_len_min > s.seq_len) {
     throw at.At(line, "seq_len_min", std::to_string(s.seq_len_min),

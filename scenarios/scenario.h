@@ -30,6 +30,7 @@ struct Scenario {
   int64_t world_size = 2;
   std::string schedule = "1f1b";
   int64_t virtual_stages = 1;
+  std::string transport = "auto";  // auto, gloo, nccl or staged (DESIGN §3)
   std::string partition = "uniform";  // uniform, params, or explicit counts "2;0;3;1"
   int64_t batch = 8;
   int64_t microbatches = 4;

@@ -79,6 +79,13 @@ expect 0 "^after,PASS" tail -n 1 "$work/g/summary.csv"
 expect 0 "1 scenarios, 1 met" "$pipecheck" run --scenarios "$work/pp.csv" --device cpu --out "$work/dev"
 expect 0 "^pp2,PASS,pass,1,2,1f1b,1,2,float64,cpu," tail -n 1 "$work/dev/summary.csv"
 
+# transport: the report says which ran; a transport that cannot move this device's tensors is
+# bad input before anything runs.
+expect 0 "^pp2,PASS,.*,gloo$" tail -n 1 "$work/r/summary.csv"
+expect 2 "transport', value 'nccl': nccl moves CUDA tensors, but the scenario runs on cpu; use gloo or auto" "$pipecheck" validate --scenarios <(printf 'name,transport\nx,nccl\n')
+expect 2 "transport', value 'gloo': c10d's Gloo cannot send CUDA tensors" "$pipecheck" validate --scenarios <(printf 'name,device,transport\nx,cuda,gloo\n')
+expect 2 "transport', value 'tcp': expected one of: auto, gloo, nccl, staged" "$pipecheck" validate --scenarios <(printf 'name,transport\nx,tcp\n')
+
 # Bounds and messages: every bad value says what is wrong, where, and what is allowed (exit 2).
 expect 2 "world_size', value '1048576': expected an integer in \[1, 256\]" "$pipecheck" validate --scenarios <(printf 'name,world_size\nx,1048576\n')
 expect 2 "hidden', value '1048576': expected an integer in \[1, 65536\]" "$pipecheck" validate --scenarios <(printf 'name,hidden\nx,1048576\n')
