@@ -9,9 +9,10 @@ Oracle::Oracle(reference::TrainConfig config, int64_t microbatches)
   config_.microbatches = 1;
   evaluator_ = std::make_unique<reference::ReferenceTrainer>(config_);
   updater_ = std::make_unique<reference::ReferenceTrainer>(config_);
+  initial_weights_ = evaluator_->Weights();  // before any SetWeights
 }
 
-reference::NamedTensors Oracle::InitialWeights() { return reference::ReferenceTrainer(config_).Weights(); }
+const reference::NamedTensors& Oracle::InitialWeights() const { return initial_weights_; }
 
 reference::StepRecord Oracle::EvaluateAt(const reference::NamedTensors& weights, int64_t step) {
   evaluator_->SetWeights(weights);

@@ -24,7 +24,7 @@ class Oracle {
   Oracle(reference::TrainConfig config, int64_t microbatches);
 
   // The initial weights every trainer must start from.
-  reference::NamedTensors InitialWeights();
+  const reference::NamedTensors& InitialWeights() const;
 
   // Loss and (clipped) gradients of step k's batch at `weights`. Call for k = 0, 1, ... in order.
   reference::StepRecord EvaluateAt(const reference::NamedTensors& weights, int64_t step);
@@ -44,6 +44,7 @@ class Oracle {
   int64_t microbatches_;
   std::unique_ptr<reference::ReferenceTrainer> evaluator_;  // weights set from outside each step
   std::unique_ptr<reference::ReferenceTrainer> updater_;    // owns the optimizer state of UpdateFrom
+  reference::NamedTensors initial_weights_;
   std::optional<reference::TrainResult> free_running_, envelope_;
 };
 

@@ -128,6 +128,13 @@ std::string Divergence(const reference::StepRecord& step, int64_t vocab) {
                      step.loss, step.grad_norm, kDivergedLossFactor, limit);
 }
 
+// What `rank` held at the start of `step` (`steps` means after the last step); null when it
+// reported nothing for that step.
+const NamedTensors* WeightsAt(const pipeline::RankResult& rank, size_t step, size_t steps) {
+  if (step >= steps) return &rank.final_weights;
+  return step < rank.weights.size() ? &rank.weights[step] : nullptr;
+}
+
 // The weights every rank holds at `step` (the start of that step; `steps` means final), one
 // copy per name. Copies of one name on several ranks (a tied weight) must be identical.
 NamedTensors PipelineWeights(const std::vector<pipeline::RankResult>& ranks, size_t step, size_t steps,
@@ -135,8 +142,7 @@ NamedTensors PipelineWeights(const std::vector<pipeline::RankResult>& ranks, siz
   NamedTensors merged;
   std::map<std::string, int> owner;
   for (const auto& rank : ranks) {
-    const NamedTensors* held = step < steps ? (step < rank.weights.size() ? &rank.weights[step] : nullptr)
-                                            : &rank.final_weights;
+    const NamedTensors* held = WeightsAt(rank, step, steps);
     if (held == nullptr) {
       problems.Add(step, Evidence::kStartWeights, fmt::format("rank {} reported no weights for step {}", rank.rank, step));
       continue;
@@ -253,15 +259,9 @@ void JudgeGradients(size_t step, const std::vector<pipeline::RankResult>& ranks,
 // update's size (floored like gradients), so a wrong optimizer shows at any learning rate.
 void JudgeUpdate(size_t step, const std::vector<pipeline::RankResult>& ranks, const NamedTensors& before,
                  const NamedTensors& predicted, size_t steps, const scenarios::Scenario& scenario, Verdicts& verdicts) {
-  double update_squares = 0.0;
-  for (const auto& item : predicted) {
-    update_squares += (item.value().to(torch::kFloat64) - before[item.key()].to(torch::kFloat64)).pow(2).sum().item<double>();
-  }
-  const double floor = GradientFloorFraction(scenario.dtype) * std::sqrt(update_squares);
+  const double floor = GradientFloorFraction(scenario.dtype) * GlobalDistance(predicted, before);
   for (const auto& rank : ranks) {
-    const size_t next = step + 1;
-    const NamedTensors* after = next < steps ? (next < rank.weights.size() ? &rank.weights[next] : nullptr)
-                                             : &rank.final_weights;
+    const NamedTensors* after = WeightsAt(rank, step + 1, steps);
     if (after == nullptr) continue;  // reported by PipelineWeights
     for (const auto& item : *after) {
       if (!predicted.contains(item.key())) continue;
@@ -426,8 +426,9 @@ void SpeedAndMemoryRows(const ParityInput& input, const reference::TrainResult& 
   row["bubble_measured"] = FormatNumber(wall > 0 ? 1.0 - busy / wall : std::nan(""));
 }
 
-// Steps 1 and 2 of the header comment, every step in order.
-void JudgeSteps(const ParityInput& input, Verdicts& verdicts) {
+// Steps 1 and 2 of the header comment, every step in order. Returns the pipeline's final
+// weights (one copy per name), already checked for finiteness and identical tied copies.
+NamedTensors JudgeSteps(const ParityInput& input, Verdicts& verdicts) {
   const auto& scenario = input.scenario;
   const size_t steps = static_cast<size_t>(scenario.steps);
   const auto& loss_rank = LossRank(input.ranks);
@@ -438,7 +439,7 @@ void JudgeSteps(const ParityInput& input, Verdicts& verdicts) {
     const std::string diverged = Divergence(at_pipeline, scenario.vocab);
     if (!diverged.empty()) {
       verdicts.diverged = fmt::format("reference diverged at step {} at the pipeline's weights: {}", k, diverged);
-      return;
+      return NamedTensors();
     }
     JudgeLoss(k, LossAt(loss_rank, k), at_pipeline.loss, scenario.tol, verdicts);
     JudgeGradients(k, input.ranks, at_pipeline.gradients, scenario, verdicts);
@@ -446,6 +447,7 @@ void JudgeSteps(const ParityInput& input, Verdicts& verdicts) {
     JudgeUpdate(k, input.ranks, start, predicted, steps, scenario, verdicts);
     start = PipelineWeights(input.ranks, k + 1, steps, verdicts.problems);
   }
+  return start;
 }
 
 }  // namespace
@@ -487,12 +489,10 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
     }
   }
   Verdicts verdicts;
-  JudgeSteps(input, verdicts);
+  const NamedTensors final_pp = JudgeSteps(input, verdicts);
   if (!verdicts.diverged.empty()) return FailedScenarioReport(scenario, "ERROR", verdicts.diverged);
   reports::ScenarioReport report;
   report.summary = ScenarioColumns(scenario);
-  const NamedTensors final_pp = PipelineWeights(input.ranks, reference.steps.size(), reference.steps.size(),
-                                                verdicts.problems);
   JudgeTrajectory(input.ranks, final_pp, input.oracle, scenario, report, verdicts);
   ParamRows(input, verdicts, report);
   SpeedAndMemoryRows(input, reference, report);

@@ -305,11 +305,16 @@ void PipelineTrainer::Execute(const Action& action, StepState& state) {
   }
 }
 
-void PipelineTrainer::RecordWeights(RankResult& result) {
+reference::NamedTensors PipelineTrainer::WeightCopies() const {
   reference::NamedTensors weights;
   for (const auto& stage : stages_) {
     for (const auto& item : stage->module->named_parameters()) weights.insert(item.key(), item.value().detach().clone());
   }
+  return weights;
+}
+
+void PipelineTrainer::RecordWeights(RankResult& result) {
+  auto weights = WeightCopies();
   copies_bytes_ += reference::TensorBytes(weights);
   result.weights.push_back(std::move(weights));
 }
@@ -389,11 +394,7 @@ RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankRe
     Step(step, result);
     if (after_step) after_step(step, result);
   }
-  for (const auto& stage : stages_) {
-    for (const auto& item : stage->module->named_parameters()) {
-      result.final_weights.insert(item.key(), item.value().detach().clone());
-    }
-  }
+  result.final_weights = WeightCopies();
   return result;
 }
 

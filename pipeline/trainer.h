@@ -56,6 +56,7 @@ class PipelineTrainer {
   void Backward(const Action& action, StepState& state);
   std::vector<torch::Tensor> OwnedParameters(bool count_tied_copy) const;
   Stage& StageAt(int stage);
+  reference::NamedTensors WeightCopies() const;  // detached copies of this rank's parameters
   void RecordWeights(RankResult& result);
 
   PipelineConfig config_;

@@ -6,7 +6,9 @@ namespace pipecheck::reference {
 bool AccumulatesInFloat32(torch::Dtype dtype) { return dtype == torch::kBFloat16 || dtype == torch::kFloat16; }
 
 GradientAccumulator::GradientAccumulator(std::vector<torch::Tensor> parameters)
-    : parameters_(std::move(parameters)), sums_(parameters_.size()) {}
+    : parameters_(std::move(parameters)), sums_(parameters_.size()) {
+  for (const auto& parameter : parameters_) any_float32_sums_ = any_float32_sums_ || AccumulatesInFloat32(parameter.scalar_type());
+}
 
 void GradientAccumulator::Begin() {
   for (size_t i = 0; i < parameters_.size(); ++i) {
@@ -16,6 +18,7 @@ void GradientAccumulator::Begin() {
 }
 
 void GradientAccumulator::AfterBackward() {
+  if (!any_float32_sums_) return;  // float32/float64: .grad already holds the sum
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     auto& parameter = parameters_[i];
@@ -35,10 +38,10 @@ void GradientAccumulator::Finish() {
 }
 
 void GradientsToParameterDtype(const std::vector<torch::Tensor>& parameters) {
-  for (const auto& parameter : parameters) {
+  for (auto parameter : parameters) {  // a handle to the same tensor
     auto gradient = parameter.grad();
     if (gradient.defined() && gradient.scalar_type() != parameter.scalar_type()) {
-      const_cast<torch::Tensor&>(parameter).mutable_grad() = gradient.to(parameter.scalar_type());
+      parameter.mutable_grad() = gradient.to(parameter.scalar_type());
     }
   }
 }

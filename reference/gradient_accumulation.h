@@ -31,6 +31,7 @@ class GradientAccumulator {
  private:
   std::vector<torch::Tensor> parameters_;
   std::vector<torch::Tensor> sums_;  // float32, parallel to parameters_; undefined until used
+  bool any_float32_sums_ = false;    // whether any parameter accumulates in float32
 };
 
 // Rounds every .grad to its parameter's dtype (no-op where they already agree).

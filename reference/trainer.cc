@@ -66,11 +66,13 @@ ReferenceTrainer::ReferenceTrainer(const TrainConfig& config) : config_(config),
   accumulator_ = std::make_unique<GradientAccumulator>(parameters_);
 }
 
-torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch) {
+torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch) { return ForwardBackward(batch, batch.valid_tokens); }
+
+torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, int64_t normalising_tokens) {
   const auto device = config_.device;
   auto context = MakeAttentionContext(config_.model, batch.lengths, batch.time(), config_.dtype, device);
   auto logits = model_->forward(batch.tokens.to(device), context);  // (B, T, vocab)
-  auto loss = TokenLossSum(logits, batch.labels.to(device)) / static_cast<double>(batch.valid_tokens);
+  auto loss = TokenLossSum(logits, batch.labels.to(device)) / static_cast<double>(normalising_tokens);
   loss.backward();
   return loss.detach();
 }
@@ -85,11 +87,8 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step) {
     record.loss = ForwardBackward(batch).item<double>();
   } else {
     // The pipeline's arithmetic: microbatches in order, each normalised by the whole batch.
-    for (auto& part : SplitMicrobatches(batch, config_.microbatches)) {
-      const auto tokens = part.valid_tokens;
-      part.valid_tokens = batch.valid_tokens;
-      record.loss += ForwardBackward(part).item<double>();
-      part.valid_tokens = tokens;
+    for (const auto& part : SplitMicrobatches(batch, config_.microbatches)) {
+      record.loss += ForwardBackward(part, batch.valid_tokens).item<double>();
       accumulator_->AfterBackward();
     }
   }

@@ -65,8 +65,11 @@ class ReferenceTrainer {
   explicit ReferenceTrainer(const TrainConfig& config);
 
   // Forward and backward of `batch` in one piece; gradients are accumulated into the
-  // parameters. Returns the token-normalised loss (0-dim, detached).
+  // parameters. Returns the loss summed over tokens and divided by `normalising_tokens` (the
+  // batch's own labelled tokens by default; a microbatch's share of a whole batch's loss is
+  // divided by the whole batch's), 0-dim, detached.
   torch::Tensor ForwardBackward(const Batch& batch);
+  torch::Tensor ForwardBackward(const Batch& batch, int64_t normalising_tokens);
 
   // One training step on MakeBatch(seed, step).
   StepRecord Step(int64_t step);
