@@ -1,6 +1,8 @@
 // Pipeline-versus-reference comparison (see parity.h).
 #include "harness/parity.h"
 
+#include "harness/measurements.h"
+
 #include "harness/scenario_model.h"
 
 #include <fmt/format.h>
@@ -349,83 +351,6 @@ void ParamRows(const ParityInput& input, const Verdicts& verdicts, reports::Scen
   }
 }
 
-// One rank's time over the timed steps, from its executor timeline: compute, communication
-// calls (posting receives, starting sends), and the rest of each step's wall time (waiting).
-struct RankTime {
-  double busy_us = 0.0, comm_us = 0.0, wall_us = 0.0;
-  int steps = 0;
-};
-
-RankTime TimeOf(const pipeline::RankResult& rank, size_t steps) {
-  RankTime time;
-  std::map<int64_t, double> step_end;
-  for (const auto& t : rank.timeline) {
-    if (t.step < static_cast<int64_t>(reference::FirstTimedStep(steps))) continue;
-    step_end[t.step] = std::max(step_end[t.step], t.end_us);
-    (t.action.IsCompute() ? time.busy_us : time.comm_us) += t.end_us - t.start_us;
-  }
-  for (const auto& [step, end] : step_end) time.wall_us += end;
-  time.steps = static_cast<int>(step_end.size());
-  return time;
-}
-
-// Speed and memory: summary columns, ranks.csv and timeline.csv.
-void SpeedAndMemoryRows(const ParityInput& input, const reference::TrainResult& reference,
-                        reports::ScenarioReport& report) {
-  const auto& scenario = input.scenario;
-  const size_t steps = reference.steps.size();
-  // A pipeline step lasts as long as its slowest rank.
-  std::vector<double> pp_ms, pp_rate;
-  for (size_t k = reference::FirstTimedStep(steps); k < steps; ++k) {
-    double slowest = 0.0;
-    for (const auto& rank : input.ranks) slowest = std::max(slowest, k < rank.step_ms.size() ? rank.step_ms[k] : 0.0);
-    pp_ms.push_back(slowest);
-    pp_rate.push_back(static_cast<double>(reference.steps[k].tokens) / (slowest / 1000.0));
-  }
-  for (const auto& rank : input.ranks) {
-    for (const auto& t : rank.timeline) {
-      const std::string action = t.action.ToString();
-      report.timeline.push_back({scenario.name, std::to_string(rank.rank), std::to_string(t.step),
-                                 action.substr(std::to_string(t.action.stage).size(),
-                                               action.size() - std::to_string(t.action.stage).size() -
-                                                   std::to_string(t.action.microbatch).size()),
-                                 std::to_string(t.action.stage), std::to_string(t.action.microbatch),
-                                 FormatNumber(std::round(t.start_us)), FormatNumber(std::round(t.end_us))});
-    }
-  }
-  auto& row = report.summary;
-  row["ref_step_ms"] = FormatNumber(reference.MedianStepMs());
-  row["pp_step_ms"] = FormatNumber(reference::Median(pp_ms));
-  row["ref_tokens_per_s"] = FormatNumber(reference.MedianTokensPerSecond());
-  row["pp_tokens_per_s"] = FormatNumber(reference::Median(pp_rate));
-  row["bubble_theory"] = FormatNumber(input.simulation.bubble);
-  double busy = 0.0, wall = 0.0;
-  int64_t pp_peak = -1;
-  for (const auto& rank : input.ranks) {
-    const RankTime time = TimeOf(rank, steps);
-    busy += time.busy_us;
-    wall += time.wall_us;
-    const double per_step_ms = time.steps > 0 ? 1e-3 / time.steps : 0.0;
-    int64_t parameters = 0;
-    for (const auto& item : rank.final_weights) parameters += item.value().numel();
-    std::vector<std::string> stages;
-    for (int stage : rank.stages) stages.push_back(std::to_string(stage));
-    int64_t rank_peak = -1;
-    for (int64_t bytes : rank.peak_bytes) rank_peak = std::max(rank_peak, bytes);
-    pp_peak = std::max(pp_peak, rank_peak);
-    report.ranks.push_back({scenario.name, std::to_string(rank.rank), fmt::format("{}", fmt::join(stages, ";")),
-                            std::to_string(parameters), rank_peak >= 0 ? std::to_string(rank_peak) : "",
-                            FormatNumber(time.busy_us * per_step_ms),
-                            FormatNumber((time.wall_us - time.busy_us - time.comm_us) * per_step_ms),
-                            FormatNumber(time.comm_us * per_step_ms)});
-  }
-  const int64_t ref_peak = reference.PeakBytes();
-  row["ref_peak_bytes"] = ref_peak >= 0 ? std::to_string(ref_peak) : "";
-  row["pp_peak_bytes_max"] = pp_peak >= 0 ? std::to_string(pp_peak) : "";
-  // 1 - busy / wall over every rank and timed step.
-  row["bubble_measured"] = FormatNumber(wall > 0 ? 1.0 - busy / wall : std::nan(""));
-}
-
 // Steps 1 and 2 of the header comment, every step in order. Returns the pipeline's final
 // weights (one copy per name), already checked for finiteness and identical tied copies.
 NamedTensors JudgeSteps(const ParityInput& input, Verdicts& verdicts) {
@@ -495,7 +420,7 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   report.summary = ScenarioColumns(scenario);
   JudgeTrajectory(input.ranks, final_pp, input.oracle, scenario, report, verdicts);
   ParamRows(input, verdicts, report);
-  SpeedAndMemoryRows(input, reference, report);
+  SpeedAndMemoryRows({scenario, input.ranks, input.schedule, input.simulation, input.memory}, reference, report);
 
   const std::vector<std::string> failures = verdicts.problems.InOrder();
   const std::string status = failures.empty() ? "PASS" : "FAIL";

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "harness/oracle.h"
+#include "pipeline/memory_model.h"
 #include "pipeline/simulator.h"
 #include "pipeline/trainer.h"
 #include "reports/report.h"
@@ -44,7 +45,9 @@ struct ParityInput {
   const scenarios::Scenario& scenario;
   Oracle& oracle;
   const std::vector<pipeline::RankResult>& ranks;  // indexed by rank
-  const pipeline::SimulationResult& simulation;    // the schedule's predicted bubble
+  const pipeline::Schedule& schedule;              // the lowered schedule the ranks ran
+  const pipeline::SimulationResult& simulation;    // its predicted bubble
+  const pipeline::MemoryPrediction& memory;        // what each rank should hold (empty: not predicted)
 };
 
 reports::ScenarioReport CompareWithReference(const ParityInput& input);

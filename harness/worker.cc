@@ -87,8 +87,10 @@ torch::Device CudaDeviceOfThisRank() {
 int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::PipelineConfig& config,
                      const std::vector<pipeline::RankResult>& ranks, const std::string& out) {
   Oracle oracle(config.train, config.microbatches);
-  const auto simulation = pipeline::ValidateSchedule(pipeline::BuildSchedule(config));
-  const auto report = CompareWithReference({scenario, oracle, ranks, simulation});
+  const auto schedule = pipeline::BuildSchedule(config);
+  const auto simulation = pipeline::ValidateSchedule(schedule);
+  const auto memory = pipeline::PredictMemory(config, schedule);
+  const auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, memory});
   std::filesystem::create_directories(out);
   reports::WriteReports(out, {report});
   reports::WriteFileAtomically((std::filesystem::path(out) / kResultFile).string(), reports::ToJson(report));

@@ -1,7 +1,15 @@
-// Fault names (see faults.h).
+// The injected faults (see faults.h).
 #include "pipeline/faults.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <stdexcept>
+#include <thread>
+
+#include "reference/optimizer.h"
 
 namespace pipecheck::pipeline {
 
@@ -21,6 +29,56 @@ Fault ParseFault(const std::string& name) {
     if (names[i] == name) return static_cast<Fault>(i);
   }
   throw std::invalid_argument("unknown fault '" + name + "'");
+}
+
+double Faults::LossDenominator(int64_t microbatch_tokens, int64_t batch_tokens) const {
+  if (fault_ == Fault::kMeanOfMicrobatchMeans) {
+    return static_cast<double>(microbatch_tokens) * static_cast<double>(microbatches_);
+  }
+  return static_cast<double>(batch_tokens);
+}
+
+// The first message's shape is kept as the buffer for every later one; what fits is copied in,
+// the rest is left as zeros or cut off.
+torch::Tensor Faults::ReceivedMessage(const torch::Tensor& message, int direction) {
+  if (fault_ != Fault::kStaleShape) return message;
+  auto& sizes = first_shape_[direction];
+  if (sizes.empty()) {
+    sizes = message.sizes().vec();
+    return message;
+  }
+  auto buffer = torch::zeros(sizes, message.options());
+  const int64_t fits = std::min(buffer.numel(), message.numel());
+  buffer.view(-1).narrow(0, 0, fits).copy_(message.reshape(-1).narrow(0, 0, fits));
+  return buffer;
+}
+
+void Faults::BeforeBackward(const std::vector<torch::Tensor>& parameters) const {
+  if (fault_ != Fault::kZeroGradPerMicrobatch) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& parameter : parameters) {
+    if (parameter.grad().defined()) parameter.grad().zero_();
+  }
+}
+
+void Faults::AfterBackward(const std::vector<torch::Tensor>& parameters) const {
+  if (fault_ == Fault::kGradScalePerMicrobatch) reference::ScaleGradients(parameters, 1.0 / microbatches_);
+}
+
+void Faults::AfterAccumulation(const std::vector<torch::Tensor>& parameters) const {
+  if (fault_ == Fault::kDoubleGradScaling) reference::ScaleGradients(parameters, 1.0 / microbatches_);
+}
+
+void Faults::BeforeAction(int rank, int world_size, int64_t step, int64_t steps, size_t index, size_t actions) const {
+  if (fault_ != Fault::kCrashRank && fault_ != Fault::kHangRank) return;
+  const int64_t fault_step = std::min<int64_t>(1, steps - 1);
+  if (rank != world_size - 1 || step != fault_step || index != actions / 2) return;
+  if (fault_ == Fault::kCrashRank) {
+    fmt::print(stderr, "fault crash_rank: rank {} aborts in step {}\n", rank, step);
+    std::abort();
+  }
+  fmt::print(stderr, "fault hang_rank: rank {} stops making progress in step {}\n", rank, step);
+  while (true) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 }  // namespace pipecheck::pipeline

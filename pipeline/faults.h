@@ -1,8 +1,16 @@
 // Named deviations from a correct pipeline, each modelled on a bug real pipeline trainers
 // shipped. They are compiled in so pipecheck can prove it catches them, and inert unless a
 // scenario's `fault` column names one. Not a fuzzer: each fault is one precise, known bug.
+//
+// Every fault lives in this one object: the executor and the trainer call its hooks at fixed
+// points and each hook does nothing unless its fault is the one injected, so the correct code
+// path reads without any fault in it.
 #pragma once
 
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,10 +36,61 @@ enum class Fault {
   kSendBufferReuse,         // an activation's send buffer overwritten before its send completed
 };
 
-// Names as the scenario column spells them, "none" first.
+// Names as the scenario column spells them, "none" first, in enum order. The only list.
 const std::vector<std::string>& FaultNames();
 
 // Throws std::invalid_argument for unknown names.
 Fault ParseFault(const std::string& name);
+
+// The injected fault and its hooks. A default-constructed Faults injects nothing.
+class Faults {
+ public:
+  explicit Faults(Fault fault = Fault::kNone, int microbatches = 1) : fault_(fault), microbatches_(microbatches) {}
+
+  Fault fault() const { return fault_; }
+  bool Is(Fault fault) const { return fault_ == fault; }
+
+  // send_before_recv: the lowering pass leaves sends ahead of the receives due with them.
+  bool PostReceivesFirst() const { return fault_ != Fault::kSendBeforeRecv; }
+  // detach_input: a received activation is used without requires_grad.
+  bool KeepsInputGraph() const { return fault_ != Fault::kDetachInput; }
+  // drop_microbatch: the last microbatch's backward is skipped; zeros go on instead.
+  bool DropsBackward(int microbatch) const {
+    return fault_ == Fault::kDropMicrobatch && microbatch == microbatches_ - 1;
+  }
+  // A backward that produced no input gradient sends zeros instead of failing (detach_input, drop_microbatch).
+  bool SendsZerosForMissingGradient(int microbatch) const {
+    return fault_ == Fault::kDetachInput || DropsBackward(microbatch);
+  }
+  // The denominator of a microbatch's loss term: the whole batch's tokens, or
+  // (mean_of_microbatch_means) the microbatch's own tokens times the number of microbatches.
+  double LossDenominator(int64_t microbatch_tokens, int64_t batch_tokens) const;
+  // stale_shape: the first message of each direction fixes the buffer later ones are copied into.
+  torch::Tensor ReceivedMessage(const torch::Tensor& message, int direction);
+  void BeginStep() { first_shape_.clear(); }
+  // zero_grad_per_microbatch / grad_scale_per_microbatch, around each backward.
+  void BeforeBackward(const std::vector<torch::Tensor>& parameters) const;
+  void AfterBackward(const std::vector<torch::Tensor>& parameters) const;
+  // double_grad_scaling: gradients divided by m once more after accumulation.
+  void AfterAccumulation(const std::vector<torch::Tensor>& parameters) const;
+  // send_buffer_reuse: the bytes the peer receives for an activation send (see faults.cc).
+  bool ReusesSendBuffer() const { return fault_ == Fault::kSendBufferReuse; }
+  // optimizer_state_reset: the optimizer is rebuilt at every step.
+  bool ResetsOptimizer() const { return fault_ == Fault::kOptimizerStateReset; }
+  // clip_before_tied_sync: the clipping norm is taken before the tied sum.
+  bool ClipsBeforeTiedSync() const { return fault_ == Fault::kClipBeforeTiedSync; }
+  // Gradient-sync faults (gradient_sync.cc).
+  bool SkipsTiedSync() const { return fault_ == Fault::kSkipTiedSync; }
+  bool CountsTiedTwice() const { return fault_ == Fault::kTiedNormTwice; }
+  bool ClipsLocally() const { return fault_ == Fault::kLocalClip; }
+  // crash_rank / hang_rank: the last rank dies or stops half-way through its list in step 1
+  // (step 0 when the scenario has only one step). Called before each action.
+  void BeforeAction(int rank, int world_size, int64_t step, int64_t steps, size_t index, size_t actions) const;
+
+ private:
+  Fault fault_;
+  int microbatches_;
+  std::map<int, std::vector<int64_t>> first_shape_;  // per direction (stale_shape), for one step
+};
 
 }  // namespace pipecheck::pipeline

@@ -8,9 +8,9 @@
 namespace pipecheck::pipeline {
 
 void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const PipelineShape& shape,
-                       Transport& transport) {
+                       const Faults& faults, Transport& transport) {
   const int num_stages = shape.stages();
-  if (!config.train.model.tied || num_stages == 1 || config.fault == Fault::kSkipTiedSync) return;
+  if (!config.train.model.tied || num_stages == 1 || faults.SkipsTiedSync()) return;
   const int last = num_stages - 1;
   const int first_rank = shape.RankOfStage(0), last_rank = shape.RankOfStage(last);
   const int rank = transport.rank();
@@ -33,7 +33,8 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
   const int own_stage = is_first ? 0 : last, peer_stage = is_first ? last : 0;
   const int peer = is_first ? last_rank : first_rank;
   auto own = gradient_of(own_stage);
-  auto receive = transport.Recv(peer, MessageTag(Direction::kTiedGradient, peer_stage, 0), own.device());
+  auto receive = transport.Recv(peer, MessageTag(Direction::kTiedGradient, peer_stage, 0), own.device(),
+                                  MessageShape{own.scalar_type(), own.sizes().vec()});
   auto send = transport.Send(own, peer, MessageTag(Direction::kTiedGradient, own_stage, 0));
   auto other = receive->Wait();
   send->Wait();
@@ -41,13 +42,13 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
   own.copy_(sum);
 }
 
-double ClipGradients(const Stages& stages, const PipelineConfig& config, Transport& transport) {
+double ClipGradients(const Stages& stages, const PipelineConfig& config, const Faults& faults, Transport& transport) {
   const bool tied = config.train.model.tied;
   // tied_norm_twice counts the last stage's copy of the tied weight as well.
-  const double local = reference::GradSquaredSum(OwnedParameters(stages, tied, config.fault == Fault::kTiedNormTwice));
+  const double local = reference::GradSquaredSum(OwnedParameters(stages, tied, faults.CountsTiedTwice()));
   double total = 0.0;
   for (double part : transport.AllGather(local)) total += part;  // rank order: identical everywhere
-  if (config.fault == Fault::kLocalClip) total = local;
+  if (faults.ClipsLocally()) total = local;
   const double norm = std::sqrt(total);
   reference::ScaleGradients(OwnedParameters(stages, tied, /*count_tied_copy=*/true),
                             reference::ClipFactor(norm, config.train.clip));

@@ -1,7 +1,7 @@
 // What happens between a step's last backward and its optimizer step, across ranks: the tied
 // embedding's two gradients summed between their owners (bitwise identically on both), and
 // clipping by the global gradient norm over every stage with the tied weight counted once.
-// Faults that break exactly these (skip_tied_sync, tied_norm_twice, local_clip) live here too.
+// Faults that break exactly these (skip_tied_sync, tied_norm_twice, local_clip) hook in here.
 // Not the optimizer: stages apply their own.
 #pragma once
 
@@ -12,9 +12,9 @@ namespace pipecheck::pipeline {
 
 // Sums the tied weight's gradients of the first and last stage on both owners (no-op untied).
 void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const PipelineShape& shape,
-                       Transport& transport);
+                       const Faults& faults, Transport& transport);
 
 // Scales every owned gradient by the global-norm clip factor; returns the norm before clipping.
-double ClipGradients(const Stages& stages, const PipelineConfig& config, Transport& transport);
+double ClipGradients(const Stages& stages, const PipelineConfig& config, const Faults& faults, Transport& transport);
 
 }  // namespace pipecheck::pipeline

@@ -75,7 +75,7 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   for (const auto& t : result.timeline) {
     timeline.insert(timeline.end(), {static_cast<double>(t.step), static_cast<double>(t.action.kind),
                                      static_cast<double>(t.action.stage), static_cast<double>(t.action.microbatch),
-                                     t.start_us, t.end_us});
+                                     t.start_us, t.end_us, static_cast<double>(t.held_bytes)});
   }
   dict.insert("timeline", Doubles(timeline));
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
@@ -98,10 +98,12 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   result.final_weights = Zip(c10::impl::toTypedList<std::string>(dict.at("weight_names").toList()),
                              c10::impl::toTypedList<torch::Tensor>(dict.at("weights").toList()));
   const auto timeline = ToDoubles(dict.at("timeline").toTensor());
-  for (size_t i = 0; i + 5 < timeline.size(); i += 6) {
+  constexpr size_t kFields = 7;
+  for (size_t i = 0; i + kFields <= timeline.size(); i += kFields) {
     Action action{static_cast<ActionKind>(static_cast<int>(timeline[i + 1])), static_cast<int>(timeline[i + 2]),
                   static_cast<int>(timeline[i + 3])};
-    result.timeline.push_back({static_cast<int64_t>(timeline[i]), action, timeline[i + 4], timeline[i + 5]});
+    result.timeline.push_back({static_cast<int64_t>(timeline[i]), action, timeline[i + 4], timeline[i + 5],
+                               static_cast<int64_t>(timeline[i + 6])});
   }
   return result;
 }
@@ -114,7 +116,7 @@ std::vector<RankResult> GatherResults(Transport& transport, RankResult own) {
   std::vector<RankResult> results;
   results.push_back(std::move(own));
   for (int rank = 1; rank < transport.world_size(); ++rank) {
-    auto bytes = transport.Recv(rank, MessageTag(Direction::kResult, rank, 0), torch::kCPU)->Wait();
+    auto bytes = transport.Recv(rank, MessageTag(Direction::kResult, rank, 0), torch::kCPU, std::nullopt)->Wait();
     results.push_back(DeserializeRankResult(bytes));
   }
   return results;

@@ -20,6 +20,7 @@ struct ActionTiming {
   Action action;
   double start_us = 0.0;  // since the step started
   double end_us = 0.0;
+  int64_t held_bytes = -1;  // tensor bytes the trainer held right after the action; -1 unmetered
 };
 
 // What one rank produced over the whole run.

@@ -147,6 +147,7 @@ class Lockstep {
     for (double b : result_.busy) busy += b;
     result_.ok = true;
     result_.makespan = makespan;
+    result_.finish.assign(clock_.begin(), clock_.end());
     result_.bubble = makespan > 0 ? 1.0 - busy / (shape_.ranks * makespan) : 0.0;
     result_.grid = Grid(-1);
     return result_;
@@ -214,7 +215,8 @@ class Lockstep {
   void Execute(int r) {
     const Action& a = schedule_.ranks[r][next_[r]];
     const double start = *ReadyTime(r, a);
-    const double end = start + CostOf(a, costs_);
+    const double end =
+        start + (costs_.per_action.empty() ? CostOf(a, costs_) : costs_.per_action.at(r).at(next_[r]));
     result_.start_times[r][next_[r]] = start;
     clock_[r] = end;
     if (a.IsCompute()) {

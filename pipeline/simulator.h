@@ -13,12 +13,14 @@
 
 namespace pipecheck::pipeline {
 
-// Durations of compute actions; communication is free.
+// Durations of compute actions; communication is free. Or, with `per_action`, the duration of
+// every action of every rank ([rank][index in its list], measured ones for instance).
 struct CostModel {
   double forward = 1.0;
   double backward = 1.0;         // B
   double backward_input = 0.5;   // I
   double backward_weight = 0.5;  // W
+  std::vector<std::vector<double>> per_action;
 };
 
 enum class SendSemantics {
@@ -31,6 +33,7 @@ struct SimulationResult {
   std::string error;  // why not, with the grid, when !ok
   std::string grid;   // step-by-rank grid of the lockstep run
   double makespan = 0.0;
+  std::vector<double> finish;          // per rank: when its last action ends
   double bubble = 0.0;                 // 1 - busy / (ranks * makespan)
   std::vector<double> busy;            // per rank
   std::vector<int> peak_in_flight;     // per rank: most microbatches forwarded, not yet backwarded

@@ -1,8 +1,8 @@
 // One rank of the pipeline-parallel trainer: builds this rank's stages (same global names and
-// initial values as the reference), then each step interprets this rank's simulator-accepted
-// action list, sums the tied weight's gradients between its two owners, clips by the global
-// norm over all ranks and applies the optimizer. The executor decides nothing: it only does
-// what the list says, and ends each step by checking that nothing is left pending.
+// initial values as the reference), then each step has the executor run this rank's
+// simulator-accepted action list, sums the tied weight's gradients between its two owners,
+// clips by the global norm over all ranks and applies the optimizer, measured in the same
+// window as the reference's step.
 #pragma once
 
 #include <torch/torch.h>
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/executor.h"
 #include "pipeline/faults.h"
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
@@ -39,34 +40,20 @@ class PipelineTrainer {
   const Schedule& schedule() const { return schedule_; }
 
  private:
-  struct StepState;
-
-  void Execute(const Action& action, StepState& state);
-  void AwaitInput(const Action& action, StepState& state);
-  // Fault injection points; each does nothing unless config_.fault names its fault.
-  torch::Tensor StaleShapeFault(const torch::Tensor& message, int direction, StepState& state);
-  double LossDenominatorFault(const reference::Batch& part, const StepState& state) const;
-  void BeforeBackwardFault();
-  void AfterBackwardFault();
-  void IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state);
-  void SendFromReusedBuffer(const torch::Tensor& output, int stage, int microbatch, StepState& state);
-  void ProcessFault(int64_t step, size_t action_index) const;
-  torch::Tensor TakeArrived(int direction, const Action& action, StepState& state);
-  void Forward(const Action& action, StepState& state);
-  void Backward(const Action& action, StepState& state);
-  std::vector<torch::Tensor> OwnedParameters(bool count_tied_copy) const;
-  Stage& StageAt(int stage);
-  reference::NamedTensors WeightCopies() const;  // detached copies of this rank's parameters
-  void RecordWeights(RankResult& result);
+  std::vector<torch::Tensor> OwnedParameters() const;  // with the tied copy
+  reference::NamedTensors WeightCopies() const;        // detached copies of this rank's parameters
+  reference::NamedTensors GradientCopies() const;
+  void SynchroniseGradients(RankResult& result);
 
   PipelineConfig config_;
   Transport& transport_;
+  Faults faults_;
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending
-  int num_stages_ = 1;
   int64_t baseline_bytes_ = 0;  // live tensor bytes before the trainer existed
   int64_t copies_bytes_ = 0;    // bytes of gradient and weight copies handed out so far
-  std::unique_ptr<reference::GradientAccumulator> accumulator_;  // over OwnedParameters(true)
+  std::unique_ptr<reference::GradientAccumulator> accumulator_;  // over OwnedParameters()
+  std::unique_ptr<Executor> executor_;
 };
 
 }  // namespace pipecheck::pipeline

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -44,31 +45,45 @@ class GlooSend : public PendingSend {
 
 class GlooRecv : public PendingRecv {
  public:
-  GlooRecv(compat::GlooGroup group, int peer, int tag, torch::Device device)
-      : group_(std::move(group)), peer_(peer), tag_(tag), device_(device) {
+  GlooRecv(compat::GlooGroup group, int peer, int tag, torch::Device device, const std::optional<MessageShape>& expected)
+      : group_(std::move(group)), peer_(peer), tag_(tag), device_(device), expected_(expected) {
     header_buffer_ = {torch::empty({kHeaderSize}, torch::kInt64)};
     header_ = group_->recv(header_buffer_, peer_, 2 * tag_);
+    if (expected_) PostPayload(expected_->dtype, expected_->sizes);
   }
 
   torch::Tensor Wait() override {
     header_->wait();
     auto values = header_buffer_[0].accessor<int64_t, 1>();
-    const auto dtype = static_cast<torch::ScalarType>(values[0]);
     const int64_t dims = values[1];
     TORCH_CHECK(dims >= 0 && dims <= kMaxDims, "corrupt message header from rank ", peer_, " (tag ", tag_, "): ",
                 dims, " dimensions");
-    std::vector<int64_t> sizes(values.data() + 2, values.data() + 2 + dims);
-    std::vector<torch::Tensor> payload = {torch::empty(sizes, torch::TensorOptions().dtype(dtype))};
-    if (payload[0].numel() > 0) group_->recv(payload, peer_, 2 * tag_ + 1)->wait();
-    return payload[0].to(device_);
+    const MessageShape got{static_cast<torch::ScalarType>(values[0]),
+                           std::vector<int64_t>(values.data() + 2, values.data() + 2 + dims)};
+    if (expected_) {
+      // The payload receive is already posted with the planned size: a message of another size
+      // would be cut or hang, so the header is the check.
+      TORCH_CHECK(got.dtype == expected_->dtype && got.sizes == expected_->sizes, "message from rank ", peer_,
+                  " (tag ", tag_, ") is ", got.ToString(), " but the plan expects ", expected_->ToString());
+    } else {
+      PostPayload(got.dtype, got.sizes);
+    }
+    if (payload_work_) payload_work_->wait();
+    return payload_[0].to(device_);
   }
 
  private:
+  void PostPayload(torch::ScalarType dtype, const std::vector<int64_t>& sizes) {
+    payload_ = {torch::empty(sizes, torch::TensorOptions().dtype(dtype))};
+    if (payload_[0].numel() > 0) payload_work_ = group_->recv(payload_, peer_, 2 * tag_ + 1);
+  }
+
   compat::GlooGroup group_;
   int peer_, tag_;
   torch::Device device_;
-  std::vector<torch::Tensor> header_buffer_;
-  compat::WorkHandle header_;
+  std::optional<MessageShape> expected_;
+  std::vector<torch::Tensor> header_buffer_, payload_;
+  compat::WorkHandle header_, payload_work_;
 };
 
 class GlooTransport : public Transport {
@@ -89,8 +104,9 @@ class GlooTransport : public Transport {
     return std::make_unique<GlooSend>(header_work, payload_work, std::vector<torch::Tensor>{header[0], payload[0]});
   }
 
-  std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device) override {
-    return std::make_unique<GlooRecv>(group_, peer, tag, device);
+  std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
+                                    const std::optional<MessageShape>& expected) override {
+    return std::make_unique<GlooRecv>(group_, peer, tag, device, expected);
   }
 
   std::vector<double> AllGather(double value) override {
@@ -119,7 +135,7 @@ class SoloTransport : public Transport {
   std::unique_ptr<PendingSend> Send(const torch::Tensor&, int peer, int tag) override {
     TORCH_CHECK(false, "world size 1 has no peer to send to (peer ", peer, ", tag ", tag, ")");
   }
-  std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device) override {
+  std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device, const std::optional<MessageShape>&) override {
     TORCH_CHECK(false, "world size 1 has no peer to receive from (peer ", peer, ", tag ", tag, ")");
   }
   std::vector<double> AllGather(double value) override { return {value}; }
@@ -154,6 +170,10 @@ std::string LocalAddressToward(const std::string& host, int port) {
 }
 
 }  // namespace
+
+std::string MessageShape::ToString() const {
+  return fmt::format("{} ({})", c10::toString(dtype), fmt::join(sizes, ", "));
+}
 
 int MessageTag(Direction direction, int stage, int microbatch) {
   TORCH_CHECK(stage >= 0 && stage < 1024 && microbatch >= 0 && microbatch < 65536, "no tag for stage ", stage,

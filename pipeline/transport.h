@@ -1,6 +1,8 @@
 // Point-to-point messages between ranks for the pipeline: every message is a small header
-// (dtype, shape) followed by its payload, so receivers need no prior knowledge of shapes and
-// variable sequence lengths just work. Tags name (direction, stage, microbatch), so two
+// (dtype, shape) followed by its payload, so variable sequence lengths just work. A receiver
+// that knows the shape from its plan posts header and payload at once (the payload can land
+// while it computes) and the header then checks the plan; one that does not posts the payload
+// once the header has told it the shape. Tags name (direction, stage, microbatch), so two
 // messages between the same two ranks are never confused. Gloo over c10d now; NCCL later
 // behind the same interface. Not a collective library: only the two collectives the pipeline
 // needs (a gather of one number per rank, a barrier).
@@ -10,6 +12,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,13 @@ class PendingRecv {
   virtual torch::Tensor Wait() = 0;  // blocks until the whole message has arrived
 };
 
+// What a receiver expects a message to be.
+struct MessageShape {
+  torch::ScalarType dtype = torch::kFloat32;
+  std::vector<int64_t> sizes;
+  std::string ToString() const;  // "float32 (2, 16, 64)"
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -39,8 +49,10 @@ class Transport {
   virtual int world_size() const = 0;
   // Starts sending `tensor` to `peer`; the tensor is kept alive until the send completes.
   virtual std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag) = 0;
-  // Posts a receive of a message from `peer`; the result lands on `device`.
-  virtual std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device) = 0;
+  // Posts a receive of a message from `peer`; the result lands on `device`. With `expected`,
+  // the payload's receive is posted now as well, and a message of another shape is an error.
+  virtual std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
+                                            const std::optional<MessageShape>& expected) = 0;
   // Every rank's `value`, indexed by rank, identical on every rank.
   virtual std::vector<double> AllGather(double value) = 0;
   virtual void Barrier() = 0;

@@ -54,22 +54,33 @@ void ResetPeakTensorBytes() {
   if (TheCounter()) TheCounter()->peak_.store(TheCounter()->live_.load());
 }
 
-void StepMemory::BeginStep(int64_t copies_held) {
-  copies_ = copies_held;
-  peak_ = 0;
+StepWindow::StepWindow(int64_t baseline_bytes, int64_t copies_held)
+    : baseline_(baseline_bytes), copies_(copies_held), started_(Clock::now()) {
   ResetPeakTensorBytes();
 }
 
-void StepMemory::PauseForCopies() { peak_ = std::max(peak_, PeakTensorBytes() - baseline_ - copies_); }
+void StepWindow::PauseForCopies() {
+  peak_ = std::max(peak_, PeakTensorBytes() - baseline_ - copies_);
+  pause_start_ = Clock::now();
+}
 
-void StepMemory::ResumeAfterCopies(int64_t copies_held) {
+void StepWindow::ResumeAfterCopies(int64_t copies_held) {
+  paused_ += Clock::now() - pause_start_;
   copies_ = copies_held;
   ResetPeakTensorBytes();
 }
 
-int64_t StepMemory::EndStep() {
-  if (!MemoryMeterActive()) return -1;
-  return std::max(peak_, PeakTensorBytes() - baseline_ - copies_);
+int64_t StepWindow::HeldBytes() const { return MemoryMeterActive() ? LiveTensorBytes() - baseline_ - copies_ : -1; }
+
+double StepWindow::ElapsedMs() const {
+  return std::chrono::duration<double, std::milli>(Clock::now() - started_ - paused_).count();
+}
+
+StepWindow::Measured StepWindow::End() {
+  Measured measured;
+  measured.step_ms = ElapsedMs();
+  if (MemoryMeterActive()) measured.peak_bytes = std::max(peak_, PeakTensorBytes() - baseline_ - copies_);
+  return measured;
 }
 
 }  // namespace pipecheck::reference

@@ -4,6 +4,7 @@
 // Not a process RSS probe: only tensor storage counts, and only on the thread that started it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 namespace pipecheck::reference {
@@ -17,21 +18,32 @@ int64_t LiveTensorBytes();  // counted allocations minus counted frees
 int64_t PeakTensorBytes();  // highest LiveTensorBytes since the last reset
 void ResetPeakTensorBytes();  // peak := live
 
-// Peak bytes a trainer holds during one step, measured in two windows around the moment it
-// copies gradients out for comparison, so that those copies never count: pass the bytes of
-// copies already held before and after that moment.
-class StepMemory {
+// One training step's measurement window, the same for both trainers: the step's wall time and
+// the peak tensor bytes the trainer held (its own: bytes live before it existed do not count).
+// The moment it copies gradients out for comparison is cut out of both, and copies already
+// handed out (`copies_held`) never count.
+class StepWindow {
  public:
-  explicit StepMemory(int64_t baseline_bytes) : baseline_(baseline_bytes) {}
-  void BeginStep(int64_t copies_held);    // step start: copies held from earlier steps
-  void PauseForCopies();                  // before copying gradients out
+  StepWindow(int64_t baseline_bytes, int64_t copies_held);  // starts the window now
+  void PauseForCopies();                                    // before copying gradients out
   void ResumeAfterCopies(int64_t copies_held);
-  int64_t EndStep();                      // peak of the step, -1 when the meter is off
+  int64_t HeldBytes() const;  // what the trainer holds now, -1 when the meter is off
+  double ElapsedMs() const;   // the window's time so far, pauses excluded
+
+  struct Measured {
+    double step_ms = 0.0;
+    int64_t peak_bytes = -1;  // -1 when the meter is off
+  };
+  Measured End();
 
  private:
+  using Clock = std::chrono::steady_clock;
   int64_t baseline_ = 0;
   int64_t copies_ = 0;
   int64_t peak_ = 0;
+  Clock::time_point started_;
+  Clock::duration paused_{0};
+  Clock::time_point pause_start_;
 };
 
 }  // namespace pipecheck::reference

@@ -99,26 +99,19 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step) {
 }
 
 StepRecord ReferenceTrainer::Step(int64_t step) {
-  StepMemory memory(baseline_bytes_);
-  memory.BeginStep(copies_bytes_);
-
-  // The timed region is the step itself; copying gradients out for comparison is not.
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
+  StepWindow window(baseline_bytes_, copies_bytes_);
   StepRecord record = ComputeGradients(step);
-  const auto backward_done = Clock::now();
-  memory.PauseForCopies();
+  window.PauseForCopies();
   if (config_.record_gradients) {
     record.gradients = Gradients();
     copies_bytes_ += TensorBytes(record.gradients);
   }
-  memory.ResumeAfterCopies(copies_bytes_);
-  const auto update_start = Clock::now();
+  window.ResumeAfterCopies(copies_bytes_);
   GradientsToParameterDtype(parameters_);
   optimizer_->step();
-  const auto end = Clock::now();
-  record.peak_bytes = memory.EndStep();
-  record.step_ms = std::chrono::duration<double, std::milli>((backward_done - start) + (end - update_start)).count();
+  const auto measured = window.End();
+  record.peak_bytes = measured.peak_bytes;
+  record.step_ms = measured.step_ms;
   return record;
 }
 

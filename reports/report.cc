@@ -18,7 +18,8 @@ const std::vector<std::string>& SummaryColumns() {
       "steps",           "tokens",          "loss_ref",         "loss_pp",            "loss_max_abs_diff",
       "grad_max_rel_err", "worst_param",    "params_checked",   "weights_max_rel_err", "ref_step_ms",
       "pp_step_ms",      "ref_tokens_per_s", "pp_tokens_per_s", "ref_peak_bytes",     "pp_peak_bytes_max",
-      "bubble_theory",   "bubble_measured", "message",          "transport"};
+      "bubble_theory",   "bubble_measured", "message",          "transport",          "pp_peak_bytes_predicted",
+      "pp_step_ms_predicted"};
   return columns;
 }
 
@@ -35,13 +36,15 @@ const std::vector<std::string>& StepColumns() {
 
 const std::vector<std::string>& TimelineColumns() {
   static const std::vector<std::string> columns = {"scenario", "rank",         "step",     "action",
-                                                   "stage",    "microbatch",   "start_us", "end_us"};
+                                                   "stage",    "microbatch",   "start_us", "end_us",
+                                                   "held_bytes", "held_bytes_predicted"};
   return columns;
 }
 
 const std::vector<std::string>& RankColumns() {
   static const std::vector<std::string> columns = {"scenario",   "rank",    "stages",  "params",
-                                                   "peak_bytes", "busy_ms", "idle_ms", "comm_ms"};
+                                                   "peak_bytes", "busy_ms", "idle_ms", "comm_ms",
+                                                   "peak_bytes_predicted", "step_ms", "step_ms_predicted"};
   return columns;
 }
 

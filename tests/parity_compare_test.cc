@@ -33,7 +33,8 @@ class ParityJudge : public ::testing::Test {
       rank_.gradients.push_back(Copy(step.gradients));
     }
     rank_.final_weights = trainer.Weights();
-    simulation_ = pipeline::ValidateSchedule(pipeline::AddCommunication(pipeline::GPipeSchedule({1, 1, 1})));
+    schedule_ = pipeline::AddCommunication(pipeline::GPipeSchedule({1, 1, 1}));
+    simulation_ = pipeline::ValidateSchedule(schedule_);
   }
 
   static reference::NamedTensors Copy(const reference::NamedTensors& tensors) {
@@ -45,13 +46,15 @@ class ParityJudge : public ::testing::Test {
   reports::ScenarioReport Judge() {
     std::vector<pipeline::RankResult> ranks = {rank_};
     harness::Oracle oracle(config_, 1);
-    return harness::CompareWithReference({scenario_, oracle, ranks, simulation_});
+    return harness::CompareWithReference({scenario_, oracle, ranks, schedule_, simulation_, memory_});
   }
 
   scenarios::Scenario scenario_;
   reference::TrainConfig config_;
   pipeline::RankResult rank_;
+  pipeline::Schedule schedule_;
   pipeline::SimulationResult simulation_;
+  pipeline::MemoryPrediction memory_;  // none: the judge does not need one
 };
 
 TEST_F(ParityJudge, IdenticalResultsPass) {

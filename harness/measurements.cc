@@ -1,0 +1,154 @@
+// Measured and predicted speed and memory (see measurements.h).
+#include "harness/measurements.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+
+namespace pipecheck::harness {
+namespace {
+
+using reports::FormatNumber;
+
+// One rank's time over the timed steps, from its executor timeline: compute, communication
+// calls (posting receives, starting sends), and the rest of each step's wall time (waiting).
+struct RankTime {
+  double busy_us = 0.0, comm_us = 0.0, wall_us = 0.0;
+  int steps = 0;
+};
+
+RankTime TimeOf(const pipeline::RankResult& rank, size_t steps) {
+  RankTime time;
+  std::map<int64_t, double> step_end;
+  for (const auto& t : rank.timeline) {
+    if (t.step < static_cast<int64_t>(reference::FirstTimedStep(steps))) continue;
+    step_end[t.step] = std::max(step_end[t.step], t.end_us);
+    (t.action.IsCompute() ? time.busy_us : time.comm_us) += t.end_us - t.start_us;
+  }
+  for (const auto& [step, end] : step_end) time.wall_us += end;
+  time.steps = static_cast<int>(step_end.size());
+  return time;
+}
+
+std::string BytesCell(int64_t bytes) { return bytes >= 0 ? std::to_string(bytes) : ""; }
+
+void TimelineRows(const MeasurementInput& input, reports::ScenarioReport& report) {
+  for (const auto& rank : input.ranks) {
+    std::map<int64_t, size_t> index_in_step;
+    for (const auto& t : rank.timeline) {
+      const size_t index = index_in_step[t.step]++;
+      int64_t predicted = -1;
+      const auto& held = input.memory.held_after;
+      if (t.step >= 0 && static_cast<size_t>(t.step) < held.size() && static_cast<size_t>(rank.rank) < held[t.step].size() &&
+          index < held[t.step][rank.rank].size()) {
+        predicted = held[t.step][rank.rank][index];
+      }
+      const std::string stage = std::to_string(t.action.stage), microbatch = std::to_string(t.action.microbatch);
+      const std::string action = t.action.ToString();
+      report.timeline.push_back({input.scenario.name, std::to_string(rank.rank), std::to_string(t.step),
+                                 action.substr(stage.size(), action.size() - stage.size() - microbatch.size()), stage,
+                                 microbatch, FormatNumber(std::round(t.start_us)), FormatNumber(std::round(t.end_us)),
+                                 BytesCell(t.held_bytes), BytesCell(predicted)});
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<double> PredictStepMs(const pipeline::Schedule& schedule, const std::vector<pipeline::RankResult>& ranks,
+                                  size_t steps) {
+  const size_t first = reference::FirstTimedStep(steps);
+  pipeline::CostModel costs;
+  std::vector<double> outside_ms;  // per rank: median time of a step outside its action list
+  for (const auto& rank : ranks) {
+    const size_t actions = schedule.ranks.at(rank.rank).size();
+    std::vector<std::vector<double>> durations(actions);
+    std::map<int64_t, std::pair<size_t, double>> per_step;  // step -> (actions seen, last end)
+    for (const auto& t : rank.timeline) {
+      if (t.step < static_cast<int64_t>(first)) continue;
+      auto& [seen, end] = per_step[t.step];
+      if (seen >= actions) return {};
+      durations[seen++].push_back(t.end_us - t.start_us);
+      end = std::max(end, t.end_us);
+    }
+    std::vector<double> median(actions, 0.0), outside;
+    for (size_t i = 0; i < actions; ++i) {
+      if (durations[i].empty()) return {};
+      median[i] = reference::Median(durations[i]);
+    }
+    for (const auto& [step, seen_end] : per_step) {
+      if (static_cast<size_t>(step) < rank.step_ms.size()) outside.push_back(rank.step_ms[step] - seen_end.second / 1000.0);
+    }
+    if (outside.empty()) return {};
+    costs.per_action.push_back(std::move(median));
+    outside_ms.push_back(reference::Median(outside));
+  }
+  if (costs.per_action.size() != schedule.ranks.size()) return {};
+  const auto simulated = pipeline::Simulate(schedule, pipeline::SendSemantics::kBuffered, costs);
+  if (!simulated.ok) return {};
+  std::vector<double> predicted;
+  for (size_t r = 0; r < ranks.size(); ++r) predicted.push_back(simulated.finish[r] / 1000.0 + outside_ms[r]);
+  return predicted;
+}
+
+void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainResult& reference,
+                        reports::ScenarioReport& report) {
+  const auto& scenario = input.scenario;
+  const size_t steps = reference.steps.size();
+  // A pipeline step lasts as long as its slowest rank.
+  std::vector<double> pp_ms, pp_rate;
+  for (size_t k = reference::FirstTimedStep(steps); k < steps; ++k) {
+    double slowest = 0.0;
+    for (const auto& rank : input.ranks) slowest = std::max(slowest, k < rank.step_ms.size() ? rank.step_ms[k] : 0.0);
+    pp_ms.push_back(slowest);
+    pp_rate.push_back(static_cast<double>(reference.steps[k].tokens) / (slowest / 1000.0));
+  }
+  TimelineRows(input, report);
+  const std::vector<double> predicted_ms = PredictStepMs(input.schedule, input.ranks, steps);
+  auto& row = report.summary;
+  row["ref_step_ms"] = FormatNumber(reference.MedianStepMs());
+  row["pp_step_ms"] = FormatNumber(reference::Median(pp_ms));
+  row["ref_tokens_per_s"] = FormatNumber(reference.MedianTokensPerSecond());
+  row["pp_tokens_per_s"] = FormatNumber(reference::Median(pp_rate));
+  row["bubble_theory"] = FormatNumber(input.simulation.bubble);
+  row["pp_step_ms_predicted"] =
+      predicted_ms.empty() ? "" : FormatNumber(*std::max_element(predicted_ms.begin(), predicted_ms.end()));
+  double busy = 0.0, wall = 0.0;
+  int64_t pp_peak = -1, pp_peak_predicted = -1;
+  for (const auto& rank : input.ranks) {
+    const RankTime time = TimeOf(rank, steps);
+    busy += time.busy_us;
+    wall += time.wall_us;
+    const double per_step_ms = time.steps > 0 ? 1e-3 / time.steps : 0.0;
+    int64_t parameters = 0;
+    for (const auto& item : rank.final_weights) parameters += item.value().numel();
+    std::vector<std::string> stages;
+    for (int stage : rank.stages) stages.push_back(std::to_string(stage));
+    int64_t rank_peak = -1;
+    for (int64_t bytes : rank.peak_bytes) rank_peak = std::max(rank_peak, bytes);
+    pp_peak = std::max(pp_peak, rank_peak);
+    const size_t r = static_cast<size_t>(rank.rank);
+    const int64_t predicted_peak = r < input.memory.peak_bytes.size() ? input.memory.peak_bytes[r] : -1;
+    pp_peak_predicted = std::max(pp_peak_predicted, predicted_peak);
+    std::vector<double> rank_ms(rank.step_ms.begin() + std::min(rank.step_ms.size(), reference::FirstTimedStep(steps)),
+                                rank.step_ms.end());
+    report.ranks.push_back({scenario.name, std::to_string(rank.rank), fmt::format("{}", fmt::join(stages, ";")),
+                            std::to_string(parameters), BytesCell(rank_peak), FormatNumber(time.busy_us * per_step_ms),
+                            FormatNumber((time.wall_us - time.busy_us - time.comm_us) * per_step_ms),
+                            FormatNumber(time.comm_us * per_step_ms), BytesCell(predicted_peak),
+                            rank_ms.empty() ? "" : FormatNumber(reference::Median(rank_ms)),
+                            r < predicted_ms.size() ? FormatNumber(predicted_ms[r]) : ""});
+  }
+  const int64_t ref_peak = reference.PeakBytes();
+  row["ref_peak_bytes"] = BytesCell(ref_peak);
+  row["pp_peak_bytes_max"] = BytesCell(pp_peak);
+  row["pp_peak_bytes_predicted"] = BytesCell(pp_peak_predicted);
+  // 1 - busy / wall over every rank and timed step.
+  row["bubble_measured"] = FormatNumber(wall > 0 ? 1.0 - busy / wall : std::nan(""));
+}
+
+}  // namespace pipecheck::harness

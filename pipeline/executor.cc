@@ -1,0 +1,264 @@
+// The pipeline executor (see executor.h).
+#include "pipeline/executor.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <chrono>
+#include <map>
+#include <tuple>
+
+#include "reference/loss.h"
+#include "reference/model.h"
+
+namespace pipecheck::pipeline {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using StageMicrobatch = std::pair<int, int>;
+
+double MicrosecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+}
+
+// Megatron's memory trick: once an output has been sent, backward needs only its graph, so its
+// data can go. Only for outputs whose producing op keeps no reference to its own result
+// (an addition, an embedding lookup): for any other op freeing could corrupt backward.
+void ReleaseOutputData(torch::Tensor& output) {
+  const auto function = output.grad_fn();
+  if (!function) return;  // an empty stage's output is its input: nothing of its own to free
+  const std::string name = function->name();
+  if (name == "AddBackward0" || name == "EmbeddingBackward0") output.set_data(torch::empty({0}, output.options()));
+}
+
+// Backward from `output` with `gradient`, straight through the engine: unlike
+// torch::autograd::backward it does not compare against the output's (possibly freed) data.
+void BackwardFrom(const torch::Tensor& output, const torch::Tensor& gradient) {
+  torch::autograd::Engine::get_default_engine().execute({torch::autograd::impl::gradient_edge(output)}, {gradient},
+                                                        /*keep_graph=*/false, /*create_graph=*/false,
+                                                        /*accumulate_grad=*/true);
+}
+
+const char* Describe(Direction direction) { return direction == Direction::kActivation ? "input" : "output gradient"; }
+
+}  // namespace
+
+// Everything one step keeps between actions, keyed by (stage, microbatch). Each entry is
+// removed by the action that consumes it, so an empty state at the end proves the list did
+// all its work.
+struct Executor::StepState {
+  reference::Batch batch;
+  std::vector<reference::Batch> microbatches;
+  std::map<StageMicrobatch, torch::Tensor> inputs;       // leaf inputs of non-first stages
+  std::map<StageMicrobatch, torch::Tensor> outputs;      // outputs of non-last stages (graph)
+  std::map<StageMicrobatch, torch::Tensor> losses;       // last stage's loss terms
+  std::map<StageMicrobatch, torch::Tensor> input_grads;  // waiting to be sent or handed on
+  std::map<std::tuple<Direction, int, int>, std::unique_ptr<PendingRecv>> receives;  // posted
+  std::map<std::tuple<Direction, int, int>, torch::Tensor> arrived;                   // not yet used
+  // The send in flight per (peer, direction): the next one to the same place waits for it.
+  std::map<std::pair<int, Direction>, std::unique_ptr<PendingSend>> sends;
+  torch::Tensor loss_sum;  // 0-dim float64 on the device
+};
+
+Executor::Executor(const PipelineConfig& config, const Schedule& schedule, Stages& stages, Transport& transport,
+                   Faults& faults, reference::GradientAccumulator& accumulator)
+    : config_(config), schedule_(schedule), stages_(stages), transport_(transport), faults_(faults),
+      accumulator_(accumulator),
+      owned_parameters_(OwnedParameters(stages, config.train.model.tied, /*count_tied_copy=*/true)) {}
+
+Executor::~Executor() = default;
+
+bool Executor::OnThisRank(int stage) const { return schedule_.shape.RankOfStage(stage) == transport_.rank(); }
+
+// Activations and their gradients are (microbatch's sequences, its padded length, hidden).
+MessageShape Executor::PlannedMessage(int microbatch, const StepState& state) const {
+  const auto& part = state.microbatches[microbatch];
+  return {config_.train.dtype, {part.tokens.size(0), part.time(), config_.train.model.hidden}};
+}
+
+void Executor::Forward(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  const auto& part = state.microbatches[mb];
+  const auto device = config_.train.device;
+  Stage& stage = StageAt(stages_, s, transport_.rank());
+  torch::Tensor input;
+  if (s == 0) {
+    input = part.tokens.to(device);  // (b, t) int64
+  } else if (OnThisRank(s - 1)) {
+    input = state.outputs.at({s - 1, mb}).detach().requires_grad_(true);  // (b, t, hidden)
+    state.inputs[{s, mb}] = input;
+  } else {
+    input = TakeArrived(Direction::kActivation, action, state);  // (b, t, hidden)
+    if (faults_.KeepsInputGraph()) input.requires_grad_(true);
+    state.inputs[{s, mb}] = input;
+  }
+  auto context = reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(), config_.train.dtype,
+                                                 device);
+  auto output = stage.module->forward(input, context);
+  if (!stage.slice.has_head) {
+    state.outputs[{s, mb}] = output;
+    return;
+  }
+  // Summed token loss over the *whole batch's* token count: microbatch terms add up exactly.
+  auto loss = reference::TokenLossSum(output, part.labels.to(device)) /
+              faults_.LossDenominator(part.valid_tokens, state.batch.valid_tokens);
+  // Accumulated on the device: reading it per microbatch would sync the host with the device.
+  auto term = loss.detach().to(torch::kFloat64);
+  state.loss_sum = state.loss_sum.defined() ? state.loss_sum + term : term;
+  state.losses[{s, mb}] = loss;
+}
+
+void Executor::Backward(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  Stage& stage = StageAt(stages_, s, transport_.rank());
+  const bool dropped = faults_.DropsBackward(mb);
+  faults_.BeforeBackward(owned_parameters_);
+  torch::Tensor passthrough;  // an empty stage hands its output gradient on as its input gradient
+  if (stage.slice.has_head) {
+    auto loss = state.losses.at({s, mb});
+    state.losses.erase({s, mb});
+    if (!dropped) loss.backward();
+  } else {
+    torch::Tensor gradient;
+    if (OnThisRank(s + 1)) {
+      gradient = state.input_grads.at({s + 1, mb});
+      state.input_grads.erase({s + 1, mb});
+    } else {
+      gradient = TakeArrived(Direction::kGradient, action, state);  // (b, t, hidden)
+    }
+    auto output = state.outputs.at({s, mb});
+    state.outputs.erase({s, mb});
+    if (!output.grad_fn()) {
+      passthrough = gradient;
+    } else if (!dropped) {
+      BackwardFrom(output, gradient);
+    }
+  }
+  faults_.AfterBackward(owned_parameters_);
+  accumulator_.AfterBackward();
+  if (s == 0) return;
+  auto input = state.inputs.at({s, mb});
+  state.inputs.erase({s, mb});
+  auto gradient = passthrough.defined() ? passthrough : input.grad();
+  if (!gradient.defined() && faults_.SendsZerosForMissingGradient(mb)) gradient = torch::zeros_like(input);
+  if (dropped) gradient = torch::zeros_like(input);
+  TORCH_CHECK(gradient.defined(), "rank ", transport_.rank(), ": ", action.ToString(),
+              " produced no gradient for its input");
+  state.input_grads[{s, mb}] = gradient;
+}
+
+void Executor::RecvForward(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  state.receives[{Direction::kActivation, s, mb}] =
+      transport_.Recv(schedule_.shape.RankOfStage(s - 1), MessageTag(Direction::kActivation, s, mb),
+                      config_.train.device, PlannedMessage(mb, state));
+}
+
+void Executor::RecvBackward(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  state.receives[{Direction::kGradient, s, mb}] =
+      transport_.Recv(schedule_.shape.RankOfStage(s + 1), MessageTag(Direction::kGradient, s, mb),
+                      config_.train.device, PlannedMessage(mb, state));
+}
+
+void Executor::SendForward(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  auto& output = state.outputs.at({s, mb});
+  const int peer = schedule_.shape.RankOfStage(s + 1);
+  const int tag = MessageTag(Direction::kActivation, s + 1, mb);
+  if (faults_.ReusesSendBuffer()) {
+    // send_buffer_reuse: the activation goes out through a staging buffer that is overwritten at
+    // once (as a pool handing it back early would), so the peer gets whatever it holds then.
+    auto buffer = output.detach().clone();  // (b, t, hidden)
+    IssueSend(buffer, peer, Direction::kActivation, tag, state);
+    buffer.zero_();
+    return;
+  }
+  IssueSend(output.detach(), peer, Direction::kActivation, tag, state);
+  ReleaseOutputData(output);  // the send's buffer keeps the data alive only until it has left
+}
+
+void Executor::SendBackward(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  auto gradient = state.input_grads.at({s, mb});
+  state.input_grads.erase({s, mb});
+  IssueSend(gradient, schedule_.shape.RankOfStage(s - 1), Direction::kGradient,
+            MessageTag(Direction::kGradient, s - 1, mb), state);
+}
+
+// Messages of one (peer, direction) are consumed in the order they were sent, so the previous
+// one has left before the next goes, and its buffer is released then. Deadlock-free for any
+// schedule the simulator accepts under rendezvous semantics.
+void Executor::IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state) {
+  auto& in_flight = state.sends[{peer, direction}];
+  if (in_flight) in_flight->Wait();
+  in_flight = transport_.Send(tensor, peer, tag);
+}
+
+void Executor::AwaitInput(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  Direction direction;
+  if (action.kind == ActionKind::kForward && s > 0) {
+    direction = Direction::kActivation;
+  } else if (action.kind == ActionKind::kBackward && s + 1 < schedule_.shape.stages()) {
+    direction = Direction::kGradient;
+  } else {
+    return;
+  }
+  auto received = state.receives.find({direction, s, mb});
+  if (received == state.receives.end()) return;  // a local handoff, or a missing receive reported later
+  state.arrived[{direction, s, mb}] = faults_.ReceivedMessage(received->second->Wait(), static_cast<int>(direction));
+  state.receives.erase(received);
+}
+
+torch::Tensor Executor::TakeArrived(Direction direction, const Action& action, StepState& state) {
+  auto arrived = state.arrived.find({direction, action.stage, action.microbatch});
+  TORCH_CHECK(arrived != state.arrived.end(), "rank ", transport_.rank(), ": ", action.ToString(), " has no received ",
+              Describe(direction), " (no receive was posted)");
+  auto tensor = arrived->second;
+  state.arrived.erase(arrived);
+  return tensor;
+}
+
+void Executor::Dispatch(const Action& action, StepState& state) {
+  switch (action.kind) {
+    case ActionKind::kForward: return Forward(action, state);
+    case ActionKind::kBackward: return Backward(action, state);
+    case ActionKind::kRecvForward: return RecvForward(action, state);
+    case ActionKind::kRecvBackward: return RecvBackward(action, state);
+    case ActionKind::kSendForward: return SendForward(action, state);
+    case ActionKind::kSendBackward: return SendBackward(action, state);
+    default:
+      TORCH_CHECK(false, "rank ", transport_.rank(), ": action ", action.ToString(),
+                  " (split backward) is not supported by this executor yet");
+  }
+}
+
+torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const reference::StepWindow& window,
+                            std::vector<ActionTiming>& timeline) {
+  StepState state;
+  state.batch = batch;
+  state.microbatches = reference::SplitMicrobatches(batch, config_.microbatches);
+  faults_.BeginStep();
+  const auto start = Clock::now();
+  const int rank = transport_.rank();
+  const auto& actions = schedule_.ranks[rank];
+  for (size_t index = 0; index < actions.size(); ++index) {
+    const Action& action = actions[index];
+    faults_.BeforeAction(rank, transport_.world_size(), step, config_.train.steps, index, actions.size());
+    AwaitInput(action, state);
+    const double action_start = MicrosecondsSince(start);
+    Dispatch(action, state);
+    timeline.push_back({step, action, action_start, MicrosecondsSince(start), window.HeldBytes()});
+  }
+  for (auto& [peer_direction, send] : state.sends) send->Wait();
+  state.sends.clear();
+  TORCH_CHECK(state.receives.empty() && state.arrived.empty() && state.inputs.empty() && state.outputs.empty() &&
+                  state.losses.empty() && state.input_grads.empty(),
+              "rank ", rank, " step ", step, " ended with work pending: ", state.receives.size() + state.arrived.size(),
+              " receives, ", state.inputs.size(), " inputs, ", state.outputs.size(), " outputs, ", state.losses.size(),
+              " losses, ", state.input_grads.size(), " gradients");
+  return state.loss_sum;
+}
+
+}  // namespace pipecheck::pipeline

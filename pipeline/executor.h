@@ -1,0 +1,71 @@
+// The pipeline executor: interprets one rank's simulator-accepted action list for one step,
+// one small function per action kind (as PyTorch's pipelining runtime does), and decides
+// nothing itself. Communication follows the discipline DESIGN §3 states and the simulator
+// checks: receives are posted where the plan puts them, payload included (the plan knows every
+// message's shape), so data lands while the rank computes; messages to one peer in one direction
+// leave in order, and a send's buffer is released as soon as that send has completed, at the
+// latest when the next message to the same peer and direction goes. A rank blocks only where
+// the simulator says it may: on a compute action's input, and on a send whose predecessor has
+// not yet left. A step ends by proving nothing is left pending.
+//
+// Not the trainer: gradients are accumulated here, but tied sums, clipping and the optimizer
+// step are the trainer's (trainer.h).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "pipeline/faults.h"
+#include "pipeline/rank_result.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage.h"
+#include "pipeline/transport.h"
+#include "reference/data.h"
+#include "reference/gradient_accumulation.h"
+#include "reference/memory_meter.h"
+
+namespace pipecheck::pipeline {
+
+class Executor {
+ public:
+  // Everything is borrowed and must outlive the executor.
+  Executor(const PipelineConfig& config, const Schedule& schedule, Stages& stages, Transport& transport,
+           Faults& faults, reference::GradientAccumulator& accumulator);
+  ~Executor();
+
+  // Runs this rank's actions for `step` on `batch`, appending each action's timing (and the
+  // bytes `window` says the trainer holds after it) to `timeline`. Returns the step's loss as a
+  // 0-dim float64 tensor on the device, read by nobody here (undefined without the head).
+  torch::Tensor Run(int64_t step, const reference::Batch& batch, const reference::StepWindow& window,
+                    std::vector<ActionTiming>& timeline);
+
+ private:
+  struct StepState;
+
+  // One function per action kind.
+  void Forward(const Action& action, StepState& state);
+  void Backward(const Action& action, StepState& state);
+  void RecvForward(const Action& action, StepState& state);
+  void RecvBackward(const Action& action, StepState& state);
+  void SendForward(const Action& action, StepState& state);
+  void SendBackward(const Action& action, StepState& state);
+
+  void Dispatch(const Action& action, StepState& state);
+  // Completes the receive a compute action consumes, before it is timed.
+  void AwaitInput(const Action& action, StepState& state);
+  torch::Tensor TakeArrived(Direction direction, const Action& action, StepState& state);
+  MessageShape PlannedMessage(int microbatch, const StepState& state) const;
+  void IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state);
+  bool OnThisRank(int stage) const;
+
+  const PipelineConfig& config_;
+  const Schedule& schedule_;
+  Stages& stages_;
+  Transport& transport_;
+  Faults& faults_;
+  reference::GradientAccumulator& accumulator_;
+  std::vector<torch::Tensor> owned_parameters_;  // with the tied copy: what backward accumulates into
+};
+
+}  // namespace pipecheck::pipeline

@@ -1,0 +1,220 @@
+// The memory model (see memory_model.h).
+#include "pipeline/memory_model.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "pipeline/partition.h"
+#include "reference/data.h"
+#include "reference/gradient_accumulation.h"
+
+namespace pipecheck::pipeline {
+namespace {
+
+constexpr int64_t kHeaderBytes = 10 * 8;  // transport.cc's message header
+
+int64_t ElementSize(torch::Dtype dtype) { return static_cast<int64_t>(c10::elementSize(dtype)); }
+
+// Sizes that do not change with the microbatch.
+struct Sizes {
+  reference::ModelConfig model;
+  int64_t e = 4;     // parameter and activation element
+  int64_t s = 4;     // norm statistics (float32 at least)
+  int64_t loss = 4;  // logits as the loss sees them (float32 at least)
+  int64_t grad = 4;  // an accumulated gradient element (fp32 sums under reduced precision)
+  bool adamw = true;
+};
+
+Sizes SizesOf(const PipelineConfig& config) {
+  Sizes sizes;
+  sizes.model = config.train.model;
+  sizes.e = ElementSize(config.train.dtype);
+  sizes.s = config.train.dtype == torch::kFloat64 ? 8 : 4;
+  sizes.loss = sizes.s;
+  sizes.grad = reference::AccumulatesInFloat32(config.train.dtype) ? 4 : sizes.e;
+  sizes.adamw = config.train.optimizer.kind == reference::OptimizerKind::kAdamW;
+  return sizes;
+}
+
+bool IsLlama(const Sizes& z) { return z.model.flavor == reference::Flavor::kLlama; }
+
+// Bytes one microbatch (b sequences, t positions) leaves saved on a stage until its backward.
+int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, bool receives_input, int64_t b, int64_t t) {
+  const int64_t n = b * t, h = z.model.hidden, f = z.model.FfnSize(), heads = z.model.heads;
+  const int64_t layers = slice.end_layer - slice.first_layer;
+  const bool llama = IsLlama(z);
+  int64_t bytes = 0;
+  if (layers > 0) {
+    const int64_t per_layer = (llama ? 8 * z.e + 4 * z.s : 8 * z.e + 6 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f +
+                              z.e * b * heads * t * t + b * t * t + 2 * z.s * n;
+    bytes += layers * per_layer;
+    if (llama) bytes += 2 * t * z.model.HeadDim() * z.e;  // rotary cos and sin tables
+  }
+  if (slice.has_embedding && !llama) bytes += t * 8;  // position indices
+  if (slice.has_head) bytes += (llama ? 2 * z.e + 2 * z.s : 2 * z.e + 3 * z.s) * n * h + z.loss * n * z.model.vocab + z.s * n + 8;
+  // A received input is held as the stage's leaf. Llama's first norm saves its input itself when
+  // it computes in the input's own precision (then it is already counted above); otherwise
+  // (gpt2's LayerNorm saves only centred values, bf16 norms save an fp32 copy) it is extra.
+  const bool saved_by_first_norm = llama && z.e == z.s && (layers > 0 || slice.has_head);
+  if (receives_input && !saved_by_first_norm) bytes += n * h * z.e;
+  return bytes;
+}
+
+// Extra bytes alive for a moment inside a forward or backward (above what it leaves behind).
+int64_t ForwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t) {
+  int64_t bytes = 0;
+  if (slice.end_layer > slice.first_layer) bytes = z.e * b * z.model.heads * t * t + b * t * t;
+  if (slice.has_head) {
+    const int64_t logits = b * t * z.model.vocab * (z.e + (z.loss != z.e ? z.loss : 0));
+    bytes = std::max(bytes, logits);
+  }
+  return bytes;
+}
+
+int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t) {
+  int64_t bytes = 0;
+  if (slice.end_layer > slice.first_layer) bytes = 2 * z.e * b * z.model.heads * t * t;
+  if (slice.has_head) bytes = std::max(bytes, 2 * z.loss * b * t * z.model.vocab);  // the log-softmax's and logits' gradients
+  return bytes;
+}
+
+// The largest single parameter of a stage (optimizer and clipping temporaries are per parameter).
+int64_t LargestParameter(const reference::ModelConfig& model, const reference::SliceSpec& slice) {
+  int64_t largest = 0;
+  if (slice.end_layer > slice.first_layer) largest = std::max(model.hidden * model.hidden, model.hidden * model.FfnSize());
+  if (slice.has_embedding || slice.has_head) largest = std::max(largest, model.vocab * model.hidden);
+  if (slice.has_embedding && model.flavor == reference::Flavor::kGpt2) largest = std::max(largest, model.max_seq_len * model.hidden);
+  return largest;
+}
+
+// Distinct storage bytes of the batch and its microbatches (some microbatch tensors are views).
+int64_t BatchBytes(const reference::Batch& batch, const std::vector<reference::Batch>& parts) {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  auto add = [&](const torch::Tensor& tensor) {
+    const void* data = tensor.storage().data();
+    if (seen.insert(data).second) bytes += static_cast<int64_t>(tensor.storage().nbytes());
+  };
+  for (const auto* b : {&batch}) add(b->tokens), add(b->labels), add(b->lengths);
+  for (const auto& part : parts) add(part.tokens), add(part.labels), add(part.lengths);
+  return bytes;
+}
+
+}  // namespace
+
+MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& schedule) {
+  const Sizes z = SizesOf(config);
+  const auto& shape = schedule.shape;
+  const auto slices = StageSlices(PartitionLayers(z.model, shape.stages(), config.partition));
+  MemoryPrediction prediction;
+  prediction.peak_bytes.assign(shape.ranks, 0);
+  prediction.held_after.resize(config.train.steps);
+
+  std::vector<int64_t> params(shape.ranks, 0), largest(shape.ranks, 0);
+  for (int s = 0; s < shape.stages(); ++s) {
+    params[shape.RankOfStage(s)] += StageParameterCount(z.model, slices[s]);
+    largest[shape.RankOfStage(s)] = std::max(largest[shape.RankOfStage(s)], LargestParameter(z.model, slices[s]));
+  }
+  const int64_t h = z.model.hidden;
+  for (int64_t step = 0; step < config.train.steps; ++step) {
+    const auto batch = reference::MakeBatch(config.train.data, config.train.seed, step);
+    const auto parts = reference::SplitMicrobatches(batch, config.microbatches);
+    const int64_t batch_bytes = BatchBytes(batch, parts);
+    auto& held_after = prediction.held_after[step];
+    held_after.resize(shape.ranks);
+    for (int rank = 0; rank < shape.ranks; ++rank) {
+      const int64_t param_bytes = params[rank] * z.e;
+      const int64_t state_bytes = z.adamw ? 2 * param_bytes : 0;
+      int64_t held = param_bytes + (step > 0 ? state_bytes : 0) + batch_bytes;
+      int64_t peak = held;
+      std::set<int> has_gradients;
+      std::map<std::pair<int, int>, int64_t> retained;      // (stage, mb) -> bytes until its backward
+      std::map<std::pair<int, int>, int64_t> pending_grad;  // input gradient waiting for SEND_B
+      std::map<std::pair<int, int>, int64_t> in_flight;     // (peer, direction) -> send buffer bytes
+      auto message = [&](int mb) { return parts[mb].tokens.size(0) * parts[mb].time() * h * z.e; };
+      for (const Action& a : schedule.ranks[rank]) {
+        const auto& slice = slices[a.stage];
+        const int mb = a.microbatch;
+        const int64_t b = parts[mb].tokens.size(0), t = parts[mb].time();
+        const bool remote_input = a.stage > 0 && shape.RankOfStage(a.stage - 1) != rank;
+        const int64_t stage_params = StageParameterCount(z.model, slice);
+        const bool passthrough = slice.end_layer == slice.first_layer && !slice.has_embedding && !slice.has_head;
+        switch (a.kind) {
+          case ActionKind::kRecvForward:
+          case ActionKind::kRecvBackward:
+            held += message(mb) + kHeaderBytes;  // posted with its payload buffer
+            peak = std::max(peak, held);
+            break;
+          case ActionKind::kForward: {
+            // The received buffer (counted at RECV) becomes the stage's input; its header goes.
+            const int64_t kept = Retained(z, slice, a.stage > 0, b, t);
+            const int64_t output = slice.has_head || passthrough ? 0 : message(mb);
+            held += kept + output - (remote_input ? message(mb) + kHeaderBytes : 0);
+            peak = std::max(peak, held + ForwardTransient(z, slice, b, t));
+            retained[{a.stage, mb}] = kept + output;
+            break;
+          }
+          case ActionKind::kSendForward:
+          case ActionKind::kSendBackward: {
+            const bool forward = a.kind == ActionKind::kSendForward;
+            const int peer = shape.RankOfStage(forward ? a.stage + 1 : a.stage - 1);
+            auto& buffer = in_flight[{peer, static_cast<int>(a.kind)}];
+            held -= buffer;  // the previous message to this peer and direction has left
+            // The data now belongs to the send (a passthrough's output is its input, still held).
+            const int64_t moved = forward && passthrough ? 0 : message(mb);
+            buffer = moved + kHeaderBytes;
+            held += kHeaderBytes;
+            if (forward) {
+              retained[{a.stage, mb}] -= moved;
+            } else {
+              pending_grad.erase({a.stage, mb});
+            }
+            peak = std::max(peak, held);
+            break;
+          }
+          case ActionKind::kBackward: {
+            const bool remote_gradient = !slice.has_head && shape.RankOfStage(a.stage + 1) != rank;
+            const int64_t gradient_in = remote_gradient ? message(mb) + kHeaderBytes : 0;
+            const bool first_backward = has_gradients.insert(a.stage).second;
+            const int64_t grads = first_backward ? stage_params * z.grad : 0;
+            // A passthrough hands its output gradient on as its input gradient.
+            const int64_t input_gradient = a.stage == 0 ? 0 : passthrough ? -kHeaderBytes : message(mb);
+            // Reduced precision: each backward's gradients arrive in the parameter dtype and are
+            // converted one parameter at a time to fp32 and added to the sums (the first backward's
+            // conversions become the sums).
+            const int64_t largest_here = LargestParameter(z.model, slice);
+            const int64_t conversion = z.grad == z.e ? 0
+                                       : first_backward ? largest_here * z.e
+                                                        : stage_params * z.e + largest_here * z.grad;
+            peak = std::max(peak, held + BackwardTransient(z, slice, b, t));
+            held += grads + input_gradient - retained[{a.stage, mb}] - (passthrough ? 0 : gradient_in);
+            if (a.stage + 1 < shape.stages() && !remote_gradient && !slice.has_head) {
+              held -= pending_grad[{a.stage + 1, mb}];
+              pending_grad.erase({a.stage + 1, mb});
+            }
+            retained.erase({a.stage, mb});
+            if (a.stage > 0) pending_grad[{a.stage, mb}] = passthrough ? gradient_in - kHeaderBytes : input_gradient;
+            peak = std::max(peak, held + conversion);
+            break;
+          }
+          default:
+            break;
+        }
+        held_after[rank].push_back(held);
+      }
+      for (auto& [key, bytes] : in_flight) held -= bytes;  // every send completes by step end
+      // Clipping takes each gradient's squared sum in float64; AdamW makes two temporaries per
+      // parameter; the first step also creates its state.
+      const int64_t clip = largest[rank] * (z.e == 8 ? 8 : 16);
+      const int64_t update = (z.adamw ? 2 * largest[rank] * z.e : 0) + (z.grad != z.e ? largest[rank] * z.e : 0);
+      peak = std::max(peak, held + clip);
+      if (step == 0) held += state_bytes;
+      peak = std::max(peak, held + update);
+      prediction.peak_bytes[rank] = std::max(prediction.peak_bytes[rank], peak);
+    }
+  }
+  return prediction;
+}
+
+}  // namespace pipecheck::pipeline

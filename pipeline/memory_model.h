@@ -1,0 +1,35 @@
+// What each rank should hold, predicted from the schedule and tensor sizes alone: parameters,
+// gradients (fp32 sums under bfloat16), optimizer state, the batch, and for every action the
+// activations kept for backward, the receive buffers posted, and the send buffers not yet
+// released, walked through the rank's action list step by step. Its peak is reported beside
+// the measured peak, so a leak (a buffer held longer than the discipline allows) shows up as
+// measured above predicted.
+//
+// Activations kept for backward are counted per layer as the tensors LibTorch's autograd saves
+// for this model's ops (reference/layers.cc): for a microbatch of b sequences of t positions
+// (N = b*t tokens), element size e and norm-statistics size s (float32 under bfloat16):
+//   llama layer: (8e + 4s)·N·hidden + 4e·N·ffn + e·b·heads·t² (softmax) + b·t² (mask) + 2s·N
+//   gpt2 layer:  (8e + 6s)·N·hidden + 2e·N·ffn + the same attention and norm terms
+//   head:        (2e + 2s)·N·hidden (gpt2: 2e + 3s) + N·vocab in the loss dtype + s·N
+// checked against the counting allocator on LibTorch 1.13 (exact on every flavour and dtype).
+// Transient peaks inside an action (attention scores, logits gradients, optimizer temporaries)
+// are estimated, not exact. Not a measurement: nothing here allocates a tensor of the model.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pipeline/schedule.h"
+#include "pipeline/stage.h"
+
+namespace pipecheck::pipeline {
+
+struct MemoryPrediction {
+  std::vector<int64_t> peak_bytes;                          // per rank, over every step
+  std::vector<std::vector<std::vector<int64_t>>> held_after;  // [step][rank][action]: after each action
+};
+
+// `schedule` is the lowered schedule the ranks run (BuildSchedule).
+MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& schedule);
+
+}  // namespace pipecheck::pipeline
