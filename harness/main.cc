@@ -15,6 +15,7 @@
 #include "harness/errors.h"
 #include "harness/reference_run.h"
 #include "harness/run.h"
+#include "harness/scenario_model.h"
 #include "harness/worker.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
@@ -110,13 +111,13 @@ void ApplyThreads(int threads) {
 }
 
 int Validate(const Options& options) {
-  const auto suite = pipecheck::scenarios::LoadScenarios(options.scenarios);
+  const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
   fmt::print("{}: {} scenarios, all valid\n", options.scenarios, suite.size());
   return 0;
 }
 
 int Reference(const Options& options) {
-  const auto suite = pipecheck::scenarios::LoadScenarios(options.scenarios);
+  const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
   const auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")));
   if (selected.empty()) {
     fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios,
@@ -128,7 +129,7 @@ int Reference(const Options& options) {
 }
 
 int Run(Options options) {
-  auto suite = pipecheck::scenarios::LoadScenarios(options.scenarios);
+  auto suite = pipecheck::harness::LoadSuite(options.scenarios);
   auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")));
   if (selected.empty()) {
     fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios,
@@ -234,7 +235,7 @@ int UpdateBaseline(const Options& options) {
 }
 
 int Dump(const Options& options) {
-  const auto suite = pipecheck::scenarios::LoadScenarios(options.scenarios);
+  const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
   const auto& scenario = pipecheck::scenarios::FindScenario(suite, options.scenario, options.scenarios);
   if (!WritableOut(options.out, "dump")) return kExitBadInput;
   ApplyThreads(options.threads);

@@ -5,6 +5,19 @@
 
 namespace pipecheck::harness {
 
+const scenarios::Vocabulary& PipelineVocabulary() {
+  static const scenarios::Vocabulary vocabulary{pipeline::ScheduleNames(), pipeline::FaultNames()};
+  return vocabulary;
+}
+
+std::vector<scenarios::Scenario> LoadSuite(const std::string& path) {
+  return scenarios::LoadScenarios(path, PipelineVocabulary());
+}
+
+std::vector<scenarios::Scenario> ParseSuite(const std::string& text, const std::string& display_name) {
+  return scenarios::ParseScenarios(text, display_name, PipelineVocabulary());
+}
+
 torch::Dtype ParseDtype(const std::string& dtype) {
   if (dtype == "float64") return torch::kFloat64;
   if (dtype == "float32") return torch::kFloat32;

@@ -8,6 +8,13 @@
 
 namespace pipecheck::harness {
 
+// The schedule and fault names the pipeline implements, for the scenario loader.
+const scenarios::Vocabulary& PipelineVocabulary();
+
+// A suite loaded (from a file) or parsed (from text) against PipelineVocabulary().
+std::vector<scenarios::Scenario> LoadSuite(const std::string& path);
+std::vector<scenarios::Scenario> ParseSuite(const std::string& text, const std::string& display_name);
+
 torch::Dtype ParseDtype(const std::string& dtype);
 
 // The device a scenario asks for; throws when it is not available in this process.

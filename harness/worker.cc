@@ -106,7 +106,7 @@ int RunWorker(const WorkerOptions& options) {
   const char* rank_text = std::getenv("RANK") ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
   std::string rank = rank_text ? rank_text : "?";
   try {
-    const auto suite = scenarios::LoadScenarios(options.scenarios_path);
+    const auto suite = harness::LoadSuite(options.scenarios_path);
     auto scenario = scenarios::FindScenario(suite, options.scenario, options.scenarios_path);
     if (!options.device.empty()) scenario.device = options.device;
     auto config = ToPipelineConfig(scenario);

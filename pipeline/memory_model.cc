@@ -53,10 +53,10 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, bool receive
   }
   if (slice.has_embedding && !llama) bytes += t * 8;  // position indices
   if (slice.has_head) bytes += (llama ? 2 * z.e + 2 * z.s : 2 * z.e + 3 * z.s) * n * h + z.loss * n * z.model.vocab + z.s * n + 8;
-  // A received input is held as the stage's leaf. Llama's first norm saves its input itself when
-  // it computes in the input's own precision (then it is already counted above); otherwise
-  // (gpt2's LayerNorm saves only centred values, bf16 norms save an fp32 copy) it is extra.
-  const bool saved_by_first_norm = llama && z.e == z.s && (layers > 0 || slice.has_head);
+  // A received input is held as the stage's leaf. The first norm saves its input itself when it
+  // computes in the input's own precision (then it is already counted above); under bfloat16 it
+  // saves an fp32 copy instead, and the input is extra.
+  const bool saved_by_first_norm = z.e == z.s && (layers > 0 || slice.has_head);
   if (receives_input && !saved_by_first_norm) bytes += n * h * z.e;
   return bytes;
 }
@@ -74,7 +74,11 @@ int64_t ForwardTransient(const Sizes& z, const reference::SliceSpec& slice, int6
 
 int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t) {
   int64_t bytes = 0;
-  if (slice.end_layer > slice.first_layer) bytes = 2 * z.e * b * z.model.heads * t * t;
+  if (slice.end_layer > slice.first_layer) {
+    // The larger of the attention's (score gradients) and the MLP's (two hidden-sized gradients).
+    const int64_t n = b * t;
+    bytes = std::max(z.e * b * z.model.heads * t * t + 2 * n * z.model.hidden * z.e, 2 * n * z.model.FfnSize() * z.e);
+  }
   if (slice.has_head) bytes = std::max(bytes, 2 * z.loss * b * t * z.model.vocab);  // the log-softmax's and logits' gradients
   return bytes;
 }
@@ -206,7 +210,14 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
       for (auto& [key, bytes] : in_flight) held -= bytes;  // every send completes by step end
       // Clipping takes each gradient's squared sum in float64; AdamW makes two temporaries per
       // parameter; the first step also creates its state.
-      const int64_t clip = largest[rank] * (z.e == 8 ? 8 : 16);
+      int64_t clip = largest[rank] * (z.e == 8 ? 8 : 16);
+      // Summing a tied weight's two gradients: the peer's copy arrives and the sum is formed.
+      const int last = shape.stages() - 1;
+      const bool owns_tied = z.model.tied && last > 0 && (shape.RankOfStage(0) == rank || shape.RankOfStage(last) == rank);
+      if (owns_tied) {
+        const int64_t tied = z.model.vocab * h * z.grad;
+        clip = std::max(clip, shape.RankOfStage(0) == shape.RankOfStage(last) ? tied : 2 * tied + 2 * kHeaderBytes);
+      }
       const int64_t update = (z.adamw ? 2 * largest[rank] * z.e : 0) + (z.grad != z.e ? largest[rank] * z.e : 0);
       peak = std::max(peak, held + clip);
       if (step == 0) held += state_bytes;

@@ -72,11 +72,20 @@ double MaxTolerance(const std::string& dtype);
 // The largest learning rate a scenario may set.
 constexpr double kMaxLearningRate = 10.0;
 
+// The names the `schedule` and `fault` columns accept. They belong to the pipeline (its
+// generators and its faults), which this loader may not include, so the caller passes them in
+// (harness::PipelineVocabulary()) and each list is written once, where it is implemented.
+struct Vocabulary {
+  std::vector<std::string> schedules;
+  std::vector<std::string> faults;
+};
+
 // Loads and validates a suite; throws ScenarioError.
-std::vector<Scenario> LoadScenarios(const std::string& path);
+std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& vocabulary);
 
 // The same from text in memory; `display_name` stands for the file in messages.
-std::vector<Scenario> ParseScenarios(const std::string& text, const std::string& display_name);
+std::vector<Scenario> ParseScenarios(const std::string& text, const std::string& display_name,
+                                     const Vocabulary& vocabulary);
 
 // Scenarios whose name matches a shell glob (`*`, `?`, `[...]`); an empty glob matches all.
 // `globs`: comma-separated shell globs on names; a scenario matching any is kept, in suite

@@ -81,7 +81,7 @@ expect 0 "^pp2,PASS,pass,1,2,1f1b,1,2,float64,cpu," tail -n 1 "$work/dev/summary
 
 # transport: the report says which ran; a transport that cannot move this device's tensors is
 # bad input before anything runs.
-expect 0 "^pp2,PASS,.*,gloo$" tail -n 1 "$work/r/summary.csv"
+expect 0 "^pp2,PASS,.*,gloo,[0-9]+,[0-9.]+$" tail -n 1 "$work/r/summary.csv"
 expect 2 "transport', value 'nccl': nccl moves CUDA tensors, but the scenario runs on cpu; use gloo or auto" "$pipecheck" validate --scenarios <(printf 'name,transport\nx,nccl\n')
 expect 2 "transport', value 'gloo': c10d's Gloo cannot send CUDA tensors" "$pipecheck" validate --scenarios <(printf 'name,device,transport\nx,cuda,gloo\n')
 expect 2 "transport', value 'tcp': expected one of: auto, gloo, nccl, staged" "$pipecheck" validate --scenarios <(printf 'name,transport\nx,tcp\n')

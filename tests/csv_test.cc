@@ -63,14 +63,15 @@ TEST(Reports, ColumnsAreExactlyTheDesigns) {
             "scenario,status,expect,ok,world_size,schedule,virtual_stages,microbatches,dtype,device,steps,tokens,"
             "loss_ref,loss_pp,loss_max_abs_diff,grad_max_rel_err,worst_param,params_checked,weights_max_rel_err,"
             "ref_step_ms,pp_step_ms,ref_tokens_per_s,pp_tokens_per_s,ref_peak_bytes,pp_peak_bytes_max,bubble_theory,"
-            "bubble_measured,message,transport");
+            "bubble_measured,message,transport,pp_peak_bytes_predicted,pp_step_ms_predicted");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::ParamColumns(), ",")),
             "scenario,param,stage,rank,numel,ref_norm,pp_norm,max_abs_diff,rel_err,ok");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::StepColumns(), ",")), "scenario,step,loss_ref,loss_pp,abs_diff");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::RankColumns(), ",")),
-            "scenario,rank,stages,params,peak_bytes,busy_ms,idle_ms,comm_ms");
+            "scenario,rank,stages,params,peak_bytes,busy_ms,idle_ms,comm_ms,peak_bytes_predicted,step_ms,"
+            "step_ms_predicted");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::TimelineColumns(), ",")),
-            "scenario,rank,step,action,stage,microbatch,start_us,end_us");
+            "scenario,rank,step,action,stage,microbatch,start_us,end_us,held_bytes,held_bytes_predicted");
 }
 
 TEST(Reports, AFailedScenarioKeepsEveryColumnAndSurvivesJson) {
@@ -84,7 +85,7 @@ TEST(Reports, AFailedScenarioKeepsEveryColumnAndSurvivesJson) {
   std::string header, row;
   std::getline(stream, header);
   std::getline(stream, row);
-  EXPECT_EQ(row, "x,ERROR" + std::string(26, ',') + "\"rank 1 was killed by signal 9, \"\"boom\"\"\",");
+  EXPECT_EQ(row, "x,ERROR" + std::string(26, ',') + "\"rank 1 was killed by signal 9, \"\"boom\"\"\",,,");
 }
 
 TEST(Csv, AWriterKilledMidwayLeavesThePreviousFileWhole) {

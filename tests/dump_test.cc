@@ -22,7 +22,7 @@ c10::Dict<c10::IValue, c10::IValue> LoadDict(const std::string& path) {
 class DumpRoundTrip : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DumpRoundTrip, FilesHoldTheReferencesFirstStep) {
-  const auto suite = scenarios::ParseScenarios(
+  const auto suite = harness::ParseSuite(
       "name,flavor,layers,hidden,heads,tied,batch,seq_len,seq_len_min,vocab\n"
       "llama_untied,llama,2,16,2,0,5,12,4,31\n"
       "gpt2_tied,gpt2,2,16,2,1,5,12,4,31\n",
@@ -57,7 +57,7 @@ TEST_P(DumpRoundTrip, FilesHoldTheReferencesFirstStep) {
   EXPECT_EQ(dumped_loss.item<double>(), loss);
 
   // scenario.csv loads back as the same scenario, with ffn made explicit.
-  const auto reloaded = scenarios::LoadScenarios(directory + "/scenario.csv");
+  const auto reloaded = harness::LoadSuite(directory + "/scenario.csv");
   ASSERT_EQ(reloaded.size(), 1u);
   EXPECT_EQ(reloaded[0].ffn, harness::ToModelConfig(scenario).FfnSize());
   EXPECT_EQ(scenarios::ColumnValues(reloaded[0]), scenarios::ColumnValues(harness::WithEffectiveValues(scenario)));

@@ -17,6 +17,7 @@
 #include "harness/launcher.h"
 #include "pipeline/faults.h"
 #include "scenarios/scenario.h"
+#include "harness/scenario_model.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -58,14 +59,14 @@ const std::map<std::string, std::string> kExpectedMessage = {
 
 std::vector<std::string> FaultScenarios() {
   std::vector<std::string> names;
-  for (const auto& scenario : scenarios::LoadScenarios(kFaultSuite)) names.push_back(scenario.name);
+  for (const auto& scenario : harness::LoadSuite(kFaultSuite)) names.push_back(scenario.name);
   return names;
 }
 
 class Fault : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Fault, IsCaughtAndItsControlPasses) {
-  const auto suite = scenarios::LoadScenarios(kFaultSuite);
+  const auto suite = harness::LoadSuite(kFaultSuite);
   auto scenario = scenarios::FindScenario(suite, GetParam(), kFaultSuite);
   const auto options = testing::TestLaunchOptions(kFaultSuite, GetParam(), scenario.fault == "hang_rank" ? 8 : 60);
   const auto caught = harness::LaunchScenario(scenario, options);
@@ -90,14 +91,32 @@ INSTANTIATE_TEST_SUITE_P(Suite, Fault, ::testing::ValuesIn(FaultScenarios()),
 
 TEST(Faults, EveryFaultHasAScenarioAndTheLoaderKnowsEveryName) {
   std::set<std::string> covered;
-  for (const auto& scenario : scenarios::LoadScenarios(kFaultSuite)) covered.insert(scenario.fault);
+  for (const auto& scenario : harness::LoadSuite(kFaultSuite)) covered.insert(scenario.fault);
   const auto& names = pipeline::FaultNames();
   for (size_t i = 1; i < names.size(); ++i) {
     EXPECT_TRUE(covered.count(names[i])) << names[i] << " has no scenario in faults.csv";
     EXPECT_TRUE(kExpectedMessage.count(names[i])) << names[i];
-    EXPECT_NO_THROW(scenarios::ParseScenarios("name,fault\nx," + names[i] + "\n", "f.csv")) << names[i];
+    EXPECT_NO_THROW(harness::ParseSuite("name,fault\nx," + names[i] + "\n", "f.csv")) << names[i];
   }
-  EXPECT_THROW(scenarios::ParseScenarios("name,fault\nx,typo\n", "f.csv"), scenarios::ScenarioError);
+  EXPECT_THROW(harness::ParseSuite("name,fault\nx,typo\n", "f.csv"), scenarios::ScenarioError);
+}
+
+// Schedule and fault names are written once, in pipeline/; the loader takes them from there.
+TEST(Names, LoaderGeneratorsAndFaultsAgreeOnEveryName) {
+  const auto& vocabulary = harness::PipelineVocabulary();
+  EXPECT_EQ(vocabulary.schedules, pipeline::ScheduleNames());
+  EXPECT_EQ(vocabulary.faults, pipeline::FaultNames());
+  for (const auto& name : pipeline::ScheduleNames()) {
+    EXPECT_NO_THROW(pipeline::MakeSchedule(name, {2, 1, 4})) << name;
+    EXPECT_EQ(harness::ParseSuite("name,schedule\nx," + name + "\n", "s.csv")[0].schedule, name);
+  }
+  EXPECT_THROW(harness::ParseSuite("name,schedule\nx,zigzag\n", "s.csv"), scenarios::ScenarioError);
+  const auto& faults = pipeline::FaultNames();
+  for (size_t i = 0; i < faults.size(); ++i) {
+    EXPECT_EQ(static_cast<size_t>(pipeline::ParseFault(faults[i])), i) << faults[i];
+    EXPECT_EQ(harness::ParseSuite("name,fault\nx," + faults[i] + "\n", "f.csv")[0].fault, faults[i]);
+  }
+  EXPECT_EQ(faults.front(), "none");
 }
 
 TEST(Launcher, ABusyPortIsReplacedByAFreeOne) {
@@ -113,7 +132,7 @@ TEST(Launcher, ABusyPortIsReplacedByAFreeOne) {
   std::ofstream(suite) << "name,world_size,layers,hidden,batch,microbatches,seq_len\nbusy,2,2,16,4,2,8\n";
   auto options = testing::TestLaunchOptions(suite, "busy_port_work");
   options.port = ntohs(address.sin_port);
-  const auto report = harness::LaunchScenario(scenarios::LoadScenarios(suite)[0], options);
+  const auto report = harness::LaunchScenario(harness::LoadSuite(suite)[0], options);
   close(listener);
   EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
 }

@@ -7,6 +7,7 @@
 
 #include "harness/launcher.h"
 #include "scenarios/scenario.h"
+#include "harness/scenario_model.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -17,7 +18,7 @@ const char* const kLongSuite = PIPECHECK_SOURCE_DIR "/scenarios/long.csv";
 class LongRun : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LongRun, CorrectPipelinePasses) {
-  const auto suite = scenarios::LoadScenarios(kLongSuite);
+  const auto suite = harness::LoadSuite(kLongSuite);
   const auto& scenario = scenarios::FindScenario(suite, GetParam(), kLongSuite);
   const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(kLongSuite, "long_" + GetParam(), 900));
   EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
@@ -25,7 +26,7 @@ TEST_P(LongRun, CorrectPipelinePasses) {
 
 std::vector<std::string> LongScenarios() {
   std::vector<std::string> names;
-  for (const auto& scenario : scenarios::LoadScenarios(kLongSuite)) names.push_back(scenario.name);
+  for (const auto& scenario : harness::LoadSuite(kLongSuite)) names.push_back(scenario.name);
   return names;
 }
 

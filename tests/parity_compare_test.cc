@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/parity.h"
+#include "harness/scenario_model.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -16,7 +17,7 @@ class ParityJudge : public ::testing::Test {
   // A one-rank "pipeline" that reproduced the reference exactly: the reference's own steps,
   // with the weights each step started from.
   void Build(const std::string& csv, int steps = 2) {
-    scenario_ = scenarios::ParseScenarios(csv, "judge.csv")[0];
+    scenario_ = harness::ParseSuite(csv, "judge.csv")[0];
     config_ = testing::TinyConfig(scenario_.flavor == "gpt2" ? reference::Flavor::kGpt2 : reference::Flavor::kLlama, false);
     config_.steps = steps;
     scenario_.vocab = config_.model.vocab;

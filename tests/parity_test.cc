@@ -8,6 +8,7 @@
 
 #include "harness/launcher.h"
 #include "scenarios/scenario.h"
+#include "harness/scenario_model.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -17,14 +18,14 @@ const char* const kSuite = PIPECHECK_SOURCE_DIR "/tests/data/parity.csv";
 
 std::vector<std::string> ScenarioNames() {
   std::vector<std::string> names;
-  for (const auto& scenario : scenarios::LoadScenarios(kSuite)) names.push_back(scenario.name);
+  for (const auto& scenario : harness::LoadSuite(kSuite)) names.push_back(scenario.name);
   return names;
 }
 
 class Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Parity, PipelineMatchesReference) {
-  const auto suite = scenarios::LoadScenarios(kSuite);
+  const auto suite = harness::LoadSuite(kSuite);
   const auto& scenario = scenarios::FindScenario(suite, GetParam(), kSuite);
   const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(kSuite, "parity_" + scenario.name));
   EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
@@ -51,7 +52,7 @@ TEST(ScheduleMemory, OneFOneBFirstRankPeaksBelowGPipe) {
   std::ofstream(csv) << "name,layers,hidden,heads,world_size,schedule,batch,microbatches,seq_len,steps\n"
                         "gpipe,4,64,4,4,gpipe,16,16,32,2\n"
                         "onefoneb,4,64,4,4,1f1b,16,16,32,2\n";
-  const auto suite = scenarios::LoadScenarios(csv);
+  const auto suite = harness::LoadSuite(csv);
   const auto options = testing::TestLaunchOptions(csv, "schedule_memory_work");
   std::map<std::string, int64_t> first_rank_peak;
   for (const auto& scenario : suite) {

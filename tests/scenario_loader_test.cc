@@ -5,18 +5,19 @@
 #include <fstream>
 
 #include "scenarios/scenario.h"
+#include "harness/scenario_model.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
 namespace {
 
-using scenarios::ParseScenarios;
+using harness::ParseSuite;
 using scenarios::ScenarioError;
 
 // The message ParseScenarios throws for `text`, or "" when it loads.
 std::string ErrorFor(const std::string& text) {
   try {
-    ParseScenarios(text, "suite.csv");
+    ParseSuite(text, "suite.csv");
   } catch (const ScenarioError& error) {
     return error.what();
   }
@@ -24,7 +25,7 @@ std::string ErrorFor(const std::string& text) {
 }
 
 TEST(ScenarioLoader, AppliesDefaultsAndResolvesDependentOnes) {
-  const auto suite = ParseScenarios("name\nplain\n", "suite.csv");
+  const auto suite = ParseSuite("name\nplain\n", "suite.csv");
   ASSERT_EQ(suite.size(), 1u);
   const auto& s = suite[0];
   EXPECT_EQ(s.flavor, "llama");
@@ -50,7 +51,7 @@ TEST(ScenarioLoader, ReadsEveryColumnWithQuotesCommentsAndBlankLines) {
       "full,gpt2,3,48,6,100,99,1,4,gpipe,1,\"1;0;2;0\",9,5,20,3,float32,3,sgd,0.25,1.5,0,18446744073709551615,"
       "cpu,2e-4,none,fail\n"
       "dtype_tol , llama , 2 ,,,,,,,,,,,,,,bfloat16,,,,,,,,,,\n";
-  const auto suite = ParseScenarios(text, "suite.csv");
+  const auto suite = ParseSuite(text, "suite.csv");
   ASSERT_EQ(suite.size(), 2u);
   const auto& s = suite[0];
   EXPECT_EQ(s.flavor, "gpt2");
@@ -71,8 +72,8 @@ TEST(ScenarioLoader, ReadsEveryColumnWithQuotesCommentsAndBlankLines) {
 }
 
 TEST(ScenarioLoader, ColumnValuesRoundTrip) {
-  const auto original = ParseScenarios("name,lr,partition,world_size,layers\nx,0.003,2;1,2,3\n", "a.csv")[0];
-  const auto again = ParseScenarios(testing::ScenariosCsv({original}), "b.csv")[0];
+  const auto original = ParseSuite("name,lr,partition,world_size,layers\nx,0.003,2;1,2,3\n", "a.csv")[0];
+  const auto again = ParseSuite(testing::ScenariosCsv({original}), "b.csv")[0];
   EXPECT_EQ(scenarios::ColumnValues(again), scenarios::ColumnValues(original));
 }
 
@@ -173,7 +174,7 @@ TEST(ScenarioLoader, RejectsRowsWithTheWrongFieldCount) {
 
 TEST(ScenarioLoader, NamesAnUnreadableFile) {
   try {
-    scenarios::LoadScenarios("/nonexistent/suite.csv");
+    harness::LoadSuite("/nonexistent/suite.csv");
     FAIL() << "expected an error";
   } catch (const ScenarioError& error) {
     EXPECT_EQ(std::string(error.what()), "/nonexistent/suite.csv: cannot open scenario file: No such file or directory");
@@ -181,7 +182,7 @@ TEST(ScenarioLoader, NamesAnUnreadableFile) {
 }
 
 TEST(ScenarioLoader, SelectsByGlobAndFindsByName) {
-  const auto suite = ParseScenarios("name\nws1_a\nws2_b\nws1_c\n", "s.csv");
+  const auto suite = ParseSuite("name\nws1_a\nws2_b\nws1_c\n", "s.csv");
   EXPECT_EQ(scenarios::SelectScenarios(suite, "ws1_*").size(), 2u);
   EXPECT_EQ(scenarios::SelectScenarios(suite, "").size(), 3u);
   EXPECT_EQ(scenarios::SelectScenarios(suite, "nothing*,ws1_*").size(), 2u);
@@ -190,7 +191,7 @@ TEST(ScenarioLoader, SelectsByGlobAndFindsByName) {
 }
 
 TEST(ScenarioLoader, CoreSuiteIsValid) {
-  const auto suite = scenarios::LoadScenarios(PIPECHECK_SOURCE_DIR "/scenarios/core.csv");
+  const auto suite = harness::LoadSuite(PIPECHECK_SOURCE_DIR "/scenarios/core.csv");
   EXPECT_GE(suite.size(), 10u);
 }
 

@@ -7,6 +7,7 @@
 
 #include "harness/launcher.h"
 #include "scenarios/scenario.h"
+#include "harness/scenario_model.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -16,13 +17,13 @@ class CoreSuiteSeed : public ::testing::TestWithParam<int> {};
 
 TEST_P(CoreSuiteSeed, EveryRowPasses) {
   const uint64_t seed = 1000 + 7919 * static_cast<uint64_t>(GetParam());
-  auto suite = scenarios::LoadScenarios(PIPECHECK_SOURCE_DIR "/scenarios/core.csv");
+  auto suite = harness::LoadSuite(PIPECHECK_SOURCE_DIR "/scenarios/core.csv");
   const std::string directory = testing::ScratchDirectory("seed" + std::to_string(GetParam()));
   const std::string path = directory + "/core_seed.csv";
   for (auto& scenario : suite) scenario.seed = seed;
   std::ofstream(path) << testing::ScenariosCsv(suite);
   const auto options = testing::TestLaunchOptions(path, "seed_work" + std::to_string(GetParam()));
-  for (const auto& scenario : scenarios::LoadScenarios(path)) {
+  for (const auto& scenario : harness::LoadSuite(path)) {
     const auto report = harness::LaunchScenario(scenario, options);
     EXPECT_EQ(report.Get("status"), "PASS") << scenario.name << " seed " << seed << ": " << report.Get("message");
   }
