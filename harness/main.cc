@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -44,6 +45,7 @@ struct Options {
   int stages = 2;
   int microbatches = 4;
   int virtual_stages = 1;
+  std::string schedule_csv;
   double backward_cost = 2.0;
   // compare
   std::string baseline;
@@ -178,7 +180,8 @@ int Worker(const Options& options) {
 int PrintSchedule(const Options& options) {
   using namespace pipecheck::pipeline;
   const PipelineShape shape{options.stages, options.virtual_stages, options.microbatches};
-  const Schedule lowered = AddCommunication(MakeSchedule(options.schedule, shape));
+  const Schedule compute = ScheduleByName(options.schedule, shape);
+  const Schedule lowered = LowerSchedule(compute);
   CostModel equal;
   CostModel weighted;
   weighted.backward = options.backward_cost;
@@ -190,10 +193,14 @@ int PrintSchedule(const Options& options) {
   fmt::print("timeline with F=1, B={} (one column per time unit):\n{}\n", options.backward_cost,
              FormatTimeline(lowered, result, weighted));
   std::vector<int> peaks = result.peak_in_flight;
-  fmt::print("bubble: {:.4f} with F=1, B={}; {:.4f} with equal costs ((p-1)/(m+p-1) = {:.4f})\n", result.bubble,
+  fmt::print("bubble: {:.4f} with F=1, B={}; {:.4f} with equal costs (1F1B's (p-1)/(m+p-1) = {:.4f})\n", result.bubble,
              options.backward_cost, equal_result.bubble,
              static_cast<double>(shape.ranks - 1) / (shape.microbatches + shape.ranks - 1));
   fmt::print("peak in-flight microbatches per rank: {}\n", fmt::join(peaks, " "));
+  if (!options.schedule_csv.empty()) {
+    pipecheck::reports::WriteFileAtomically(options.schedule_csv, ScheduleToCsv(compute));
+    fmt::print("wrote {} (PyTorch pipelining's compute-only CSV)\n", options.schedule_csv);
+  }
   return 0;
 }
 
@@ -295,8 +302,17 @@ int main(int argc, char** argv) {
       ->check(ThreadCount());
 
   auto* schedule = app.add_subcommand("schedule", "Print a schedule's per-rank actions, timeline and bubble");
-  schedule->add_option("--schedule", options.schedule, "Schedule name")
-      ->check(CLI::IsMember(pipecheck::pipeline::ScheduleNames()))->capture_default_str();
+  schedule->add_option("--schedule", options.schedule, "Schedule name, or csv:PATH")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            const auto& names = pipecheck::pipeline::ScheduleNames();
+            if (value.rfind("csv:", 0) == 0 && value.size() > 4) return "";
+            if (std::find(names.begin(), names.end(), value) != names.end()) return "";
+            return fmt::format("{} is not a schedule: expected one of {} or csv:PATH", value, fmt::join(names, ", "));
+          },
+          "SCHEDULE"))
+      ->capture_default_str();
+  schedule->add_option("--csv", options.schedule_csv, "Also write the schedule as PyTorch pipelining's compute-only CSV");
   schedule->add_option("--stages", options.stages, "Pipeline ranks")->check(CLI::Range(1, 1024))->capture_default_str();
   schedule->add_option("--microbatches", options.microbatches, "Microbatches")->check(CLI::Range(1, 65535))
       ->capture_default_str();

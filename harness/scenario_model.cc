@@ -1,12 +1,43 @@
 // Scenario -> trainer configuration (see scenario_model.h).
 #include "harness/scenario_model.h"
 
+#include <fmt/format.h>
+
 #include <stdexcept>
 
 namespace pipecheck::harness {
 
+namespace {
+
+// Simulating is linear in the number of actions; a shape past this is left to the workers,
+// which validate their schedule before they run it.
+constexpr int64_t kMaxActionsCheckedAtLoad = 1000000;
+
+std::string ScheduleProblem(const scenarios::Scenario& scenario) {
+  if (scenario.world_size * scenario.virtual_stages * scenario.microbatches > kMaxActionsCheckedAtLoad) return "";
+  const pipeline::PipelineShape shape{static_cast<int>(scenario.world_size), static_cast<int>(scenario.virtual_stages),
+                                      static_cast<int>(scenario.microbatches)};
+  try {
+    const auto compute = pipeline::ScheduleByName(scenario.schedule, shape);
+    for (size_t rank = 0; rank < compute.ranks.size(); ++rank) {
+      for (const auto& action : compute.ranks[rank]) {
+        if (action.kind == pipeline::ActionKind::kBackwardInput || action.kind == pipeline::ActionKind::kBackwardWeight) {
+          return fmt::format("rank {} runs {}: a split backward (I/W), which this executor does not run yet", rank,
+                             action.ToString());
+        }
+      }
+    }
+    pipeline::ValidateSchedule(pipeline::LowerSchedule(compute));
+  } catch (const pipeline::ScheduleError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+}  // namespace
+
 const scenarios::Vocabulary& PipelineVocabulary() {
-  static const scenarios::Vocabulary vocabulary{pipeline::ScheduleNames(), pipeline::FaultNames()};
+  static const scenarios::Vocabulary vocabulary{pipeline::ScheduleNames(), pipeline::FaultNames(), ScheduleProblem};
   return vocabulary;
 }
 

@@ -40,7 +40,9 @@ Sizes SizesOf(const PipelineConfig& config) {
 bool IsLlama(const Sizes& z) { return z.model.flavor == reference::Flavor::kLlama; }
 
 // Bytes one microbatch (b sequences, t positions) leaves saved on a stage until its backward.
-int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, bool receives_input, int64_t b, int64_t t) {
+enum class Input { kTokens, kReceived, kLocal };  // stage 0; from another rank; from this rank's previous stage
+
+int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input, int64_t b, int64_t t) {
   const int64_t n = b * t, h = z.model.hidden, f = z.model.FfnSize(), heads = z.model.heads;
   const int64_t layers = slice.end_layer - slice.first_layer;
   const bool llama = IsLlama(z);
@@ -57,7 +59,9 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, bool receive
   // computes in the input's own precision (then it is already counted above); under bfloat16 it
   // saves an fp32 copy instead, and the input is extra.
   const bool saved_by_first_norm = z.e == z.s && (layers > 0 || slice.has_head);
-  if (receives_input && !saved_by_first_norm) bytes += n * h * z.e;
+  if (input == Input::kReceived && !saved_by_first_norm) bytes += n * h * z.e;
+  // A local input is the previous stage's output, counted there.
+  if (input == Input::kLocal && saved_by_first_norm) bytes -= n * h * z.e;
   return bytes;
 }
 
@@ -152,7 +156,8 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             break;
           case ActionKind::kForward: {
             // The received buffer (counted at RECV) becomes the stage's input; its header goes.
-            const int64_t kept = Retained(z, slice, a.stage > 0, b, t);
+            const Input input = a.stage == 0 ? Input::kTokens : remote_input ? Input::kReceived : Input::kLocal;
+            const int64_t kept = Retained(z, slice, input, b, t);
             const int64_t output = slice.has_head || passthrough ? 0 : message(mb);
             held += kept + output - (remote_input ? message(mb) + kHeaderBytes : 0);
             peak = std::max(peak, held + ForwardTransient(z, slice, b, t));

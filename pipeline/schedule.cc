@@ -6,6 +6,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <tuple>
 
 namespace pipecheck::pipeline {
@@ -31,12 +36,12 @@ const char* KindText(ActionKind kind) {
   return "?";
 }
 
-Schedule EmptySchedule(const std::string& name, const PipelineShape& shape) {
+Schedule EmptySchedule(const std::string& name, const PipelineShape& shape, bool virtual_stages_allowed = false) {
   if (shape.ranks < 1 || shape.microbatches < 1 || shape.virtual_stages < 1) {
     throw ScheduleError(fmt::format("schedule {} needs ranks, virtual stages and microbatches >= 1 (got {}, {}, {})",
                                     name, shape.ranks, shape.virtual_stages, shape.microbatches));
   }
-  if (shape.virtual_stages != 1) {
+  if (shape.virtual_stages != 1 && !virtual_stages_allowed) {
     throw ScheduleError(fmt::format("schedule {} runs one stage per rank; got {} virtual stages", name,
                                     shape.virtual_stages));
   }
@@ -92,7 +97,7 @@ Action ParseAction(const std::string& text) {
 }
 
 const std::vector<std::string>& ScheduleNames() {
-  static const std::vector<std::string> names = {"gpipe", "1f1b"};
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved"};
   return names;
 }
 
@@ -127,10 +132,161 @@ Schedule OneFOneBSchedule(const PipelineShape& shape) {
   return schedule;
 }
 
+std::string InterleavedConstraint(const PipelineShape& shape) {
+  if (shape.virtual_stages < 2) {
+    return fmt::format("interleaved needs virtual_stages >= 2 (got {}; with one stage per rank use 1f1b)",
+                       shape.virtual_stages);
+  }
+  if (shape.microbatches % shape.ranks != 0) {
+    return fmt::format("interleaved needs microbatches to be a multiple of the ranks, as Megatron's and PyTorch's "
+                       "interleaved schedules do (got {} microbatches on {} ranks)",
+                       shape.microbatches, shape.ranks);
+  }
+  return "";
+}
+
+Schedule InterleavedSchedule(const PipelineShape& shape) {
+  Schedule schedule = EmptySchedule("interleaved", shape, /*virtual_stages_allowed=*/true);
+  const std::string constraint = InterleavedConstraint(shape);
+  if (!constraint.empty()) throw ScheduleError(constraint);
+  const int p = shape.ranks, v = shape.virtual_stages, m = shape.microbatches;
+  const int total = m * v;  // compute steps of each kind per rank
+  for (int rank = 0; rank < p; ++rank) {
+    // Megatron's order: microbatches go through the rank's chunks in groups of p; forwards walk
+    // the chunks up, backwards down. Chunk c of rank r is stage c * p + r.
+    auto forward = [&](int k) {
+      const int chunk = (k / p) % v;
+      return Action{ActionKind::kForward, chunk * p + rank, (k / (p * v)) * p + k % p};
+    };
+    auto backward = [&](int k) {
+      const int chunk = v - 1 - (k / p) % v;
+      return Action{ActionKind::kBackward, chunk * p + rank, (k / (p * v)) * p + k % p};
+    };
+    auto& actions = schedule.ranks[rank];
+    const int warmup = std::min(total, (p - rank - 1) * 2 + (v - 1) * p);
+    for (int k = 0; k < warmup; ++k) actions.push_back(forward(k));
+    for (int k = 0; k < total - warmup; ++k) {
+      actions.push_back(forward(warmup + k));
+      actions.push_back(backward(k));
+    }
+    for (int k = total - warmup; k < total; ++k) actions.push_back(backward(k));
+  }
+  return schedule;
+}
+
 Schedule MakeSchedule(const std::string& name, const PipelineShape& shape) {
   if (name == "gpipe") return GPipeSchedule(shape);
   if (name == "1f1b") return OneFOneBSchedule(shape);
+  if (name == "interleaved") return InterleavedSchedule(shape);
   throw ScheduleError(fmt::format("unknown schedule '{}': expected one of {}", name, fmt::join(ScheduleNames(), ", ")));
+}
+
+std::string ScheduleToCsv(const Schedule& schedule) {
+  std::string text;
+  for (const auto& actions : schedule.ranks) {
+    std::vector<std::string> cells;
+    for (const auto& action : actions) {
+      if (action.IsCompute()) cells.push_back(action.ToString());
+    }
+    text += fmt::format("{}\n", fmt::join(cells, ","));
+  }
+  return text;
+}
+
+Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const PipelineShape& shape) {
+  Schedule schedule = EmptySchedule("csv:" + file, shape, /*virtual_stages_allowed=*/true);
+  std::vector<std::string> rows;
+  std::string row;
+  for (char c : text) {
+    if (c == '\n') {
+      rows.push_back(row);
+      row.clear();
+    } else if (c != '\r') {
+      row += c;
+    }
+  }
+  if (!row.empty()) rows.push_back(row);
+  while (!rows.empty() && rows.back().find_first_not_of(" \t,") == std::string::npos) rows.pop_back();
+  if (static_cast<int>(rows.size()) != shape.ranks) {
+    throw ScheduleError(fmt::format("{}: {} rows, but the scenario has {} ranks (one row per rank)", file, rows.size(),
+                                    shape.ranks));
+  }
+  std::map<std::tuple<int, int, int>, std::pair<size_t, size_t>> seen;  // (kind, stage, mb) -> (row, cell)
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::vector<std::string> cells;
+    std::string cell;
+    for (char c : rows[r] + ",") {
+      if (c == ',') {
+        cells.push_back(cell);
+        cell.clear();
+      } else if (c != ' ' && c != '\t') {
+        cell += c;
+      }
+    }
+    for (size_t c = 0; c < cells.size(); ++c) {
+      if (cells[c].empty()) continue;  // idle
+      const auto where = [&](const std::string& rule) {
+        return ScheduleError(fmt::format("{}: row {}, cell {}: '{}': {}", file, r + 1, c + 1, cells[c], rule));
+      };
+      Action action;
+      try {
+        action = ParseAction(cells[c]);
+      } catch (const ScheduleError&) {
+        throw where("not an action (expected STAGE KIND MICROBATCH such as 0F0, 1B3, 0I1, 0W1)");
+      }
+      if (!action.IsCompute()) throw where("communication is added by pipecheck: a compute-only CSV has F, B, I and W");
+      if (action.stage >= shape.stages()) {
+        throw where(fmt::format("stage {} does not exist ({} ranks x {} virtual stages = {} stages)", action.stage,
+                                shape.ranks, shape.virtual_stages, shape.stages()));
+      }
+      if (shape.RankOfStage(action.stage) != static_cast<int>(r)) {
+        throw where(fmt::format("stage {} runs on rank {} (stage s on rank s % {}), not on row {}'s rank {}",
+                                action.stage, shape.RankOfStage(action.stage), shape.ranks, r + 1, r));
+      }
+      if (action.microbatch >= shape.microbatches) {
+        throw where(fmt::format("microbatch {} does not exist (the scenario has {})", action.microbatch,
+                                shape.microbatches));
+      }
+      auto [previous, inserted] = seen.emplace(std::make_tuple(static_cast<int>(action.kind), action.stage,
+                                                               action.microbatch), std::make_pair(r + 1, c + 1));
+      if (!inserted) {
+        throw where(fmt::format("repeats row {}, cell {}", previous->second.first, previous->second.second));
+      }
+      schedule.ranks[r].push_back(action);
+    }
+  }
+  // Every stage needs every microbatch forward and backward, whole (B) or split (I and W).
+  for (int stage = 0; stage < shape.stages(); ++stage) {
+    for (int mb = 0; mb < shape.microbatches; ++mb) {
+      auto has = [&](ActionKind kind) { return seen.count({static_cast<int>(kind), stage, mb}) > 0; };
+      const int rank = shape.RankOfStage(stage);
+      if (!has(ActionKind::kForward)) {
+        throw ScheduleError(fmt::format("{}: row {} lacks {}F{}", file, rank + 1, stage, mb));
+      }
+      const bool whole = has(ActionKind::kBackward), input = has(ActionKind::kBackwardInput),
+                 weight = has(ActionKind::kBackwardWeight);
+      if (whole && (input || weight)) {
+        throw ScheduleError(fmt::format("{}: row {} has both {}B{} and a split backward (I/W) of it", file, rank + 1,
+                                        stage, mb));
+      }
+      if (!whole && !(input && weight)) {
+        throw ScheduleError(fmt::format("{}: row {} lacks {}{}{} (a backward needs B, or both I and W)", file, rank + 1,
+                                        stage, !input ? (weight ? "I" : "B") : "W", mb));
+      }
+    }
+  }
+  return schedule;
+}
+
+Schedule ScheduleByName(const std::string& name, const PipelineShape& shape) {
+  const std::string prefix = "csv:";
+  if (name.rfind(prefix, 0) != 0) return MakeSchedule(name, shape);
+  const std::string path = name.substr(prefix.size());
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) throw ScheduleError(fmt::format("{}: cannot open schedule CSV: {}", path, std::strerror(errno)));
+  std::stringstream text;
+  text << stream.rdbuf();
+  return ScheduleFromCsv(text.str(), path, shape);
 }
 
 Schedule AddCommunication(const Schedule& schedule, bool post_receives_first) {

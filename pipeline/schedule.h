@@ -62,6 +62,11 @@ const std::vector<std::string>& ScheduleNames();
 // Compute-only schedules (F and B actions), for any ranks >= 1 and microbatches >= 1.
 Schedule GPipeSchedule(const PipelineShape& shape);     // all forwards, then all backwards
 Schedule OneFOneBSchedule(const PipelineShape& shape);  // warm-up, one-forward-one-backward, cool-down
+// Interleaved 1F1B (Megatron's, PyTorch's Interleaved1F1B): v >= 2 stages per rank, stage s on
+// rank s % p, microbatches a multiple of p.
+Schedule InterleavedSchedule(const PipelineShape& shape);
+// Why `shape` cannot run interleaved, or "" when it can.
+std::string InterleavedConstraint(const PipelineShape& shape);
 
 // The generator called `name`; throws ScheduleError for unknown names or shapes it cannot
 // serve (virtual stages for a one-stage-per-rank schedule).
@@ -72,6 +77,19 @@ Schedule MakeSchedule(const std::string& name, const PipelineShape& shape);
 // of the sends just before it, so a rank always posts its receives before it sends
 // (unless `post_receives_first` is false: the send_before_recv fault).
 Schedule AddCommunication(const Schedule& schedule, bool post_receives_first = true);
+
+// PyTorch pipelining's compute-only CSV (`_dump_csv` / `_load_csv`): one row per rank, one
+// action per cell (`0F0`, `1B3`, `0I1`, `0W1`), nothing else. Writing keeps compute actions only.
+std::string ScheduleToCsv(const Schedule& schedule);
+
+// Reads such a CSV for `shape` (rows must be exactly its ranks). Every error names `file`, the
+// row and cell (1-based) and the rule broken: an unparseable cell, a communication action, a
+// stage outside the shape or on another rank, a microbatch outside the shape, work repeated or
+// missing. Dependencies and deadlocks are the simulator's to find.
+Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const PipelineShape& shape);
+
+// The schedule a scenario names: a generator's name, or "csv:PATH" read from PATH.
+Schedule ScheduleByName(const std::string& name, const PipelineShape& shape);
 
 // One line per rank: "rank 0: 0F0 0SEND_F0 0F1 ...".
 std::string FormatActions(const Schedule& schedule);

@@ -262,6 +262,7 @@ class Lockstep {
 
   SimulationResult Fail(const std::string& why) {
     result_.ok = false;
+    result_.stuck_at = next_;
     result_.grid = Grid(1);
     std::vector<std::string> stuck;
     for (int r = 0; r < shape_.ranks; ++r) {
@@ -296,6 +297,45 @@ SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, con
     return result;
   }
   return Lockstep(schedule, semantics, costs).Run();
+}
+
+Schedule PostReceivesWhereNeeded(Schedule lowered) {
+  size_t receives = 0;
+  for (const auto& actions : lowered.ranks) receives += std::count_if(actions.begin(), actions.end(),
+                                                                       [](const Action& a) { return a.IsRecv(); });
+  // Each round posts at least one receive earlier, so there are at most `receives` rounds.
+  for (size_t round = 0; round <= receives; ++round) {
+    const SimulationResult result = Simulate(lowered, SendSemantics::kRendezvous);
+    if (result.ok || result.stuck_at.empty()) return lowered;
+    bool moved = false;
+    for (int r = 0; r < lowered.shape.ranks; ++r) {
+      const size_t at = result.stuck_at[r];
+      if (at >= lowered.ranks[r].size() || !lowered.ranks[r][at].IsSend()) continue;
+      const Action& send = lowered.ranks[r][at];
+      const bool forward = send.kind == ActionKind::kSendForward;
+      const Action receive{forward ? ActionKind::kRecvForward : ActionKind::kRecvBackward,
+                           forward ? send.stage + 1 : send.stage - 1, send.microbatch};
+      const int peer = lowered.shape.RankOfStage(receive.stage);
+      auto& theirs = lowered.ranks[peer];
+      const size_t here = result.stuck_at[peer];
+      const auto found = std::find(theirs.begin() + static_cast<std::ptrdiff_t>(std::min(here, theirs.size())),
+                                   theirs.end(), receive);
+      if (found == theirs.end() || static_cast<size_t>(found - theirs.begin()) == here) continue;
+      // Post it where the peer is stuck: before whatever it is waiting on.
+      const Action moving = *found;
+      theirs.erase(found);
+      theirs.insert(theirs.begin() + static_cast<std::ptrdiff_t>(here), moving);
+      moved = true;
+      break;  // one at a time: the peer's position has changed
+    }
+    if (!moved) return lowered;
+  }
+  return lowered;
+}
+
+Schedule LowerSchedule(const Schedule& compute, bool post_receives_first) {
+  Schedule lowered = AddCommunication(compute, post_receives_first);
+  return post_receives_first ? PostReceivesWhereNeeded(std::move(lowered)) : lowered;
 }
 
 SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs) {

@@ -38,10 +38,23 @@ struct SimulationResult {
   std::vector<double> busy;            // per rank
   std::vector<int> peak_in_flight;     // per rank: most microbatches forwarded, not yet backwarded
   std::vector<std::vector<double>> start_times;  // [rank][action index]
+  std::vector<size_t> stuck_at;        // when deadlocked: each rank's next action index
 };
 
 // Simulates a lowered schedule (with communication).
 SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, const CostModel& costs = {});
+
+// Receives posted early enough that no rank waits forever in a send: where the schedule
+// deadlocks when sends wait for their receives (interleaved schedules do, with each receive
+// just before the compute that needs it), the receive a stuck send waits for is moved up to
+// where its rank is stuck, one at a time, until the schedule runs. A receive is always safe to
+// post earlier (its buffer is known from the plan); what is moved is what the schedule needs,
+// so buffers are held no longer than that. Unchanged when nothing deadlocks.
+Schedule PostReceivesWhereNeeded(Schedule lowered);
+
+// What every rank runs: AddCommunication, then PostReceivesWhereNeeded (unless the
+// send_before_recv fault asks for sends ahead of receives, a bug it must not repair).
+Schedule LowerSchedule(const Schedule& compute, bool post_receives_first = true);
 
 // Simulates under both send semantics; throws ScheduleError with the first failure's report.
 // Returns the buffered run's result.

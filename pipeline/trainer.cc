@@ -10,7 +10,7 @@ namespace pipecheck::pipeline {
 Schedule BuildSchedule(const PipelineConfig& config) {
   const PipelineShape shape{config.world_size, config.virtual_stages, config.microbatches};
   const Faults faults(config.fault, config.microbatches);
-  Schedule lowered = AddCommunication(MakeSchedule(config.schedule, shape), faults.PostReceivesFirst());
+  Schedule lowered = LowerSchedule(ScheduleByName(config.schedule, shape), faults.PostReceivesFirst());
   ValidateSchedule(lowered);
   return lowered;
 }

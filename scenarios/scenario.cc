@@ -242,7 +242,15 @@ const std::array<Column, kColumnCount>& Columns() {
       IntegerColumn(&Scenario::vocab, 2, kMaxVocab),
       FlagColumn(&Scenario::tied),
       IntegerColumn(&Scenario::world_size, 1, kMaxWorldSize),
-      Column{[](Scenario& s, const std::string& v) { s.schedule = ParseChoice(v, CurrentVocabulary()->schedules); },
+      Column{[](Scenario& s, const std::string& v) {
+               const std::string prefix = "csv:";
+               if (v.rfind(prefix, 0) == 0) {
+                 if (v.size() == prefix.size()) throw ValueProblem{"csv: needs the schedule file's path, as csv:PATH"};
+                 s.schedule = v;  // resolved against the suite's folder once the row is read
+               } else {
+                 s.schedule = ParseChoice(v, CurrentVocabulary()->schedules);
+               }
+             },
              [](const Scenario& s) { return s.schedule; }},
       IntegerColumn(&Scenario::virtual_stages, 1, kMaxVirtualStages),
       ChoiceColumn(&Scenario::transport, kTransports),
@@ -390,10 +398,15 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
     throw at.At(line, "microbatches", std::to_string(s.microbatches),
                 fmt::format("microbatches must not exceed batch ({}): every microbatch needs a sequence", s.batch));
   }
-  if (s.virtual_stages > 1) {
+  const bool interleaving = s.schedule == "interleaved" || s.schedule.rfind("csv:", 0) == 0;
+  if (s.virtual_stages > 1 && !interleaving) {
     throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
-                fmt::format("schedule '{}' runs one stage per rank; virtual stages need an interleaved schedule, "
-                            "which this version does not have", s.schedule));
+                fmt::format("schedule '{}' runs one stage per rank; virtual stages need schedule interleaved (or a "
+                            "csv: schedule)", s.schedule));
+  }
+  if (CurrentVocabulary()->schedule_problem) {
+    const std::string problem = CurrentVocabulary()->schedule_problem(s);
+    if (!problem.empty()) throw at.At(line, "schedule", s.schedule, problem);
   }
   if (s.recompute) {
     throw at.At(line, "recompute", "1",
@@ -446,6 +459,11 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
     } catch (const ValueProblem& problem) {
       throw at.At(line, column, cells[i], problem.what);
     }
+  }
+  const std::string prefix = "csv:";
+  if (scenario.schedule.rfind(prefix, 0) == 0) {
+    const std::filesystem::path path = scenario.schedule.substr(prefix.size());
+    if (path.is_relative()) scenario.schedule = prefix + (std::filesystem::path(file).parent_path() / path).string();
   }
   CheckCombinations(scenario, line, at);
   return scenario;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -75,9 +76,13 @@ constexpr double kMaxLearningRate = 10.0;
 // The names the `schedule` and `fault` columns accept. They belong to the pipeline (its
 // generators and its faults), which this loader may not include, so the caller passes them in
 // (harness::PipelineVocabulary()) and each list is written once, where it is implemented.
+struct Scenario;
 struct Vocabulary {
-  std::vector<std::string> schedules;
+  std::vector<std::string> schedules;  // the `schedule` column also takes csv:PATH (relative to the suite file)
   std::vector<std::string> faults;
+  // Why the scenario's schedule cannot run on its shape ("" when it can): generator constraints,
+  // a CSV schedule's broken cells, a deadlock. Reported against the `schedule` column.
+  std::function<std::string(const Scenario&)> schedule_problem;
 };
 
 // Loads and validates a suite; throws ScenarioError.

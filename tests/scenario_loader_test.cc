@@ -127,7 +127,12 @@ TEST(ScenarioLoader, RejectsUnknownEnumValuesListingTheAllowedOnes) {
   EXPECT_EQ(ErrorFor("name,flavor\nx,bert\n"),
             "suite.csv:2:2: column 'flavor', value 'bert': expected one of: llama, gpt2");
   EXPECT_EQ(ErrorFor("name,schedule\nx,zigzag\n"),
-            "suite.csv:2:2: column 'schedule', value 'zigzag': expected one of: gpipe, 1f1b");
+            "suite.csv:2:2: column 'schedule', value 'zigzag': expected one of: gpipe, 1f1b, interleaved");
+  EXPECT_EQ(ErrorFor("name,schedule,world_size,virtual_stages,batch,microbatches\nx,interleaved,4,2,8,6\n"),
+            "suite.csv:2:2: column 'schedule', value 'interleaved': interleaved needs microbatches to be a multiple "
+            "of the ranks, as Megatron's and PyTorch's interleaved schedules do (got 6 microbatches on 4 ranks)");
+  EXPECT_EQ(ErrorFor("name,schedule\nx,csv:\n"),
+            "suite.csv:2:2: column 'schedule', value 'csv:': csv: needs the schedule file's path, as csv:PATH");
   EXPECT_EQ(ErrorFor("name,dtype\nx,float16\n"),
             "suite.csv:2:2: column 'dtype', value 'float16': expected one of: float64, float32, bfloat16");
   EXPECT_EQ(ErrorFor("name,expect\nx,maybe\n"),
@@ -170,6 +175,28 @@ TEST(ScenarioLoader, RejectsRowsWithTheWrongFieldCount) {
   EXPECT_EQ(ErrorFor("name,layers\n\"x\ny\",2\n"),
             "suite.csv:2:1: a quoted field spans lines; scenario values cannot contain line breaks (close the quote "
             "on the same line)");
+}
+
+// A CSV schedule is read relative to the suite file, validated (cells, then the simulator) at
+// load time, and a broken one is exit 2's error naming the suite line and the CSV's row and cell.
+TEST(ScenarioLoader, CsvSchedulesResolveAgainstTheSuiteAndAreValidatedAtLoad) {
+  const std::string directory = testing::ScratchDirectory("csv_schedule");
+  std::ofstream(directory + "/good.csv") << "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n";
+  std::ofstream(directory + "/broken.csv") << "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B7\n";
+  std::ofstream(directory + "/suite.csv") << "name,schedule,batch,microbatches\ngood,csv:good.csv,4,2\n";
+  const auto suite = harness::LoadSuite(directory + "/suite.csv");
+  EXPECT_EQ(suite[0].schedule, "csv:" + directory + "/good.csv");
+  std::ofstream(directory + "/suite.csv") << "name,schedule,batch,microbatches\nbroken,csv:broken.csv,4,2\n";
+  try {
+    harness::LoadSuite(directory + "/suite.csv");
+    ADD_FAILURE() << "a broken CSV schedule loaded";
+  } catch (const scenarios::ScenarioError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              directory + "/suite.csv:2:2: column 'schedule', value 'csv:" + directory + "/broken.csv': " + directory +
+                  "/broken.csv: row 2, cell 4: '1B7': microbatch 7 does not exist (the scenario has 2)");
+  }
+  std::ofstream(directory + "/suite.csv") << "name,schedule\nmissing,csv:nowhere.csv\n";
+  EXPECT_THROW(harness::LoadSuite(directory + "/suite.csv"), scenarios::ScenarioError);
 }
 
 TEST(ScenarioLoader, NamesAnUnreadableFile) {

@@ -88,6 +88,93 @@ TEST_P(ScheduleProperties, HoldForEveryShapeUpToEightRanksAndSixteenMicrobatches
 
 INSTANTIATE_TEST_SUITE_P(Generators, ScheduleProperties, ::testing::Values("gpipe", "1f1b"));
 
+// Interleaved 1F1B over p <= 8, v <= 4 and every m <= 16 it allows (a multiple of p): valid
+// under both send semantics, each stage's F and B once per microbatch on rank s % p, and a
+// smaller bubble than 1F1B's on the same ranks and microbatches.
+TEST(Interleaved, HoldsForEveryShapeUpToEightRanksFourVirtualStagesSixteenMicrobatches) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int v = 2; v <= 4; ++v) {
+      for (int m = p; m <= 16; m += p) {
+        SCOPED_TRACE("p=" + std::to_string(p) + " v=" + std::to_string(v) + " m=" + std::to_string(m));
+        const Schedule lowered = pipeline::LowerSchedule(pipeline::InterleavedSchedule({p, v, m}));
+        for (auto semantics : {pipeline::SendSemantics::kBuffered, pipeline::SendSemantics::kRendezvous}) {
+          const auto result = pipeline::Simulate(lowered, semantics);
+          ASSERT_TRUE(result.ok) << result.error;
+        }
+        std::map<std::tuple<int, int, int>, int> count;
+        for (int rank = 0; rank < p; ++rank) {
+          for (const auto& a : lowered.ranks[rank]) {
+            ASSERT_EQ(a.stage % p, rank) << a.ToString();
+            if (a.IsCompute()) ++count[{static_cast<int>(a.kind), a.stage, a.microbatch}];
+          }
+        }
+        ASSERT_EQ(count.size(), static_cast<size_t>(2 * p * v * m));
+        for (const auto& [key, n] : count) EXPECT_EQ(n, 1);
+        // Per unit of work: a stage is 1/v of a rank's model, so compare at equal total work.
+        pipeline::CostModel chunk;
+        chunk.forward = chunk.backward = 1.0 / v;
+        const double interleaved = pipeline::Simulate(lowered, pipeline::SendSemantics::kBuffered, chunk).bubble;
+        const double one_f_one_b =
+            pipeline::Simulate(pipeline::AddCommunication(pipeline::OneFOneBSchedule({p, 1, m})),
+                               pipeline::SendSemantics::kBuffered).bubble;
+        if (p > 1) {
+          EXPECT_LT(interleaved, one_f_one_b);
+        } else {
+          EXPECT_EQ(interleaved, 0.0);
+        }
+      }
+    }
+  }
+}
+
+TEST(Interleaved, RefusesShapesItCannotRun) {
+  EXPECT_NE(pipeline::InterleavedConstraint({4, 1, 8}).find("virtual_stages >= 2"), std::string::npos);
+  EXPECT_NE(pipeline::InterleavedConstraint({4, 2, 6}).find("multiple of the ranks"), std::string::npos);
+  EXPECT_EQ(pipeline::InterleavedConstraint({4, 2, 8}), "");
+  EXPECT_THROW(pipeline::InterleavedSchedule({4, 2, 6}), pipeline::ScheduleError);
+}
+
+// PyTorch pipelining's compute-only CSV: what we write reads back as the same lists, and a
+// hand-written file with I/W, idle cells and spaces reads as written.
+TEST(ScheduleCsv, ExportThenImportGivesTheSameLists) {
+  for (const auto& [name, shape] : std::vector<std::pair<std::string, PipelineShape>>{
+           {"gpipe", {3, 1, 4}}, {"1f1b", {4, 1, 7}}, {"interleaved", {2, 3, 4}}, {"1f1b", {1, 1, 3}}}) {
+    const Schedule schedule = pipeline::MakeSchedule(name, shape);
+    const Schedule again = pipeline::ScheduleFromCsv(pipeline::ScheduleToCsv(schedule), "x.csv", shape);
+    EXPECT_EQ(pipeline::FormatActions(again), pipeline::FormatActions(schedule)) << name;
+  }
+  const Schedule hand = pipeline::ScheduleFromCsv("0F0, ,0F1,0I0,0W0,0B1\n,1F0,1I0,1F1,1W0,1B1\n", "h.csv", {2, 1, 2});
+  EXPECT_EQ(pipeline::FormatActions(hand), "rank 0: 0F0 0F1 0I0 0W0 0B1\nrank 1: 1F0 1I0 1F1 1W0 1B1\n");
+}
+
+// Each broken file names the file, row and cell and the rule it breaks.
+TEST(ScheduleCsv, BrokenFilesAreRejectedNamingRowAndCell) {
+  const PipelineShape shape{2, 1, 2};
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1\n1F0\n", "b.csv: 3 rows, but the scenario has 2 ranks"},
+      {"0F0,0X1,0B0,0B1\n1F0,1F1,1B0,1B1\n", "b.csv: row 1, cell 2: '0X1': not an action"},
+      {"0F0,0F1,0B0,0B1\n1F0,1SEND_B0,1F1,1B0,1B1\n", "b.csv: row 2, cell 2: '1SEND_B0': communication is added"},
+      {"0F0,0F1,0B0,0B1\n1F0,1F1,1B0,2B1\n", "b.csv: row 2, cell 4: '2B1': stage 2 does not exist"},
+      {"0F0,1F1,0B0,0B1\n1F0,1F1,1B0,1B1\n", "b.csv: row 1, cell 2: '1F1': stage 1 runs on rank 1"},
+      {"0F0,0F1,0B0,0B2\n1F0,1F1,1B0,1B1\n", "b.csv: row 1, cell 4: '0B2': microbatch 2 does not exist"},
+      {"0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1,1F1\n", "b.csv: row 2, cell 5: '1F1': repeats row 2, cell 2"},
+      {"0F0,0F1,0B0,0B1\n1F0,1F1,1B0\n", "b.csv: row 2 lacks 1B1"},
+      {"0F0,0F1,0B0,0I1\n1F0,1F1,1B0,1B1\n", "b.csv: row 1 lacks 0W1"},
+      {"0F0,0F1,0B0,0B1,0W1\n1F0,1F1,1B0,1B1\n", "b.csv: row 1 has both 0B1 and a split backward"},
+  };
+  for (const auto& [text, expected] : cases) {
+    try {
+      pipeline::ScheduleFromCsv(text, "b.csv", shape);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const pipeline::ScheduleError& error) {
+      EXPECT_EQ(std::string(error.what()).rfind(expected, 0), 0u) << error.what();
+    }
+  }
+  // Well-formed but impossible: rank 1 runs 1B0 before 1F0; the simulator rejects it.
+  const Schedule backwards = pipeline::ScheduleFromCsv("0F0,0F1,0B0,0B1\n1B0,1F0,1F1,1B1\n", "b.csv", shape);
+  EXPECT_NE(RejectionOf(pipeline::LowerSchedule(backwards)), "");
+}
+
 TEST(Schedule, ReceivesArePostedBeforeSendsDueAtTheSamePoint) {
   const Schedule lowered = pipeline::AddCommunication(pipeline::OneFOneBSchedule({2, 1, 4}));
   const auto& rank0 = lowered.ranks[0];
@@ -99,6 +186,7 @@ TEST(Schedule, ReceivesArePostedBeforeSendsDueAtTheSamePoint) {
 TEST(Schedule, UnknownNameAndVirtualStagesAreRejected) {
   EXPECT_THROW(pipeline::MakeSchedule("zigzag", {2, 1, 4}), pipeline::ScheduleError);
   EXPECT_THROW(pipeline::MakeSchedule("1f1b", {2, 2, 4}), pipeline::ScheduleError);
+  EXPECT_THROW(pipeline::MakeSchedule("interleaved", {2, 1, 4}), pipeline::ScheduleError);
   EXPECT_THROW(pipeline::MakeSchedule("gpipe", {2, 1, 0}), pipeline::ScheduleError);
 }
 
