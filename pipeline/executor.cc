@@ -43,6 +43,12 @@ const char* Describe(Direction direction) { return direction == Direction::kActi
 
 }  // namespace
 
+// What an I leaves for its W: the backward's root and gradient (the graph hangs off the root),
+// and the stage's input, kept so the graph's leaf lives as long as the graph.
+struct WeightWork {
+  torch::Tensor root, gradient, input;
+};
+
 // Everything one step keeps between actions, keyed by (stage, microbatch). Each entry is
 // removed by the action that consumes it, so an empty state at the end proves the list did
 // all its work.
@@ -53,6 +59,7 @@ struct Executor::StepState {
   std::map<StageMicrobatch, torch::Tensor> outputs;      // outputs of non-last stages (graph)
   std::map<StageMicrobatch, torch::Tensor> losses;       // last stage's loss terms
   std::map<StageMicrobatch, torch::Tensor> input_grads;  // waiting to be sent or handed on
+  std::map<StageMicrobatch, WeightWork> weight_work;     // I done, W not yet: what W starts from
   std::map<std::tuple<Direction, int, int>, std::unique_ptr<PendingRecv>> receives;  // posted
   std::map<std::tuple<Direction, int, int>, torch::Tensor> arrived;                   // not yet used
   // The send in flight per (peer, direction): the next one to the same place waits for it.
@@ -108,43 +115,89 @@ void Executor::Forward(const Action& action, StepState& state) {
   state.losses[{s, mb}] = loss;
 }
 
+Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  BackwardRoot start;
+  if (StageAt(stages_, s, transport_.rank()).slice.has_head) {
+    start.root = state.losses.at({s, mb});
+    state.losses.erase({s, mb});
+    start.gradient = torch::ones_like(start.root);
+    return start;
+  }
+  if (OnThisRank(s + 1)) {
+    start.gradient = state.input_grads.at({s + 1, mb});
+    state.input_grads.erase({s + 1, mb});
+  } else {
+    start.gradient = TakeArrived(Direction::kGradient, action, state);  // (b, t, hidden)
+  }
+  start.root = state.outputs.at({s, mb});
+  state.outputs.erase({s, mb});
+  start.passthrough = !start.root.grad_fn();
+  return start;
+}
+
+void Executor::KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input,
+                                 StepState& state) {
+  const int mb = action.microbatch;
+  if (!gradient.defined() && faults_.SendsZerosForMissingGradient(mb)) gradient = torch::zeros_like(input);
+  if (faults_.DropsBackward(mb)) gradient = torch::zeros_like(input);
+  TORCH_CHECK(gradient.defined(), "rank ", transport_.rank(), ": ", action.ToString(),
+              " produced no gradient for its input");
+  state.input_grads[{action.stage, mb}] = gradient;
+}
+
 void Executor::Backward(const Action& action, StepState& state) {
   const int s = action.stage, mb = action.microbatch;
-  Stage& stage = StageAt(stages_, s, transport_.rank());
   const bool dropped = faults_.DropsBackward(mb);
   faults_.BeforeBackward(owned_parameters_);
-  torch::Tensor passthrough;  // an empty stage hands its output gradient on as its input gradient
-  if (stage.slice.has_head) {
-    auto loss = state.losses.at({s, mb});
-    state.losses.erase({s, mb});
-    if (!dropped) loss.backward();
-  } else {
-    torch::Tensor gradient;
-    if (OnThisRank(s + 1)) {
-      gradient = state.input_grads.at({s + 1, mb});
-      state.input_grads.erase({s + 1, mb});
-    } else {
-      gradient = TakeArrived(Direction::kGradient, action, state);  // (b, t, hidden)
-    }
-    auto output = state.outputs.at({s, mb});
-    state.outputs.erase({s, mb});
-    if (!output.grad_fn()) {
-      passthrough = gradient;
-    } else if (!dropped) {
-      BackwardFrom(output, gradient);
-    }
-  }
+  const BackwardRoot start = TakeBackwardRoot(action, state);
+  if (!start.passthrough && !dropped) BackwardFrom(start.root, start.gradient);
   faults_.AfterBackward(owned_parameters_);
   accumulator_.AfterBackward();
   if (s == 0) return;
   auto input = state.inputs.at({s, mb});
   state.inputs.erase({s, mb});
-  auto gradient = passthrough.defined() ? passthrough : input.grad();
-  if (!gradient.defined() && faults_.SendsZerosForMissingGradient(mb)) gradient = torch::zeros_like(input);
-  if (dropped) gradient = torch::zeros_like(input);
-  TORCH_CHECK(gradient.defined(), "rank ", transport_.rank(), ": ", action.ToString(),
-              " produced no gradient for its input");
-  state.input_grads[{s, mb}] = gradient;
+  KeepInputGradient(action, start.passthrough ? start.gradient : input.grad(), input, state);
+}
+
+void Executor::BackwardInput(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  BackwardRoot start = TakeBackwardRoot(action, state);
+  torch::Tensor input;
+  if (s > 0) {
+    input = state.inputs.at({s, mb});
+    state.inputs.erase({s, mb});
+  }
+  torch::Tensor gradient;
+  if (start.passthrough) {
+    gradient = start.gradient;
+  } else if (s > 0 && input.requires_grad() && !faults_.DropsBackward(mb)) {
+    // Only the input's edge: no parameter gradient is touched, and the graph stays for W.
+    gradient = torch::autograd::Engine::get_default_engine().execute(
+        {torch::autograd::impl::gradient_edge(start.root)}, {start.gradient}, /*keep_graph=*/true,
+        /*create_graph=*/false, /*accumulate_grad=*/false, {torch::autograd::impl::gradient_edge(input)})[0];
+  }
+  if (s > 0) KeepInputGradient(action, gradient, input, state);
+  state.weight_work[{s, mb}] = {start.passthrough ? torch::Tensor() : start.root, start.gradient, input};
+}
+
+void Executor::BackwardWeight(const Action& action, StepState& state) {
+  const int s = action.stage, mb = action.microbatch;
+  auto work = state.weight_work.find({s, mb});
+  TORCH_CHECK(work != state.weight_work.end(), "rank ", transport_.rank(), ": ", action.ToString(),
+              " has no input-gradient step (I) before it");
+  const WeightWork pending = work->second;
+  state.weight_work.erase(work);
+  if (!pending.root.defined() || faults_.DropsBackward(mb)) return;  // an empty stage has no weights
+  faults_.BeforeBackward(owned_parameters_);
+  const torch::nn::Module& module = *StageAt(stages_, s, transport_.rank()).module;
+  const auto before = faults_.SharedWeightGradient(module);
+  // The whole graph once more, accumulating into the parameters (the input's gradient, already
+  // handed on by I, is recomputed and dropped with the graph).
+  BackwardFrom(pending.root, pending.gradient);
+  faults_.AfterWeightGradient(module, before);
+  faults_.AfterBackward(owned_parameters_);
+  accumulator_.AfterBackward();
 }
 
 void Executor::RecvForward(const Action& action, StepState& state) {
@@ -200,7 +253,8 @@ void Executor::AwaitInput(const Action& action, StepState& state) {
   Direction direction;
   if (action.kind == ActionKind::kForward && s > 0) {
     direction = Direction::kActivation;
-  } else if (action.kind == ActionKind::kBackward && s + 1 < schedule_.shape.stages()) {
+  } else if ((action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput) &&
+             s + 1 < schedule_.shape.stages()) {
     direction = Direction::kGradient;
   } else {
     return;
@@ -224,14 +278,14 @@ void Executor::Dispatch(const Action& action, StepState& state) {
   switch (action.kind) {
     case ActionKind::kForward: return Forward(action, state);
     case ActionKind::kBackward: return Backward(action, state);
+    case ActionKind::kBackwardInput: return BackwardInput(action, state);
+    case ActionKind::kBackwardWeight: return BackwardWeight(action, state);
     case ActionKind::kRecvForward: return RecvForward(action, state);
     case ActionKind::kRecvBackward: return RecvBackward(action, state);
     case ActionKind::kSendForward: return SendForward(action, state);
     case ActionKind::kSendBackward: return SendBackward(action, state);
-    default:
-      TORCH_CHECK(false, "rank ", transport_.rank(), ": action ", action.ToString(),
-                  " (split backward) is not supported by this executor yet");
   }
+  TORCH_CHECK(false, "rank ", transport_.rank(), ": action ", action.ToString(), " has no executor function");
 }
 
 torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const reference::StepWindow& window,
@@ -254,10 +308,11 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
   for (auto& [peer_direction, send] : state.sends) send->Wait();
   state.sends.clear();
   TORCH_CHECK(state.receives.empty() && state.arrived.empty() && state.inputs.empty() && state.outputs.empty() &&
-                  state.losses.empty() && state.input_grads.empty(),
+                  state.losses.empty() && state.input_grads.empty() && state.weight_work.empty(),
               "rank ", rank, " step ", step, " ended with work pending: ", state.receives.size() + state.arrived.size(),
               " receives, ", state.inputs.size(), " inputs, ", state.outputs.size(), " outputs, ", state.losses.size(),
-              " losses, ", state.input_grads.size(), " gradients");
+              " losses, ", state.input_grads.size(), " gradients, ", state.weight_work.size(),
+              " input-gradient steps (I) without their W");
   return state.loss_sum;
 }
 

@@ -6,7 +6,9 @@
 // leave in order, and a send's buffer is released as soon as that send has completed, at the
 // latest when the next message to the same peer and direction goes. A rank blocks only where
 // the simulator says it may: on a compute action's input, and on a send whose predecessor has
-// not yet left. A step ends by proving nothing is left pending.
+// not yet left. A backward is whole (B) or split (I then W, zero-bubble schedules): I computes
+// only the input's gradient and keeps the graph, W then computes the parameters'. A step ends by
+// proving nothing is left pending, every I's W included.
 //
 // Not the trainer: gradients are accumulated here, but tied sums, clipping and the optimizer
 // step are the trainer's (trainer.h).
@@ -46,6 +48,8 @@ class Executor {
   // One function per action kind.
   void Forward(const Action& action, StepState& state);
   void Backward(const Action& action, StepState& state);
+  void BackwardInput(const Action& action, StepState& state);   // I: the input's gradient, graph kept
+  void BackwardWeight(const Action& action, StepState& state);  // W: the parameters' gradients
   void RecvForward(const Action& action, StepState& state);
   void RecvBackward(const Action& action, StepState& state);
   void SendForward(const Action& action, StepState& state);
@@ -56,6 +60,15 @@ class Executor {
   void AwaitInput(const Action& action, StepState& state);
   torch::Tensor TakeArrived(Direction direction, const Action& action, StepState& state);
   MessageShape PlannedMessage(int microbatch, const StepState& state) const;
+  // Where a backward of (s, mb) starts: the loss, or the output with its gradient (received or
+  // handed over); `passthrough` when the stage has no layers (its output is its input).
+  struct BackwardRoot {
+    torch::Tensor root, gradient;
+    bool passthrough = false;
+  };
+  BackwardRoot TakeBackwardRoot(const Action& action, StepState& state);
+  // The input gradient a stage hands back (zeros under the faults that lose it).
+  void KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input, StepState& state);
   void IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state);
   bool OnThisRank(int stage) const;
 

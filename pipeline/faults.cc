@@ -19,7 +19,7 @@ const std::vector<std::string>& FaultNames() {
       "zero_grad_per_microbatch", "drop_microbatch", "local_clip",    "tied_norm_twice",
       "skip_tied_sync", "stale_shape",    "optimizer_state_reset",    "send_before_recv",
       "crash_rank",     "hang_rank",      "clip_before_tied_sync",    "double_grad_scaling",
-      "send_buffer_reuse"};
+      "send_buffer_reuse", "zb_shared_weight_grad_twice"};
   return names;
 }
 
@@ -67,6 +67,33 @@ void Faults::AfterBackward(const std::vector<torch::Tensor>& parameters) const {
 
 void Faults::AfterAccumulation(const std::vector<torch::Tensor>& parameters) const {
   if (fault_ == Fault::kDoubleGradScaling) reference::ScaleGradients(parameters, 1.0 / microbatches_);
+}
+
+namespace {
+
+constexpr const char* kSharedWeight = "tok_embeddings.weight";
+
+torch::Tensor SharedWeight(const torch::nn::Module& module) {
+  for (const auto& item : module.named_parameters()) {
+    if (item.key() == kSharedWeight) return item.value();
+  }
+  return {};
+}
+
+}  // namespace
+
+torch::Tensor Faults::SharedWeightGradient(const torch::nn::Module& module) const {
+  if (fault_ != Fault::kZbSharedWeightGradTwice) return {};
+  const auto weight = SharedWeight(module);
+  if (!weight.defined()) return {};
+  return weight.grad().defined() ? weight.grad().detach().clone() : torch::zeros_like(weight);
+}
+
+void Faults::AfterWeightGradient(const torch::nn::Module& module, const torch::Tensor& before) const {
+  if (fault_ != Fault::kZbSharedWeightGradTwice || !before.defined()) return;
+  auto weight = SharedWeight(module);
+  torch::NoGradGuard no_grad;
+  weight.grad().add_(weight.grad() - before);  // this microbatch's contribution, once more
 }
 
 void Faults::BeforeAction(int rank, int world_size, int64_t step, int64_t steps, size_t index, size_t actions) const {

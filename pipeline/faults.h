@@ -34,6 +34,7 @@ enum class Fault {
   kClipBeforeTiedSync,      // the clipping norm computed before the tied gradients are summed
   kDoubleGradScaling,       // gradients divided by m at step end on top of the whole-batch normalisation
   kSendBufferReuse,         // an activation's send buffer overwritten before its send completed
+  kZbSharedWeightGradTwice, // a split backward's W adds the tied embedding's gradient twice (PyTorch #180952)
 };
 
 // Names as the scenario column spells them, "none" first, in enum order. The only list.
@@ -73,6 +74,10 @@ class Faults {
   void AfterBackward(const std::vector<torch::Tensor>& parameters) const;
   // double_grad_scaling: gradients divided by m once more after accumulation.
   void AfterAccumulation(const std::vector<torch::Tensor>& parameters) const;
+  // zb_shared_weight_grad_twice: around a W, the tied embedding's gradient before it (undefined
+  // unless the fault is on and `module` holds the weight), then its contribution added once more.
+  torch::Tensor SharedWeightGradient(const torch::nn::Module& module) const;
+  void AfterWeightGradient(const torch::nn::Module& module, const torch::Tensor& before) const;
   // send_buffer_reuse: the bytes the peer receives for an activation send (see faults.cc).
   bool ReusesSendBuffer() const { return fault_ == Fault::kSendBufferReuse; }
   // optimizer_state_reset: the optimizer is rebuilt at every step.

@@ -139,6 +139,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
       std::set<int> has_gradients;
       std::map<std::pair<int, int>, int64_t> retained;      // (stage, mb) -> bytes until its backward
       std::map<std::pair<int, int>, int64_t> pending_grad;  // input gradient waiting for SEND_B
+      std::map<std::pair<int, int>, int64_t> held_for_weight;  // I done: output gradients kept for W
       std::map<std::pair<int, int>, int64_t> in_flight;     // (peer, direction) -> send buffer bytes
       auto message = [&](int mb) { return parts[mb].tokens.size(0) * parts[mb].time() * h * z.e; };
       for (const Action& a : schedule.ranks[rank]) {
@@ -182,29 +183,56 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             peak = std::max(peak, held);
             break;
           }
-          case ActionKind::kBackward: {
+          case ActionKind::kBackward:
+          case ActionKind::kBackwardInput:
+          case ActionKind::kBackwardWeight: {
+            // B is I then W at once. I hands the input gradient on and keeps the graph (and the
+            // output gradient it started from) for W; W frees them and creates the parameters'.
+            const bool input_part = a.kind != ActionKind::kBackwardWeight;
+            const bool weight_part = a.kind != ActionKind::kBackwardInput;
             const bool remote_gradient = !slice.has_head && shape.RankOfStage(a.stage + 1) != rank;
+            const bool local_gradient = a.stage + 1 < shape.stages() && !remote_gradient && !slice.has_head;
             const int64_t gradient_in = remote_gradient ? message(mb) + kHeaderBytes : 0;
-            const bool first_backward = has_gradients.insert(a.stage).second;
-            const int64_t grads = first_backward ? stage_params * z.grad : 0;
             // A passthrough hands its output gradient on as its input gradient.
             const int64_t input_gradient = a.stage == 0 ? 0 : passthrough ? -kHeaderBytes : message(mb);
-            // Reduced precision: each backward's gradients arrive in the parameter dtype and are
-            // converted one parameter at a time to fp32 and added to the sums (the first backward's
-            // conversions become the sums).
-            const int64_t largest_here = LargestParameter(z.model, slice);
-            const int64_t conversion = z.grad == z.e ? 0
-                                       : first_backward ? largest_here * z.e
-                                                        : stage_params * z.e + largest_here * z.grad;
             peak = std::max(peak, held + BackwardTransient(z, slice, b, t));
-            held += grads + input_gradient - retained[{a.stage, mb}] - (passthrough ? 0 : gradient_in);
-            if (a.stage + 1 < shape.stages() && !remote_gradient && !slice.has_head) {
-              held -= pending_grad[{a.stage + 1, mb}];
-              pending_grad.erase({a.stage + 1, mb});
+            if (input_part) {
+              held += input_gradient;
+              if (a.stage > 0) pending_grad[{a.stage, mb}] = passthrough ? gradient_in - kHeaderBytes : input_gradient;
+              if (a.kind == ActionKind::kBackwardInput) {
+                // What W still needs: the graph, the output gradient (and W recomputes the input's).
+                held_for_weight[{a.stage, mb}] = passthrough ? 0 : gradient_in;
+                if (local_gradient) {
+                  held_for_weight[{a.stage, mb}] += pending_grad[{a.stage + 1, mb}];
+                  pending_grad.erase({a.stage + 1, mb});
+                }
+              }
             }
-            retained.erase({a.stage, mb});
-            if (a.stage > 0) pending_grad[{a.stage, mb}] = passthrough ? gradient_in - kHeaderBytes : input_gradient;
-            peak = std::max(peak, held + conversion);
+            if (weight_part) {
+              const bool first_backward = has_gradients.insert(a.stage).second;
+              const int64_t grads = first_backward ? stage_params * z.grad : 0;
+              // Reduced precision: each backward's gradients arrive in the parameter dtype and are
+              // converted one parameter at a time to fp32 and added to the sums (the first
+              // backward's conversions become the sums).
+              const int64_t largest_here = LargestParameter(z.model, slice);
+              const int64_t conversion = z.grad == z.e ? 0
+                                         : first_backward ? largest_here * z.e
+                                                          : stage_params * z.e + largest_here * z.grad;
+              if (a.kind == ActionKind::kBackwardWeight) {
+                peak = std::max(peak, held + BackwardTransient(z, slice, b, t) + (a.stage > 0 ? message(mb) : 0));
+                held -= held_for_weight[{a.stage, mb}];
+                held_for_weight.erase({a.stage, mb});
+              } else {
+                held -= passthrough ? 0 : gradient_in;
+                if (local_gradient) {
+                  held -= pending_grad[{a.stage + 1, mb}];
+                  pending_grad.erase({a.stage + 1, mb});
+                }
+              }
+              held += grads - retained[{a.stage, mb}];
+              retained.erase({a.stage, mb});
+              peak = std::max(peak, held + conversion);
+            }
             break;
           }
           default:

@@ -97,7 +97,7 @@ Action ParseAction(const std::string& text) {
 }
 
 const std::vector<std::string>& ScheduleNames() {
-  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved"};
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zbh1"};
   return names;
 }
 
@@ -174,10 +174,38 @@ Schedule InterleavedSchedule(const PipelineShape& shape) {
   return schedule;
 }
 
+Schedule ZeroBubbleH1Schedule(const PipelineShape& shape) {
+  Schedule schedule = EmptySchedule("zbh1", shape);
+  const int m = shape.microbatches;
+  for (int rank = 0; rank < shape.ranks; ++rank) {
+    auto& actions = schedule.ranks[rank];
+    auto add = [&](ActionKind kind, int mb) { actions.push_back({kind, rank, mb}); };
+    // 1F1B's warm-up and steady state with each backward split into I then W: a microbatch is
+    // in flight (its graph kept) from F to W, exactly as from F to B under 1F1B.
+    const int warmup = std::min(shape.ranks - 1 - rank, m);
+    for (int mb = 0; mb < warmup; ++mb) add(ActionKind::kForward, mb);
+    const int steady = m - warmup;
+    for (int i = 0; i < steady; ++i) {
+      add(ActionKind::kForward, warmup + i);
+      add(ActionKind::kBackwardInput, i);
+      add(ActionKind::kBackwardWeight, i);
+    }
+    // Cool-down: each W waits until the next microbatch's I has gone, so it runs while the rank
+    // would otherwise wait for that gradient; in flight never exceeds the warm-up's count + 1.
+    for (int mb = steady; mb < m; ++mb) {
+      add(ActionKind::kBackwardInput, mb);
+      if (mb > steady) add(ActionKind::kBackwardWeight, mb - 1);
+    }
+    if (steady < m) add(ActionKind::kBackwardWeight, m - 1);
+  }
+  return schedule;
+}
+
 Schedule MakeSchedule(const std::string& name, const PipelineShape& shape) {
   if (name == "gpipe") return GPipeSchedule(shape);
   if (name == "1f1b") return OneFOneBSchedule(shape);
   if (name == "interleaved") return InterleavedSchedule(shape);
+  if (name == "zbh1") return ZeroBubbleH1Schedule(shape);
   throw ScheduleError(fmt::format("unknown schedule '{}': expected one of {}", name, fmt::join(ScheduleNames(), ", ")));
 }
 

@@ -65,6 +65,10 @@ Schedule OneFOneBSchedule(const PipelineShape& shape);  // warm-up, one-forward-
 // Interleaved 1F1B (Megatron's, PyTorch's Interleaved1F1B): v >= 2 stages per rank, stage s on
 // rank s % p, microbatches a multiple of p.
 Schedule InterleavedSchedule(const PipelineShape& shape);
+// Zero bubble ZB-H1-style (Qi et al.): 1F1B with each backward split into input gradient (I)
+// and weight gradient (W); in the cool-down each W is deferred past the next I, filling the wait
+// for that gradient. Peak in-flight microbatches equal 1F1B's.
+Schedule ZeroBubbleH1Schedule(const PipelineShape& shape);
 // Why `shape` cannot run interleaved, or "" when it can.
 std::string InterleavedConstraint(const PipelineShape& shape);
 

@@ -127,7 +127,7 @@ TEST(ScenarioLoader, RejectsUnknownEnumValuesListingTheAllowedOnes) {
   EXPECT_EQ(ErrorFor("name,flavor\nx,bert\n"),
             "suite.csv:2:2: column 'flavor', value 'bert': expected one of: llama, gpt2");
   EXPECT_EQ(ErrorFor("name,schedule\nx,zigzag\n"),
-            "suite.csv:2:2: column 'schedule', value 'zigzag': expected one of: gpipe, 1f1b, interleaved");
+            "suite.csv:2:2: column 'schedule', value 'zigzag': expected one of: gpipe, 1f1b, interleaved, zbh1");
   EXPECT_EQ(ErrorFor("name,schedule,world_size,virtual_stages,batch,microbatches\nx,interleaved,4,2,8,6\n"),
             "suite.csv:2:2: column 'schedule', value 'interleaved': interleaved needs microbatches to be a multiple "
             "of the ranks, as Megatron's and PyTorch's interleaved schedules do (got 6 microbatches on 4 ranks)");

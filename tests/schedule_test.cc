@@ -127,6 +127,49 @@ TEST(Interleaved, HoldsForEveryShapeUpToEightRanksFourVirtualStagesSixteenMicrob
   }
 }
 
+// ZB-H1 over p <= 8, m <= 16: valid under both send semantics, each stage's F, I and W once per
+// microbatch (I before W), no more microbatches in flight than 1F1B, and a smaller bubble than
+// 1F1B's when a backward's halves each cost half of it (p > 1).
+TEST(ZeroBubbleH1, HoldsForEveryShapeUpToEightRanksAndSixteenMicrobatches) {
+  pipeline::CostModel split;  // F = 1, B = 2 = I + W
+  split.backward = 2.0;
+  split.backward_input = split.backward_weight = 1.0;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 16; ++m) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Schedule lowered = pipeline::LowerSchedule(pipeline::ZeroBubbleH1Schedule({p, 1, m}));
+      for (auto semantics : {pipeline::SendSemantics::kBuffered, pipeline::SendSemantics::kRendezvous}) {
+        ASSERT_TRUE(pipeline::Simulate(lowered, semantics, split).ok) << pipeline::Simulate(lowered, semantics).error;
+      }
+      std::map<std::tuple<int, int, int>, int> count;
+      for (int rank = 0; rank < p; ++rank) {
+        std::map<int, int> step_of_input;
+        for (size_t i = 0; i < lowered.ranks[rank].size(); ++i) {
+          const auto& a = lowered.ranks[rank][i];
+          ASSERT_EQ(a.stage, rank);
+          ASSERT_NE(a.kind, ActionKind::kBackward);
+          if (a.IsCompute()) ++count[{static_cast<int>(a.kind), a.stage, a.microbatch}];
+          if (a.kind == ActionKind::kBackwardInput) step_of_input[a.microbatch] = static_cast<int>(i);
+          if (a.kind == ActionKind::kBackwardWeight) {
+            ASSERT_TRUE(step_of_input.count(a.microbatch)) << a.ToString();
+          }
+        }
+      }
+      ASSERT_EQ(count.size(), static_cast<size_t>(3 * p * m));
+      for (const auto& [key, n] : count) EXPECT_EQ(n, 1);
+      const auto zb = pipeline::Simulate(lowered, pipeline::SendSemantics::kBuffered, split);
+      const auto one_f_one_b = pipeline::Simulate(pipeline::LowerSchedule(pipeline::OneFOneBSchedule({p, 1, m})),
+                                                  pipeline::SendSemantics::kBuffered, split);
+      for (int rank = 0; rank < p; ++rank) EXPECT_LE(zb.peak_in_flight[rank], one_f_one_b.peak_in_flight[rank]);
+      if (p > 1) {
+        EXPECT_LT(zb.bubble, one_f_one_b.bubble);
+      } else {
+        EXPECT_EQ(zb.bubble, 0.0);
+      }
+    }
+  }
+}
+
 TEST(Interleaved, RefusesShapesItCannotRun) {
   EXPECT_NE(pipeline::InterleavedConstraint({4, 1, 8}).find("virtual_stages >= 2"), std::string::npos);
   EXPECT_NE(pipeline::InterleavedConstraint({4, 2, 6}).find("multiple of the ranks"), std::string::npos);
