@@ -245,7 +245,11 @@ void Executor::SendBackward(const Action& action, StepState& state) {
 void Executor::IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state) {
   auto& in_flight = state.sends[{peer, direction}];
   if (in_flight) in_flight->Wait();
-  in_flight = transport_.Send(tensor, peer, tag);
+  std::optional<MessageShape> announced;
+  if (const auto lie = faults_.AnnouncedShapeOf(static_cast<int>(direction), tensor)) {
+    announced = MessageShape{lie->first, lie->second};
+  }
+  in_flight = transport_.Send(tensor, peer, tag, announced);
 }
 
 void Executor::AwaitInput(const Action& action, StepState& state) {

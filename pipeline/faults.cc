@@ -19,7 +19,7 @@ const std::vector<std::string>& FaultNames() {
       "zero_grad_per_microbatch", "drop_microbatch", "local_clip",    "tied_norm_twice",
       "skip_tied_sync", "stale_shape",    "optimizer_state_reset",    "send_before_recv",
       "crash_rank",     "hang_rank",      "clip_before_tied_sync",    "double_grad_scaling",
-      "send_buffer_reuse", "zb_shared_weight_grad_twice"};
+      "send_buffer_reuse", "zb_shared_weight_grad_twice", "swap_boundary_shapes"};
   return names;
 }
 
@@ -41,6 +41,7 @@ double Faults::LossDenominator(int64_t microbatch_tokens, int64_t batch_tokens) 
 // The first message's shape is kept as the buffer for every later one; what fits is copied in,
 // the rest is left as zeros or cut off.
 torch::Tensor Faults::ReceivedMessage(const torch::Tensor& message, int direction) {
+  if (fault_ == Fault::kSwapBoundaryShapes) last_shape_[direction] = message.sizes().vec();
   if (fault_ != Fault::kStaleShape) return message;
   auto& sizes = first_shape_[direction];
   if (sizes.empty()) {
@@ -51,6 +52,14 @@ torch::Tensor Faults::ReceivedMessage(const torch::Tensor& message, int directio
   const int64_t fits = std::min(buffer.numel(), message.numel());
   buffer.view(-1).narrow(0, 0, fits).copy_(message.reshape(-1).narrow(0, 0, fits));
   return buffer;
+}
+
+std::optional<std::pair<torch::ScalarType, std::vector<int64_t>>> Faults::AnnouncedShapeOf(
+    int direction, const torch::Tensor& tensor) const {
+  if (fault_ != Fault::kSwapBoundaryShapes) return std::nullopt;
+  const auto other = last_shape_.find(direction == 0 ? 1 : 0);
+  if (other == last_shape_.end() || other->second == tensor.sizes().vec()) return std::nullopt;
+  return std::make_pair(tensor.scalar_type(), other->second);
 }
 
 void Faults::BeforeBackward(const std::vector<torch::Tensor>& parameters) const {

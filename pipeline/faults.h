@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,7 @@ enum class Fault {
   kDoubleGradScaling,       // gradients divided by m at step end on top of the whole-batch normalisation
   kSendBufferReuse,         // an activation's send buffer overwritten before its send completed
   kZbSharedWeightGradTwice, // a split backward's W adds the tied embedding's gradient twice (PyTorch #180952)
+  kSwapBoundaryShapes,      // a boundary message's header states the other direction's last shape (Megatron MCORE-382)
 };
 
 // Names as the scenario column spells them, "none" first, in enum order. The only list.
@@ -68,7 +71,14 @@ class Faults {
   double LossDenominator(int64_t microbatch_tokens, int64_t batch_tokens) const;
   // stale_shape: the first message of each direction fixes the buffer later ones are copied into.
   torch::Tensor ReceivedMessage(const torch::Tensor& message, int direction);
-  void BeginStep() { first_shape_.clear(); }
+  // swap_boundary_shapes: the shape a send's header states, when it lies: the last shape
+  // received in the other direction (activation <-> gradient), where that differs.
+  std::optional<std::pair<torch::ScalarType, std::vector<int64_t>>> AnnouncedShapeOf(int direction,
+                                                                                    const torch::Tensor& tensor) const;
+  void BeginStep() {
+    first_shape_.clear();
+    last_shape_.clear();
+  }
   // zero_grad_per_microbatch / grad_scale_per_microbatch, around each backward.
   void BeforeBackward(const std::vector<torch::Tensor>& parameters) const;
   void AfterBackward(const std::vector<torch::Tensor>& parameters) const;
@@ -96,6 +106,7 @@ class Faults {
   Fault fault_;
   int microbatches_;
   std::map<int, std::vector<int64_t>> first_shape_;  // per direction (stale_shape), for one step
+  std::map<int, std::vector<int64_t>> last_shape_;   // per direction (swap_boundary_shapes)
 };
 
 }  // namespace pipecheck::pipeline

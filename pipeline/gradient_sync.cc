@@ -35,7 +35,7 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
   auto own = gradient_of(own_stage);
   auto receive = transport.Recv(peer, MessageTag(Direction::kTiedGradient, peer_stage, 0), own.device(),
                                   MessageShape{own.scalar_type(), own.sizes().vec()});
-  auto send = transport.Send(own, peer, MessageTag(Direction::kTiedGradient, own_stage, 0));
+  auto send = transport.Send(own, peer, MessageTag(Direction::kTiedGradient, own_stage, 0), std::nullopt);
   auto other = receive->Wait();
   send->Wait();
   auto sum = is_first ? own + other : other + own;

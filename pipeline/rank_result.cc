@@ -110,7 +110,8 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
 
 std::vector<RankResult> GatherResults(Transport& transport, RankResult own) {
   if (transport.rank() != 0) {
-    transport.Send(SerializeRankResult(own), 0, MessageTag(Direction::kResult, transport.rank(), 0))->Wait();
+    transport.Send(SerializeRankResult(own), 0, MessageTag(Direction::kResult, transport.rank(), 0), std::nullopt)
+        ->Wait();
     return {};
   }
   std::vector<RankResult> results;

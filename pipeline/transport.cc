@@ -18,13 +18,14 @@ constexpr int kMaxDims = 8;
 constexpr int kHeaderSize = 2 + kMaxDims;  // dtype, ndim, sizes...
 
 // (kHeaderSize) int64: dtype code, number of dimensions, sizes.
-torch::Tensor MakeHeader(const torch::Tensor& tensor) {
-  TORCH_CHECK(tensor.dim() <= kMaxDims, "cannot send a tensor of ", tensor.dim(), " dimensions (at most ", kMaxDims, ")");
+torch::Tensor MakeHeader(const MessageShape& shape) {
+  const int64_t dims = static_cast<int64_t>(shape.sizes.size());
+  TORCH_CHECK(dims <= kMaxDims, "cannot send a tensor of ", dims, " dimensions (at most ", kMaxDims, ")");
   auto header = torch::zeros({kHeaderSize}, torch::kInt64);
   auto values = header.accessor<int64_t, 1>();
-  values[0] = static_cast<int64_t>(tensor.scalar_type());
-  values[1] = tensor.dim();
-  for (int64_t d = 0; d < tensor.dim(); ++d) values[2 + d] = tensor.size(d);
+  values[0] = static_cast<int64_t>(shape.dtype);
+  values[1] = dims;
+  for (int64_t d = 0; d < dims; ++d) values[2 + d] = shape.sizes[d];
   return header;
 }
 
@@ -94,9 +95,11 @@ class GlooTransport : public Transport {
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
 
-  std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag) override {
+  std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
+                                    const std::optional<MessageShape>& announced) override {
     // Gloo sends CPU memory; a CUDA tensor would go through NCCL instead (a later transport).
-    std::vector<torch::Tensor> header = {MakeHeader(tensor)};
+    std::vector<torch::Tensor> header = {MakeHeader(announced ? *announced
+                                                              : MessageShape{tensor.scalar_type(), tensor.sizes().vec()})};
     std::vector<torch::Tensor> payload = {tensor.detach().cpu().contiguous()};
     auto header_work = group_->send(header, peer, 2 * tag);
     compat::WorkHandle payload_work;
@@ -132,7 +135,7 @@ class SoloTransport : public Transport {
  public:
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
-  std::unique_ptr<PendingSend> Send(const torch::Tensor&, int peer, int tag) override {
+  std::unique_ptr<PendingSend> Send(const torch::Tensor&, int peer, int tag, const std::optional<MessageShape>&) override {
     TORCH_CHECK(false, "world size 1 has no peer to send to (peer ", peer, ", tag ", tag, ")");
   }
   std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device, const std::optional<MessageShape>&) override {

@@ -47,8 +47,10 @@ class Transport {
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // Starts sending `tensor` to `peer`; the tensor is kept alive until the send completes.
-  virtual std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag) = 0;
+  // Starts sending `tensor` to `peer`; the tensor is kept alive until the send completes. The
+  // header states the tensor's own dtype and shape, or `announced` (only a fault lies so).
+  virtual std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
+                                            const std::optional<MessageShape>& announced) = 0;
   // Posts a receive of a message from `peer`; the result lands on `device`. With `expected`,
   // the payload's receive is posted now as well, and a message of another shape is an error.
   virtual std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
