@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -175,28 +176,34 @@ Schedule InterleavedSchedule(const PipelineShape& shape) {
 }
 
 Schedule ZeroBubbleH1Schedule(const PipelineShape& shape) {
-  Schedule schedule = EmptySchedule("zbh1", shape);
-  const int m = shape.microbatches;
+  // 1F1B with each backward split into I then W: a microbatch is in flight (its graph kept) from
+  // F to W, as from F to B under 1F1B. In the cool-down (the backwards after the last forward)
+  // each W waits until the next I has gone, so it runs while the rank would otherwise wait for
+  // that gradient; in flight still never exceeds 1F1B's count.
+  Schedule schedule = OneFOneBSchedule(shape);
+  schedule.name = "zbh1";
   for (int rank = 0; rank < shape.ranks; ++rank) {
     auto& actions = schedule.ranks[rank];
-    auto add = [&](ActionKind kind, int mb) { actions.push_back({kind, rank, mb}); };
-    // 1F1B's warm-up and steady state with each backward split into I then W: a microbatch is
-    // in flight (its graph kept) from F to W, exactly as from F to B under 1F1B.
-    const int warmup = std::min(shape.ranks - 1 - rank, m);
-    for (int mb = 0; mb < warmup; ++mb) add(ActionKind::kForward, mb);
-    const int steady = m - warmup;
-    for (int i = 0; i < steady; ++i) {
-      add(ActionKind::kForward, warmup + i);
-      add(ActionKind::kBackwardInput, i);
-      add(ActionKind::kBackwardWeight, i);
+    const int steady = shape.microbatches - std::min(shape.ranks - 1 - rank, shape.microbatches);
+    std::vector<Action> split;
+    std::optional<Action> deferred;
+    int backwards = 0;
+    for (const Action& a : actions) {
+      if (a.kind != ActionKind::kBackward) {
+        split.push_back(a);
+        continue;
+      }
+      split.push_back({ActionKind::kBackwardInput, a.stage, a.microbatch});
+      const Action weight{ActionKind::kBackwardWeight, a.stage, a.microbatch};
+      if (backwards++ < steady) {
+        split.push_back(weight);
+      } else {
+        if (deferred) split.push_back(*deferred);
+        deferred = weight;
+      }
     }
-    // Cool-down: each W waits until the next microbatch's I has gone, so it runs while the rank
-    // would otherwise wait for that gradient; in flight never exceeds the warm-up's count + 1.
-    for (int mb = steady; mb < m; ++mb) {
-      add(ActionKind::kBackwardInput, mb);
-      if (mb > steady) add(ActionKind::kBackwardWeight, mb - 1);
-    }
-    if (steady < m) add(ActionKind::kBackwardWeight, m - 1);
+    if (deferred) split.push_back(*deferred);
+    actions = std::move(split);
   }
   return schedule;
 }
