@@ -139,8 +139,10 @@ Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepStat
 void Executor::KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input,
                                  StepState& state) {
   const int mb = action.microbatch;
-  if (!gradient.defined() && faults_.SendsZerosForMissingGradient(mb)) gradient = torch::zeros_like(input);
-  if (faults_.DropsBackward(mb)) gradient = torch::zeros_like(input);
+  // drop_microbatch sends zeros whatever was computed.
+  if ((!gradient.defined() && faults_.SendsZerosForMissingGradient()) || faults_.DropsBackward(mb)) {
+    gradient = torch::zeros_like(input);
+  }
   TORCH_CHECK(gradient.defined(), "rank ", transport_.rank(), ": ", action.ToString(),
               " produced no gradient for its input");
   state.input_grads[{action.stage, mb}] = gradient;
@@ -245,11 +247,7 @@ void Executor::SendBackward(const Action& action, StepState& state) {
 void Executor::IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state) {
   auto& in_flight = state.sends[{peer, direction}];
   if (in_flight) in_flight->Wait();
-  std::optional<MessageShape> announced;
-  if (const auto lie = faults_.AnnouncedShapeOf(static_cast<int>(direction), tensor)) {
-    announced = MessageShape{lie->first, lie->second};
-  }
-  in_flight = transport_.Send(tensor, peer, tag, announced);
+  in_flight = transport_.Send(tensor, peer, tag, faults_.AnnouncedShape(direction, tensor));
 }
 
 void Executor::AwaitInput(const Action& action, StepState& state) {
@@ -265,7 +263,7 @@ void Executor::AwaitInput(const Action& action, StepState& state) {
   }
   auto received = state.receives.find({direction, s, mb});
   if (received == state.receives.end()) return;  // a local handoff, or a missing receive reported later
-  state.arrived[{direction, s, mb}] = faults_.ReceivedMessage(received->second->Wait(), static_cast<int>(direction));
+  state.arrived[{direction, s, mb}] = faults_.ReceivedMessage(received->second->Wait(), direction);
   state.receives.erase(received);
 }
 

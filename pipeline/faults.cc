@@ -40,7 +40,7 @@ double Faults::LossDenominator(int64_t microbatch_tokens, int64_t batch_tokens) 
 
 // The first message's shape is kept as the buffer for every later one; what fits is copied in,
 // the rest is left as zeros or cut off.
-torch::Tensor Faults::ReceivedMessage(const torch::Tensor& message, int direction) {
+torch::Tensor Faults::ReceivedMessage(const torch::Tensor& message, Direction direction) {
   if (fault_ == Fault::kSwapBoundaryShapes) last_shape_[direction] = message.sizes().vec();
   if (fault_ != Fault::kStaleShape) return message;
   auto& sizes = first_shape_[direction];
@@ -54,12 +54,12 @@ torch::Tensor Faults::ReceivedMessage(const torch::Tensor& message, int directio
   return buffer;
 }
 
-std::optional<std::pair<torch::ScalarType, std::vector<int64_t>>> Faults::AnnouncedShapeOf(
-    int direction, const torch::Tensor& tensor) const {
+std::optional<MessageShape> Faults::AnnouncedShape(Direction direction, const torch::Tensor& tensor) const {
   if (fault_ != Fault::kSwapBoundaryShapes) return std::nullopt;
-  const auto other = last_shape_.find(direction == 0 ? 1 : 0);
+  const auto other =
+      last_shape_.find(direction == Direction::kActivation ? Direction::kGradient : Direction::kActivation);
   if (other == last_shape_.end() || other->second == tensor.sizes().vec()) return std::nullopt;
-  return std::make_pair(tensor.scalar_type(), other->second);
+  return MessageShape{tensor.scalar_type(), other->second};
 }
 
 void Faults::BeforeBackward(const std::vector<torch::Tensor>& parameters) const {

@@ -12,9 +12,10 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <utility>
 #include <string>
 #include <vector>
+
+#include "pipeline/transport.h"
 
 namespace pipecheck::pipeline {
 
@@ -51,9 +52,6 @@ class Faults {
  public:
   explicit Faults(Fault fault = Fault::kNone, int microbatches = 1) : fault_(fault), microbatches_(microbatches) {}
 
-  Fault fault() const { return fault_; }
-  bool Is(Fault fault) const { return fault_ == fault; }
-
   // send_before_recv: the lowering pass leaves sends ahead of the receives due with them.
   bool PostReceivesFirst() const { return fault_ != Fault::kSendBeforeRecv; }
   // detach_input: a received activation is used without requires_grad.
@@ -62,19 +60,16 @@ class Faults {
   bool DropsBackward(int microbatch) const {
     return fault_ == Fault::kDropMicrobatch && microbatch == microbatches_ - 1;
   }
-  // A backward that produced no input gradient sends zeros instead of failing (detach_input, drop_microbatch).
-  bool SendsZerosForMissingGradient(int microbatch) const {
-    return fault_ == Fault::kDetachInput || DropsBackward(microbatch);
-  }
+  // detach_input: a backward that produced no input gradient sends zeros instead of failing.
+  bool SendsZerosForMissingGradient() const { return fault_ == Fault::kDetachInput; }
   // The denominator of a microbatch's loss term: the whole batch's tokens, or
   // (mean_of_microbatch_means) the microbatch's own tokens times the number of microbatches.
   double LossDenominator(int64_t microbatch_tokens, int64_t batch_tokens) const;
   // stale_shape: the first message of each direction fixes the buffer later ones are copied into.
-  torch::Tensor ReceivedMessage(const torch::Tensor& message, int direction);
+  torch::Tensor ReceivedMessage(const torch::Tensor& message, Direction direction);
   // swap_boundary_shapes: the shape a send's header states, when it lies: the last shape
   // received in the other direction (activation <-> gradient), where that differs.
-  std::optional<std::pair<torch::ScalarType, std::vector<int64_t>>> AnnouncedShapeOf(int direction,
-                                                                                    const torch::Tensor& tensor) const;
+  std::optional<MessageShape> AnnouncedShape(Direction direction, const torch::Tensor& tensor) const;
   void BeginStep() {
     first_shape_.clear();
     last_shape_.clear();
@@ -105,8 +100,8 @@ class Faults {
  private:
   Fault fault_;
   int microbatches_;
-  std::map<int, std::vector<int64_t>> first_shape_;  // per direction (stale_shape), for one step
-  std::map<int, std::vector<int64_t>> last_shape_;   // per direction (swap_boundary_shapes)
+  std::map<Direction, std::vector<int64_t>> first_shape_;  // per direction (stale_shape), for one step
+  std::map<Direction, std::vector<int64_t>> last_shape_;   // per direction (swap_boundary_shapes)
 };
 
 }  // namespace pipecheck::pipeline

@@ -6,13 +6,12 @@
 #include <set>
 
 #include "pipeline/partition.h"
+#include "pipeline/transport.h"
 #include "reference/data.h"
 #include "reference/gradient_accumulation.h"
 
 namespace pipecheck::pipeline {
 namespace {
-
-constexpr int64_t kHeaderBytes = 10 * 8;  // transport.cc's message header
 
 int64_t ElementSize(torch::Dtype dtype) { return static_cast<int64_t>(c10::elementSize(dtype)); }
 
@@ -104,7 +103,7 @@ int64_t BatchBytes(const reference::Batch& batch, const std::vector<reference::B
     const void* data = tensor.storage().data();
     if (seen.insert(data).second) bytes += static_cast<int64_t>(tensor.storage().nbytes());
   };
-  for (const auto* b : {&batch}) add(b->tokens), add(b->labels), add(b->lengths);
+  add(batch.tokens), add(batch.labels), add(batch.lengths);
   for (const auto& part : parts) add(part.tokens), add(part.labels), add(part.lengths);
   return bytes;
 }
@@ -152,7 +151,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
         switch (a.kind) {
           case ActionKind::kRecvForward:
           case ActionKind::kRecvBackward:
-            held += message(mb) + kHeaderBytes;  // posted with its payload buffer
+            held += message(mb) + kMessageHeaderBytes;  // posted with its payload buffer
             peak = std::max(peak, held);
             break;
           case ActionKind::kForward: {
@@ -160,7 +159,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             const Input input = a.stage == 0 ? Input::kTokens : remote_input ? Input::kReceived : Input::kLocal;
             const int64_t kept = Retained(z, slice, input, b, t);
             const int64_t output = slice.has_head || passthrough ? 0 : message(mb);
-            held += kept + output - (remote_input ? message(mb) + kHeaderBytes : 0);
+            held += kept + output - (remote_input ? message(mb) + kMessageHeaderBytes : 0);
             peak = std::max(peak, held + ForwardTransient(z, slice, b, t));
             retained[{a.stage, mb}] = kept + output;
             break;
@@ -173,8 +172,8 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             held -= buffer;  // the previous message to this peer and direction has left
             // The data now belongs to the send (a passthrough's output is its input, still held).
             const int64_t moved = forward && passthrough ? 0 : message(mb);
-            buffer = moved + kHeaderBytes;
-            held += kHeaderBytes;
+            buffer = moved + kMessageHeaderBytes;
+            held += kMessageHeaderBytes;
             if (forward) {
               retained[{a.stage, mb}] -= moved;
             } else {
@@ -192,13 +191,13 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             const bool weight_part = a.kind != ActionKind::kBackwardInput;
             const bool remote_gradient = !slice.has_head && shape.RankOfStage(a.stage + 1) != rank;
             const bool local_gradient = a.stage + 1 < shape.stages() && !remote_gradient && !slice.has_head;
-            const int64_t gradient_in = remote_gradient ? message(mb) + kHeaderBytes : 0;
+            const int64_t gradient_in = remote_gradient ? message(mb) + kMessageHeaderBytes : 0;
             // A passthrough hands its output gradient on as its input gradient.
-            const int64_t input_gradient = a.stage == 0 ? 0 : passthrough ? -kHeaderBytes : message(mb);
+            const int64_t input_gradient = a.stage == 0 ? 0 : passthrough ? -kMessageHeaderBytes : message(mb);
             peak = std::max(peak, held + BackwardTransient(z, slice, b, t));
             if (input_part) {
               held += input_gradient;
-              if (a.stage > 0) pending_grad[{a.stage, mb}] = passthrough ? gradient_in - kHeaderBytes : input_gradient;
+              if (a.stage > 0) pending_grad[{a.stage, mb}] = passthrough ? gradient_in - kMessageHeaderBytes : input_gradient;
               if (a.kind == ActionKind::kBackwardInput) {
                 // What W still needs: the graph, the output gradient (and W recomputes the input's).
                 held_for_weight[{a.stage, mb}] = passthrough ? 0 : gradient_in;
@@ -249,7 +248,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
       const bool owns_tied = z.model.tied && last > 0 && (shape.RankOfStage(0) == rank || shape.RankOfStage(last) == rank);
       if (owns_tied) {
         const int64_t tied = z.model.vocab * h * z.grad;
-        clip = std::max(clip, shape.RankOfStage(0) == shape.RankOfStage(last) ? tied : 2 * tied + 2 * kHeaderBytes);
+        clip = std::max(clip, shape.RankOfStage(0) == shape.RankOfStage(last) ? tied : 2 * tied + 2 * kMessageHeaderBytes);
       }
       const int64_t update = (z.adamw ? 2 * largest[rank] * z.e : 0) + (z.grad != z.e ? largest[rank] * z.e : 0);
       peak = std::max(peak, held + clip);

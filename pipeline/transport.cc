@@ -14,8 +14,8 @@
 namespace pipecheck::pipeline {
 namespace {
 
-constexpr int kMaxDims = 8;
-constexpr int kHeaderSize = 2 + kMaxDims;  // dtype, ndim, sizes...
+constexpr int kMaxDims = kMaxMessageDims;
+constexpr int kHeaderSize = kMessageHeaderBytes / 8;  // int64: dtype, ndim, sizes...
 
 // (kHeaderSize) int64: dtype code, number of dimensions, sizes.
 torch::Tensor MakeHeader(const MessageShape& shape) {

@@ -35,6 +35,10 @@ class PendingRecv {
   virtual torch::Tensor Wait() = 0;  // blocks until the whole message has arrived
 };
 
+// The header every message starts with: dtype, number of dimensions and up to 8 sizes, int64.
+constexpr int kMaxMessageDims = 8;
+constexpr int64_t kMessageHeaderBytes = (2 + kMaxMessageDims) * 8;
+
 // What a receiver expects a message to be.
 struct MessageShape {
   torch::ScalarType dtype = torch::kFloat32;
