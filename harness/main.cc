@@ -20,6 +20,7 @@
 #include "harness/worker.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
+#include "reference/host_memory.h"
 #include "reports/compare.h"
 #include "reports/csv.h"
 #include "scenarios/scenario.h"
@@ -254,6 +255,7 @@ int Dump(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pipecheck::reference::KeepFreedHostMemory();  // before anything is allocated: every command may train and time
   CLI::App app{"pipecheck: verifies a pipeline-parallel trainer against a single-device reference"};
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("pipecheck {} (LibTorch {}.{}.{}, CUDA devices: {})", PIPECHECK_VERSION,

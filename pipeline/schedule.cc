@@ -49,13 +49,18 @@ Schedule EmptySchedule(const std::string& name, const PipelineShape& shape, bool
   return Schedule{name, shape, std::vector<std::vector<Action>>(shape.ranks)};
 }
 
-// A receive is always safe to post earlier; moving it ahead of the sends right before it
-// means no rank can sit in a send while its peer waits for it to post a receive.
-void PostReceivesBeforeSends(std::vector<Action>& actions) {
+// A receive is always safe to post earlier. Each one goes ahead of the sends right before it,
+// so no rank can sit in a send while its peer waits for it to post a receive, and then ahead of
+// the compute action before those, so its message can land while that action runs: the sender
+// finds the receiver ready instead of waiting for it to get round to posting. The sends of the
+// action before stay ahead of it (a peer may be waiting on them). The cost, each receive's
+// buffer held for one action longer, is in the memory model, which walks these same lists.
+void PostReceivesEarly(std::vector<Action>& actions) {
   for (size_t i = 1; i < actions.size(); ++i) {
-    for (size_t j = i; j > 0 && actions[j].IsRecv() && actions[j - 1].IsSend(); --j) {
-      std::swap(actions[j], actions[j - 1]);
-    }
+    if (!actions[i].IsRecv()) continue;
+    size_t j = i;
+    for (; j > 0 && actions[j - 1].IsSend(); --j) std::swap(actions[j], actions[j - 1]);
+    if (j > 0 && actions[j - 1].IsCompute()) std::swap(actions[j], actions[j - 1]);
   }
 }
 
@@ -349,7 +354,7 @@ Schedule AddCommunication(const Schedule& schedule, bool post_receives_first) {
           out.push_back(action);
       }
     }
-    if (post_receives_first) PostReceivesBeforeSends(out);
+    if (post_receives_first) PostReceivesEarly(out);
   }
   return lowered;
 }

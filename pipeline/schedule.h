@@ -78,8 +78,9 @@ Schedule MakeSchedule(const std::string& name, const PipelineShape& shape);
 
 // Adds the communication: a RECV before each compute whose input comes from another rank, a
 // SEND after each compute whose output goes to another rank; then every receive is moved ahead
-// of the sends just before it, so a rank always posts its receives before it sends
-// (unless `post_receives_first` is false: the send_before_recv fault).
+// of the sends just before it, so a rank always posts its receives before it sends, and ahead
+// of the compute action before those, so its message can land during that action (neither
+// when `post_receives_first` is false: the send_before_recv fault).
 Schedule AddCommunication(const Schedule& schedule, bool post_receives_first = true);
 
 // PyTorch pipelining's compute-only CSV (`_dump_csv` / `_load_csv`): one row per rank, one

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "pipeline/gradient_sync.h"
+#include "reference/host_memory.h"
 
 namespace pipecheck::pipeline {
 
@@ -35,7 +36,7 @@ std::vector<torch::Tensor> PipelineTrainer::OwnedParameters() const {
 reference::NamedTensors PipelineTrainer::WeightCopies() const {
   reference::NamedTensors weights;
   for (const auto& stage : stages_) {
-    for (const auto& item : stage->module->named_parameters()) weights.insert(item.key(), item.value().detach().clone());
+    for (const auto& item : stage->module->named_parameters()) weights.insert(item.key(), reference::RecordedCopy(item.value()));
   }
   return weights;
 }
@@ -44,7 +45,7 @@ reference::NamedTensors PipelineTrainer::GradientCopies() const {
   reference::NamedTensors gradients;
   for (const auto& stage : stages_) {
     for (const auto& item : stage->module->named_parameters()) {
-      if (item.value().grad().defined()) gradients.insert(item.key(), item.value().grad().detach().clone());
+      if (item.value().grad().defined()) gradients.insert(item.key(), reference::RecordedCopy(item.value().grad()));
     }
   }
   return gradients;
@@ -62,26 +63,20 @@ void PipelineTrainer::SynchroniseGradients(RankResult& result) {
 }
 
 void PipelineTrainer::Step(int64_t step, RankResult& result) {
-  if (config_.train.record_gradients) {
-    result.weights.push_back(WeightCopies());
-    copies_bytes_ += reference::TensorBytes(result.weights.back());
-  }
+  if (config_.train.record_gradients) result.weights.push_back(WeightCopies());
   accumulator_->Begin();
   if (faults_.ResetsOptimizer()) {
     for (auto& stage : stages_) stage->optimizer = reference::MakeOptimizer(config_.train.optimizer, stage->parameters);
   }
-  reference::StepWindow window(baseline_bytes_, copies_bytes_);
+  reference::StepWindow window(baseline_bytes_);
   const auto batch = reference::MakeBatch(config_.train.data, config_.train.seed, step);
   const torch::Tensor loss = executor_->Run(step, batch, window, result.timeline);
   accumulator_->Finish();
   faults_.AfterAccumulation(OwnedParameters());
   SynchroniseGradients(result);
   window.PauseForCopies();
-  if (config_.train.record_gradients) {
-    result.gradients.push_back(GradientCopies());
-    copies_bytes_ += reference::TensorBytes(result.gradients.back());
-  }
-  window.ResumeAfterCopies(copies_bytes_);
+  if (config_.train.record_gradients) result.gradients.push_back(GradientCopies());
+  window.ResumeAfterCopies();
   reference::GradientsToParameterDtype(OwnedParameters());
   for (auto& stage : stages_) stage->optimizer->step();
   const auto measured = window.End();

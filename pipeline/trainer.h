@@ -51,7 +51,6 @@ class PipelineTrainer {
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending
   int64_t baseline_bytes_ = 0;  // live tensor bytes before the trainer existed
-  int64_t copies_bytes_ = 0;    // bytes of gradient and weight copies handed out so far
   std::unique_ptr<reference::GradientAccumulator> accumulator_;  // over OwnedParameters()
   std::unique_ptr<Executor> executor_;
 };

@@ -54,23 +54,21 @@ void ResetPeakTensorBytes() {
   if (TheCounter()) TheCounter()->peak_.store(TheCounter()->live_.load());
 }
 
-StepWindow::StepWindow(int64_t baseline_bytes, int64_t copies_held)
-    : baseline_(baseline_bytes), copies_(copies_held), started_(Clock::now()) {
+StepWindow::StepWindow(int64_t baseline_bytes) : baseline_(baseline_bytes), started_(Clock::now()) {
   ResetPeakTensorBytes();
 }
 
 void StepWindow::PauseForCopies() {
-  peak_ = std::max(peak_, PeakTensorBytes() - baseline_ - copies_);
+  peak_ = std::max(peak_, PeakTensorBytes() - baseline_);
   pause_start_ = Clock::now();
 }
 
-void StepWindow::ResumeAfterCopies(int64_t copies_held) {
+void StepWindow::ResumeAfterCopies() {
   paused_ += Clock::now() - pause_start_;
-  copies_ = copies_held;
   ResetPeakTensorBytes();
 }
 
-int64_t StepWindow::HeldBytes() const { return MemoryMeterActive() ? LiveTensorBytes() - baseline_ - copies_ : -1; }
+int64_t StepWindow::HeldBytes() const { return MemoryMeterActive() ? LiveTensorBytes() - baseline_ : -1; }
 
 double StepWindow::ElapsedMs() const {
   return std::chrono::duration<double, std::milli>(Clock::now() - started_ - paused_).count();
@@ -79,7 +77,7 @@ double StepWindow::ElapsedMs() const {
 StepWindow::Measured StepWindow::End() {
   Measured measured;
   measured.step_ms = ElapsedMs();
-  if (MemoryMeterActive()) measured.peak_bytes = std::max(peak_, PeakTensorBytes() - baseline_ - copies_);
+  if (MemoryMeterActive()) measured.peak_bytes = std::max(peak_, PeakTensorBytes() - baseline_);
   return measured;
 }
 

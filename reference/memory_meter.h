@@ -20,13 +20,13 @@ void ResetPeakTensorBytes();  // peak := live
 
 // One training step's measurement window, the same for both trainers: the step's wall time and
 // the peak tensor bytes the trainer held (its own: bytes live before it existed do not count).
-// The moment it copies gradients out for comparison is cut out of both, and copies already
-// handed out (`copies_held`) never count.
+// The moment it copies gradients out for comparison is cut out of both; the copies themselves
+// live outside the counted allocator (reference::RecordedCopy).
 class StepWindow {
  public:
-  StepWindow(int64_t baseline_bytes, int64_t copies_held);  // starts the window now
+  explicit StepWindow(int64_t baseline_bytes);  // starts the window now
   void PauseForCopies();                                    // before copying gradients out
-  void ResumeAfterCopies(int64_t copies_held);
+  void ResumeAfterCopies();
   int64_t HeldBytes() const;  // what the trainer holds now, -1 when the meter is off
   double ElapsedMs() const;   // the window's time so far, pauses excluded
 
@@ -39,7 +39,6 @@ class StepWindow {
  private:
   using Clock = std::chrono::steady_clock;
   int64_t baseline_ = 0;
-  int64_t copies_ = 0;
   int64_t peak_ = 0;
   Clock::time_point started_;
   Clock::duration paused_{0};

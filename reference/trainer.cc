@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "reference/host_memory.h"
 #include "reference/loss.h"
 
 namespace pipecheck::reference {
@@ -13,7 +14,7 @@ namespace {
 
 NamedTensors DetachedCopies(const NamedTensors& tensors) {
   NamedTensors copies;
-  for (const auto& item : tensors) copies.insert(item.key(), item.value().detach().clone());
+  for (const auto& item : tensors) copies.insert(item.key(), RecordedCopy(item.value()));
   return copies;
 }
 
@@ -48,12 +49,6 @@ int64_t TrainResult::PeakBytes() const {
   int64_t peak = -1;
   for (const auto& step : steps) peak = std::max(peak, step.peak_bytes);
   return peak;
-}
-
-int64_t TensorBytes(const NamedTensors& tensors) {
-  int64_t bytes = 0;
-  for (const auto& item : tensors) bytes += item.value().numel() * static_cast<int64_t>(item.value().element_size());
-  return bytes;
 }
 
 ReferenceTrainer::ReferenceTrainer(const TrainConfig& config) : config_(config), baseline_bytes_(LiveTensorBytes()) {
@@ -99,14 +94,11 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step) {
 }
 
 StepRecord ReferenceTrainer::Step(int64_t step) {
-  StepWindow window(baseline_bytes_, copies_bytes_);
+  StepWindow window(baseline_bytes_);
   StepRecord record = ComputeGradients(step);
   window.PauseForCopies();
-  if (config_.record_gradients) {
-    record.gradients = Gradients();
-    copies_bytes_ += TensorBytes(record.gradients);
-  }
-  window.ResumeAfterCopies(copies_bytes_);
+  if (config_.record_gradients) record.gradients = Gradients();
+  window.ResumeAfterCopies();
   GradientsToParameterDtype(parameters_);
   optimizer_->step();
   const auto measured = window.End();
@@ -153,7 +145,7 @@ NamedTensors ReferenceTrainer::Weights() const { return DetachedCopies(model_->n
 NamedTensors ReferenceTrainer::Gradients() const {
   NamedTensors gradients;
   for (const auto& item : model_->named_parameters()) {
-    if (item.value().grad().defined()) gradients.insert(item.key(), item.value().grad().detach().clone());
+    if (item.value().grad().defined()) gradients.insert(item.key(), RecordedCopy(item.value().grad()));
   }
   return gradients;
 }

@@ -101,11 +101,7 @@ class ReferenceTrainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<GradientAccumulator> accumulator_;
   int64_t baseline_bytes_ = 0;  // live tensor bytes before the trainer existed
-  int64_t copies_bytes_ = 0;    // bytes of gradient copies handed out so far
 };
-
-// Bytes of tensor storage in `tensors`.
-int64_t TensorBytes(const NamedTensors& tensors);
 
 // The first step that counts for speed: step 1 when there are several (step 0 warms up), else 0.
 size_t FirstTimedStep(size_t steps);
