@@ -246,7 +246,10 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
     if (!any_running) break;
     if (options.progress && std::chrono::steady_clock::now() > next_progress) {
       next_progress += std::chrono::duration<double>(options.progress_seconds);
-      const std::string line = LastProgress(ranks.back().log);
+      std::string line;  // from the rank of the last stage, the only one that writes progress
+      for (const auto& rank : ranks) {
+        if (line.empty()) line = LastProgress(rank.log);
+      }
       if (!line.empty() && line != last_progress) options.progress(line);
       last_progress = line;
     }

@@ -186,6 +186,7 @@ int PrintSchedule(const Options& options) {
   CostModel equal;
   CostModel weighted;
   weighted.backward = options.backward_cost;
+  weighted.backward_input = weighted.backward_weight = options.backward_cost / 2;  // a split B costs what B does
   const auto result = ValidateSchedule(lowered, weighted);
   const auto equal_result = ValidateSchedule(lowered, equal);
   fmt::print("schedule {}: {} ranks, {} microbatches ({} stages)\n\n", options.schedule, shape.ranks,

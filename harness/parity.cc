@@ -150,20 +150,21 @@ NamedTensors PipelineWeights(const std::vector<pipeline::RankResult>& ranks, siz
       continue;
     }
     for (const auto& item : *held) {
+      const std::string name = pipeline::ParameterName(item.key());
       if (!torch::isfinite(item.value()).all().item<bool>()) {
         problems.Add(step, Evidence::kStartWeights,
                      fmt::format("weight {} on rank {} is not finite {}", item.key(), rank.rank,
                                  step < steps ? fmt::format("at the start of step {}", step) : "after the last step"));
       }
-      if (!merged.contains(item.key())) {
-        merged.insert(item.key(), item.value());
-        owner[item.key()] = rank.rank;
-      } else if (!torch::equal(merged[item.key()], item.value())) {
+      if (!merged.contains(name)) {
+        merged.insert(name, item.value());
+        owner[name] = rank.rank;
+      } else if (!torch::equal(merged[name], item.value())) {
         problems.Add(step, Evidence::kStartWeights,
                      fmt::format("copies of {} differ between rank {} and rank {} {} (max abs diff {:.3g})",
-                                 item.key(), owner[item.key()], rank.rank,
+                                 item.key(), owner[name], rank.rank,
                                  step < steps ? fmt::format("at the start of step {}", step) : "after the last step",
-                                 (merged[item.key()].to(torch::kFloat64) - item.value().to(torch::kFloat64))
+                                 (merged[name].to(torch::kFloat64) - item.value().to(torch::kFloat64))
                                      .abs().max().item<double>()));
       }
     }
@@ -177,7 +178,8 @@ NamedTensors AppliedGradients(const std::vector<pipeline::RankResult>& ranks, si
   for (const auto& rank : ranks) {
     if (step >= rank.gradients.size()) continue;
     for (const auto& item : rank.gradients[step]) {
-      if (!merged.contains(item.key())) merged.insert(item.key(), item.value());
+      const std::string name = pipeline::ParameterName(item.key());
+      if (!merged.contains(name)) merged.insert(name, item.value());
     }
   }
   return merged;
@@ -223,7 +225,7 @@ void JudgeGradients(size_t step, const std::vector<pipeline::RankResult>& ranks,
       continue;
     }
     for (const auto& item : rank.gradients[step]) {
-      const std::string& name = item.key();
+      const std::string name = pipeline::ParameterName(item.key());
       ++seen[name];
       if (!reference.contains(name)) {
         verdicts.problems.Add(step, Evidence::kGradients,
@@ -240,11 +242,11 @@ void JudgeGradients(size_t step, const std::vector<pipeline::RankResult>& ranks,
       if (error.pp_norm == 0.0 && error.ref_norm > floor) {
         verdicts.problems.Add(step, Evidence::kGradients,
                               fmt::format("gradient of {} at step {} is all zero on rank {}; the reference's norm is {:.3g}",
-                                          name, step, rank.rank, error.ref_norm));
+                                          item.key(), step, rank.rank, error.ref_norm));
       } else if (!(error.rel <= tol)) {
         verdicts.problems.Add(step, Evidence::kGradients,
-                              fmt::format("gradient of {} at step {} on rank {}: rel err {:.3g} > tol {:.3g}", name, step,
-                                          rank.rank, error.rel, tol));
+                              fmt::format("gradient of {} at step {} on rank {}: rel err {:.3g} > tol {:.3g}", item.key(),
+                                          step, rank.rank, error.rel, tol));
       }
     }
   }
@@ -266,9 +268,10 @@ void JudgeUpdate(size_t step, const std::vector<pipeline::RankResult>& ranks, co
     const NamedTensors* after = WeightsAt(rank, step + 1, steps);
     if (after == nullptr) continue;  // reported by PipelineWeights
     for (const auto& item : *after) {
-      if (!predicted.contains(item.key())) continue;
-      const auto& expected = predicted[item.key()];
-      const double update = Norm(expected.to(torch::kFloat64) - before[item.key()].to(torch::kFloat64));
+      const std::string name = pipeline::ParameterName(item.key());
+      if (!predicted.contains(name)) continue;
+      const auto& expected = predicted[name];
+      const double update = Norm(expected.to(torch::kFloat64) - before[name].to(torch::kFloat64));
       const auto error = Compare(item.value(), expected, update, floor);
       verdicts.update_max_rel = std::max(verdicts.update_max_rel, error.rel);
       if (!(error.rel <= scenario.tol)) {

@@ -126,8 +126,9 @@ int RunWorker(const WorkerOptions& options) {
     auto transport = pipeline::ConnectGloo(rendezvous);
     if (config.train.device.is_cuda()) config.train.device = CudaDeviceOfThisRank();
     pipeline::PipelineTrainer trainer(config, *transport);
-    // The last rank knows the loss: it reports progress in its log, which `run` shows.
-    const bool reports_progress = rendezvous.rank == rendezvous.world_size - 1;
+    // The rank of the last stage knows the loss: it reports progress in its log, which `run` shows.
+    const auto& shape = trainer.schedule().shape;
+    const bool reports_progress = rendezvous.rank == shape.RankOfStage(shape.stages() - 1);
     auto results = pipeline::GatherResults(*transport, trainer.Train([&](int64_t step, const pipeline::RankResult& r) {
       if (!reports_progress) return;
       fmt::print("{}step {}/{} loss {:.6g}\n", kProgressPrefix, step + 1, config.train.steps, r.losses.back());

@@ -5,6 +5,10 @@
 
 namespace pipecheck::pipeline {
 
+std::string StageCopyKey(const std::string& name, int stage) { return name + "@stage" + std::to_string(stage); }
+
+std::string ParameterName(const std::string& key) { return key.substr(0, key.find("@stage")); }
+
 namespace {
 
 c10::List<torch::Tensor> TensorsOf(const reference::NamedTensors& tensors) {

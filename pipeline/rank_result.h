@@ -37,6 +37,14 @@ struct RankResult {
   std::vector<ActionTiming> timeline;
 };
 
+// A rank records one entry per parameter name; a name that two of its stages hold (the tied
+// weight when a V puts the first and last stages on one rank) is recorded once per stage, the
+// later stage's copy under "NAME@stageS", so the judge sees every copy, as it does copies held
+// by different ranks.
+std::string StageCopyKey(const std::string& name, int stage);
+// The parameter a recorded key stands for: NAME for both NAME and NAME@stageS.
+std::string ParameterName(const std::string& key);
+
 // Packs a rank's result into bytes and back (for sending it to rank 0).
 torch::Tensor SerializeRankResult(const RankResult& result);
 RankResult DeserializeRankResult(const torch::Tensor& bytes);

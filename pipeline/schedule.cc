@@ -66,6 +66,13 @@ void PostReceivesEarly(std::vector<Action>& actions) {
 
 }  // namespace
 
+std::string PipelineShape::PlacementRule() const {
+  if (placement == Placement::kV) {
+    return fmt::format("in a V: stage s on rank s for s < {0}, on rank {1} - s after", ranks, 2 * ranks - 1);
+  }
+  return fmt::format("stage s on rank s % {}", ranks);
+}
+
 std::string Action::ToString() const { return fmt::format("{}{}{}", stage, KindText(kind), microbatch); }
 
 bool Action::IsCompute() const {
@@ -103,7 +110,7 @@ Action ParseAction(const std::string& text) {
 }
 
 const std::vector<std::string>& ScheduleNames() {
-  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zbh1"};
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zbh1", "zbv"};
   return names;
 }
 
@@ -213,11 +220,80 @@ Schedule ZeroBubbleH1Schedule(const PipelineShape& shape) {
   return schedule;
 }
 
+Schedule ZeroBubbleVSchedule(const PipelineShape& shape) {
+  if (shape.virtual_stages != 1 && shape.virtual_stages != 2) {
+    throw ScheduleError(fmt::format("zbv places two stages per rank in a V: virtual_stages must be 2 (or left out), "
+                                    "got {}", shape.virtual_stages));
+  }
+  PipelineShape v_shape = shape;
+  v_shape.virtual_stages = 2;
+  v_shape.placement = Placement::kV;
+  Schedule schedule = EmptySchedule("zbv", v_shape, /*virtual_stages_allowed=*/true);
+  const int p = v_shape.ranks, m = v_shape.microbatches, last = v_shape.stages() - 1;
+  constexpr int kKinds = 3;  // F, I, W: each (stage, kind) runs its microbatches in order
+  const ActionKind kinds[kKinds] = {ActionKind::kForward, ActionKind::kBackwardInput, ActionKind::kBackwardWeight};
+  // finished[kind][stage][mb]: the tick the action ends, or -1 while it has not run.
+  std::vector<std::vector<std::vector<int>>> finished(kKinds, std::vector<std::vector<int>>(last + 1, std::vector<int>(m, -1)));
+  std::vector<std::vector<int>> next(kKinds, std::vector<int>(last + 1, 0));  // next microbatch per (kind, stage)
+  auto done_by = [&](int kind, int stage, int mb, int tick) {
+    return finished[kind][stage][mb] >= 0 && finished[kind][stage][mb] <= tick;
+  };
+  auto ready = [&](int kind, int stage, int tick) {  // the stage's next microbatch of `kind`, or -1
+    const int mb = next[kind][stage];
+    if (mb >= m) return -1;
+    bool ok = false;
+    if (kind == 0) ok = stage == 0 || done_by(0, stage - 1, mb, tick);
+    if (kind == 1) ok = done_by(0, stage, mb, tick) && (stage == last || done_by(1, stage + 1, mb, tick));
+    if (kind == 2) ok = done_by(1, stage, mb, tick);
+    return ok ? mb : -1;
+  };
+  std::vector<int> held(p, 0);  // stage-microbatches between F and W, per rank
+  const int total = kKinds * (last + 1) * m;
+  int scheduled = 0;
+  for (int tick = 0; scheduled < total; ++tick) {
+    std::vector<std::pair<int, int>> chosen;  // (kind, stage) per rank that runs this tick
+    for (int rank = 0; rank < p; ++rank) {
+      const int upper = 2 * p - 1 - rank, lower = rank;  // the V's two stages here, upper first
+      auto oldest = [&](int kind) {  // the ready one of the two with the older microbatch
+        const int a = ready(kind, upper, tick), b = ready(kind, lower, tick);
+        if (a < 0 && b < 0) return -1;
+        return (b < 0 || (a >= 0 && a <= b)) ? upper : lower;
+      };
+      int kind = 1, stage = oldest(1);
+      if (stage < 0 && held[rank] < 2 * p) {
+        kind = 0;
+        stage = ready(0, upper, tick) >= 0 ? upper : (ready(0, lower, tick) >= 0 ? lower : -1);
+      }
+      if (stage < 0) {
+        kind = 2;
+        stage = oldest(2);
+      }
+      chosen.push_back({stage < 0 ? -1 : kind, stage});
+    }
+    bool progressed = false;
+    for (int rank = 0; rank < p; ++rank) {
+      const auto [kind, stage] = chosen[rank];
+      if (stage < 0) continue;
+      const int mb = next[kind][stage]++;
+      finished[kind][stage][mb] = tick + 1;
+      schedule.ranks[rank].push_back({kinds[kind], stage, mb});
+      held[rank] += kind == 0 ? 1 : (kind == 2 ? -1 : 0);
+      ++scheduled;
+      progressed = true;
+    }
+    if (!progressed) {
+      throw ScheduleError(fmt::format("zbv: no rank can move at tick {} ({} ranks, {} microbatches)", tick, p, m));
+    }
+  }
+  return schedule;
+}
+
 Schedule MakeSchedule(const std::string& name, const PipelineShape& shape) {
   if (name == "gpipe") return GPipeSchedule(shape);
   if (name == "1f1b") return OneFOneBSchedule(shape);
   if (name == "interleaved") return InterleavedSchedule(shape);
   if (name == "zbh1") return ZeroBubbleH1Schedule(shape);
+  if (name == "zbv") return ZeroBubbleVSchedule(shape);
   throw ScheduleError(fmt::format("unknown schedule '{}': expected one of {}", name, fmt::join(ScheduleNames(), ", ")));
 }
 
@@ -232,6 +308,47 @@ std::string ScheduleToCsv(const Schedule& schedule) {
   }
   return text;
 }
+
+namespace {
+
+std::vector<std::string> CsvCells(const std::string& row) {
+  std::vector<std::string> cells;
+  std::string cell;
+  for (char c : row + ",") {
+    if (c == ',') {
+      cells.push_back(cell);
+      cell.clear();
+    } else if (c != ' ' && c != '\t') {
+      cell += c;
+    }
+  }
+  return cells;
+}
+
+// PyTorch's CSV names no placement. With two stages per rank, the first cell whose stage the
+// two placements put on different ranks decides: on the V's rank it is a V (ZBV, DualPipeV),
+// otherwise round robin, against which every cell is then checked.
+Placement CsvPlacement(const std::vector<std::string>& rows, const PipelineShape& shape) {
+  PipelineShape v = shape;
+  v.placement = Placement::kV;
+  if (shape.virtual_stages != 2) return Placement::kRoundRobin;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (const auto& cell : CsvCells(rows[r])) {
+      if (cell.empty()) continue;
+      try {
+        const int stage = ParseAction(cell).stage;
+        if (stage < shape.stages() && v.RankOfStage(stage) != shape.RankOfStage(stage)) {
+          return v.RankOfStage(stage) == static_cast<int>(r) ? Placement::kV : Placement::kRoundRobin;
+        }
+      } catch (const ScheduleError&) {
+        // reported, with its place, when the cells are read
+      }
+    }
+  }
+  return Placement::kRoundRobin;
+}
+
+}  // namespace
 
 Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const PipelineShape& shape) {
   Schedule schedule = EmptySchedule("csv:" + file, shape, /*virtual_stages_allowed=*/true);
@@ -251,18 +368,10 @@ Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const
     throw ScheduleError(fmt::format("{}: {} rows, but the scenario has {} ranks (one row per rank)", file, rows.size(),
                                     shape.ranks));
   }
+  schedule.shape.placement = CsvPlacement(rows, shape);
   std::map<std::tuple<int, int, int>, std::pair<size_t, size_t>> seen;  // (kind, stage, mb) -> (row, cell)
   for (size_t r = 0; r < rows.size(); ++r) {
-    std::vector<std::string> cells;
-    std::string cell;
-    for (char c : rows[r] + ",") {
-      if (c == ',') {
-        cells.push_back(cell);
-        cell.clear();
-      } else if (c != ' ' && c != '\t') {
-        cell += c;
-      }
-    }
+    const std::vector<std::string> cells = CsvCells(rows[r]);
     for (size_t c = 0; c < cells.size(); ++c) {
       if (cells[c].empty()) continue;  // idle
       const auto where = [&](const std::string& rule) {
@@ -279,9 +388,9 @@ Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const
         throw where(fmt::format("stage {} does not exist ({} ranks x {} virtual stages = {} stages)", action.stage,
                                 shape.ranks, shape.virtual_stages, shape.stages()));
       }
-      if (shape.RankOfStage(action.stage) != static_cast<int>(r)) {
-        throw where(fmt::format("stage {} runs on rank {} (stage s on rank s % {}), not on row {}'s rank {}",
-                                action.stage, shape.RankOfStage(action.stage), shape.ranks, r + 1, r));
+      if (schedule.shape.RankOfStage(action.stage) != static_cast<int>(r)) {
+        throw where(fmt::format("stage {} runs on rank {} ({}), not on row {}'s rank {}", action.stage,
+                                schedule.shape.RankOfStage(action.stage), schedule.shape.PlacementRule(), r + 1, r));
       }
       if (action.microbatch >= shape.microbatches) {
         throw where(fmt::format("microbatch {} does not exist (the scenario has {})", action.microbatch,
@@ -299,7 +408,7 @@ Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const
   for (int stage = 0; stage < shape.stages(); ++stage) {
     for (int mb = 0; mb < shape.microbatches; ++mb) {
       auto has = [&](ActionKind kind) { return seen.count({static_cast<int>(kind), stage, mb}) > 0; };
-      const int rank = shape.RankOfStage(stage);
+      const int rank = schedule.shape.RankOfStage(stage);
       if (!has(ActionKind::kForward)) {
         throw ScheduleError(fmt::format("{}: row {} lacks {}F{}", file, rank + 1, stage, mb));
       }

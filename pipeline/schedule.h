@@ -41,13 +41,23 @@ Action ParseAction(const std::string& text);
 
 // How many ranks, stages per rank and microbatches a schedule is for. Stage s runs on rank
 // s % ranks (stages loop over the ranks, as interleaved schedules place them).
+// How stages sit on ranks. Round robin: stage s on rank s % p (GPipe, 1F1B, interleaved). V: two
+// stages per rank, down then back up (stage s on rank s for s < p, on rank 2p-1-s after), as
+// ZB-V and DualPipeV place them: the first and last stages share rank 0, and the two stages at
+// the V's bottom share rank p-1, handing tensors over without the transport.
+enum class Placement { kRoundRobin, kV };
+
 struct PipelineShape {
   int ranks = 1;
   int virtual_stages = 1;
   int microbatches = 1;
+  Placement placement = Placement::kRoundRobin;
 
   int stages() const { return ranks * virtual_stages; }
-  int RankOfStage(int stage) const { return stage % ranks; }
+  int RankOfStage(int stage) const {
+    return placement == Placement::kV && stage >= ranks ? 2 * ranks - 1 - stage : stage % ranks;
+  }
+  std::string PlacementRule() const;  // "stage s on rank s % 4", for messages
 };
 
 struct Schedule {
@@ -69,6 +79,12 @@ Schedule InterleavedSchedule(const PipelineShape& shape);
 // and weight gradient (W); in the cool-down each W is deferred past the next I, filling the wait
 // for that gradient. Peak in-flight microbatches equal 1F1B's.
 Schedule ZeroBubbleH1Schedule(const PipelineShape& shape);
+// Zero bubble V (ZB-V, Qi et al.): two stages per rank in a V (virtual_stages 2, or 1 taken as
+// 2), backward split into I and W. Built by list scheduling with unit costs: a free rank runs a
+// ready I first (oldest microbatch, the V's upper stage first), else a ready F while it holds
+// fewer than 2p stage-microbatches (1F1B's peak activation memory: each V stage has half a
+// 1F1B stage's layers), else a pending W. Its bubble is a fraction of 1F1B's.
+Schedule ZeroBubbleVSchedule(const PipelineShape& shape);
 // Why `shape` cannot run interleaved, or "" when it can.
 std::string InterleavedConstraint(const PipelineShape& shape);
 

@@ -370,7 +370,9 @@ std::string FormatTimeline(const Schedule& schedule, const SimulationResult& res
       if (!a.IsCompute()) continue;
       const int first = static_cast<int>(std::lround(result.start_times[r][i] / unit));
       const int span = static_cast<int>(std::lround(CostOf(a, costs) / unit));
-      const std::string label = a.ToString().substr(std::to_string(a.stage).size());  // "F3"
+      // "F3"; with several stages per rank, the stage too ("5F3").
+      const std::string label = schedule.shape.virtual_stages > 1 ? a.ToString()
+                                                                  : a.ToString().substr(std::to_string(a.stage).size());
       width = std::max(width, label.size() + 1);
       for (int c = first; c < first + span && c < columns; ++c) rows[r][c] = label;
     }

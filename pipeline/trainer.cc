@@ -33,10 +33,18 @@ std::vector<torch::Tensor> PipelineTrainer::OwnedParameters() const {
   return pipeline::OwnedParameters(stages_, config_.train.model.tied, /*count_tied_copy=*/true);
 }
 
+namespace {
+
+void Record(reference::NamedTensors& into, const std::string& name, int stage, const torch::Tensor& tensor) {
+  into.insert(into.contains(name) ? StageCopyKey(name, stage) : name, reference::RecordedCopy(tensor));
+}
+
+}  // namespace
+
 reference::NamedTensors PipelineTrainer::WeightCopies() const {
   reference::NamedTensors weights;
   for (const auto& stage : stages_) {
-    for (const auto& item : stage->module->named_parameters()) weights.insert(item.key(), reference::RecordedCopy(item.value()));
+    for (const auto& item : stage->module->named_parameters()) Record(weights, item.key(), stage->index, item.value());
   }
   return weights;
 }
@@ -45,7 +53,7 @@ reference::NamedTensors PipelineTrainer::GradientCopies() const {
   reference::NamedTensors gradients;
   for (const auto& stage : stages_) {
     for (const auto& item : stage->module->named_parameters()) {
-      if (item.value().grad().defined()) gradients.insert(item.key(), reference::RecordedCopy(item.value().grad()));
+      if (item.value().grad().defined()) Record(gradients, item.key(), stage->index, item.value().grad());
     }
   }
   return gradients;

@@ -398,11 +398,19 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
     throw at.At(line, "microbatches", std::to_string(s.microbatches),
                 fmt::format("microbatches must not exceed batch ({}): every microbatch needs a sequence", s.batch));
   }
-  const bool interleaving = s.schedule == "interleaved" || s.schedule.rfind("csv:", 0) == 0;
+  if (s.schedule == "zbv") {
+    // A V is two stages per rank: 2, or the column's default.
+    if (s.virtual_stages > 2) {
+      throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
+                  "schedule 'zbv' places two stages per rank in a V: virtual_stages must be 2 (or left out)");
+    }
+    s.virtual_stages = 2;
+  }
+  const bool interleaving = s.schedule == "interleaved" || s.schedule == "zbv" || s.schedule.rfind("csv:", 0) == 0;
   if (s.virtual_stages > 1 && !interleaving) {
     throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
-                fmt::format("schedule '{}' runs one stage per rank; virtual stages need schedule interleaved (or a "
-                            "csv: schedule)", s.schedule));
+                fmt::format("schedule '{}' runs one stage per rank; virtual stages need schedule interleaved or zbv "
+                            "(or a csv: schedule)", s.schedule));
   }
   if (CurrentVocabulary()->schedule_problem) {
     const std::string problem = CurrentVocabulary()->schedule_problem(s);

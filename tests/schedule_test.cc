@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
@@ -170,6 +171,74 @@ TEST(ZeroBubbleH1, HoldsForEveryShapeUpToEightRanksAndSixteenMicrobatches) {
   }
 }
 
+// ZB-V over p <= 8, m <= 16: valid under both send semantics, two stages per rank in a V (the
+// first and last on rank 0, the V's bottom two on rank p-1), each stage's F, I and W once per
+// microbatch, F before I before W, at most 2p stage-microbatches in flight per rank (1F1B's
+// peak in layers: a V stage has half a 1F1B stage's), and a smaller bubble than 1F1B's (p > 1).
+TEST(ZeroBubbleV, HoldsForEveryShapeUpToEightRanksAndSixteenMicrobatches) {
+  pipeline::CostModel split;  // F = 1, B = 2 = I + W
+  split.backward = 2.0;
+  split.backward_input = split.backward_weight = 1.0;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 16; ++m) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Schedule compute = pipeline::ZeroBubbleVSchedule({p, 2, m});
+      ASSERT_EQ(compute.shape.placement, pipeline::Placement::kV);
+      EXPECT_EQ(compute.shape.RankOfStage(0), 0);
+      EXPECT_EQ(compute.shape.RankOfStage(2 * p - 1), 0);
+      EXPECT_EQ(compute.shape.RankOfStage(p - 1), p - 1);
+      EXPECT_EQ(compute.shape.RankOfStage(p), p - 1);
+      const Schedule lowered = pipeline::LowerSchedule(compute);
+      for (auto semantics : {pipeline::SendSemantics::kBuffered, pipeline::SendSemantics::kRendezvous}) {
+        ASSERT_TRUE(pipeline::Simulate(lowered, semantics, split).ok) << pipeline::Simulate(lowered, semantics).error;
+      }
+      std::map<std::tuple<int, int, int>, int> count;
+      for (int rank = 0; rank < p; ++rank) {
+        std::set<std::pair<int, int>> forward, input;  // (stage, microbatch) done so far
+        for (const auto& a : lowered.ranks[rank]) {
+          ASSERT_TRUE(a.stage == rank || a.stage == 2 * p - 1 - rank) << a.ToString();
+          ASSERT_NE(a.kind, ActionKind::kBackward);
+          if (!a.IsCompute()) {
+            // Only the V's two bottom stages meet on one rank; nothing between them goes out.
+            EXPECT_FALSE(rank == p - 1 && ((a.kind == ActionKind::kSendForward && a.stage == p - 1) ||
+                                           (a.kind == ActionKind::kSendBackward && a.stage == p)))
+                << a.ToString();
+            continue;
+          }
+          ++count[{static_cast<int>(a.kind), a.stage, a.microbatch}];
+          if (a.kind == ActionKind::kForward) forward.insert({a.stage, a.microbatch});
+          if (a.kind == ActionKind::kBackwardInput) {
+            ASSERT_TRUE(forward.count({a.stage, a.microbatch})) << a.ToString();
+            input.insert({a.stage, a.microbatch});
+          }
+          if (a.kind == ActionKind::kBackwardWeight) {
+            ASSERT_TRUE(input.count({a.stage, a.microbatch})) << a.ToString();
+          }
+        }
+      }
+      ASSERT_EQ(count.size(), static_cast<size_t>(3 * 2 * p * m));
+      for (const auto& [key, n] : count) EXPECT_EQ(n, 1);
+      const auto zbv = pipeline::Simulate(lowered, pipeline::SendSemantics::kBuffered, split);
+      for (int rank = 0; rank < p; ++rank) EXPECT_LE(zbv.peak_in_flight[rank], 2 * p);
+      // At equal total work: a V stage is half a rank's model.
+      pipeline::CostModel half = split;
+      half.forward /= 2;
+      half.backward_input /= 2;
+      half.backward_weight /= 2;
+      const double bubble = pipeline::Simulate(lowered, pipeline::SendSemantics::kBuffered, half).bubble;
+      const double one_f_one_b = pipeline::Simulate(pipeline::LowerSchedule(pipeline::OneFOneBSchedule({p, 1, m})),
+                                                    pipeline::SendSemantics::kBuffered, split).bubble;
+      if (p > 1) {
+        EXPECT_LT(bubble, one_f_one_b);
+      } else {
+        EXPECT_EQ(bubble, 0.0);
+      }
+    }
+  }
+  EXPECT_THROW(pipeline::ZeroBubbleVSchedule({2, 3, 4}), pipeline::ScheduleError);
+  EXPECT_EQ(pipeline::ZeroBubbleVSchedule({2, 1, 4}).shape.virtual_stages, 2);  // 1: the column's default
+}
+
 TEST(Interleaved, RefusesShapesItCannotRun) {
   EXPECT_NE(pipeline::InterleavedConstraint({4, 1, 8}).find("virtual_stages >= 2"), std::string::npos);
   EXPECT_NE(pipeline::InterleavedConstraint({4, 2, 6}).find("multiple of the ranks"), std::string::npos);
@@ -186,6 +255,11 @@ TEST(ScheduleCsv, ExportThenImportGivesTheSameLists) {
     const Schedule again = pipeline::ScheduleFromCsv(pipeline::ScheduleToCsv(schedule), "x.csv", shape);
     EXPECT_EQ(pipeline::FormatActions(again), pipeline::FormatActions(schedule)) << name;
   }
+  // A V schedule's CSV names no placement: it is read back as the V it was.
+  const Schedule v = pipeline::MakeSchedule("zbv", {3, 2, 5});
+  const Schedule v_again = pipeline::ScheduleFromCsv(pipeline::ScheduleToCsv(v), "v.csv", {3, 2, 5});
+  EXPECT_EQ(v_again.shape.placement, pipeline::Placement::kV);
+  EXPECT_EQ(pipeline::FormatActions(v_again), pipeline::FormatActions(v));
   const Schedule hand = pipeline::ScheduleFromCsv("0F0, ,0F1,0I0,0W0,0B1\n,1F0,1I0,1F1,1W0,1B1\n", "h.csv", {2, 1, 2});
   EXPECT_EQ(pipeline::FormatActions(hand), "rank 0: 0F0 0F1 0I0 0W0 0B1\nrank 1: 1F0 1I0 1F1 1W0 1B1\n");
 }
@@ -212,6 +286,15 @@ TEST(ScheduleCsv, BrokenFilesAreRejectedNamingRowAndCell) {
     } catch (const pipeline::ScheduleError& error) {
       EXPECT_EQ(std::string(error.what()).rfind(expected, 0), 0u) << error.what();
     }
+  }
+  // Two stages per rank: the first cell that tells the placements apart decides (here 3F0 on
+  // rank 0: a V), and a later cell off the V is named with the V's rule.
+  try {
+    pipeline::ScheduleFromCsv("0F0,3F0,3B0,0B0,2F0\n1F0,2F0,2B0,1B0\n", "v.csv", {2, 2, 1});
+    ADD_FAILURE() << "accepted a stage off the V";
+  } catch (const pipeline::ScheduleError& error) {
+    EXPECT_EQ(std::string(error.what()).rfind("v.csv: row 1, cell 5: '2F0': stage 2 runs on rank 1 (in a V: ", 0), 0u)
+        << error.what();
   }
   // Well-formed but impossible: rank 1 runs 1B0 before 1F0; the simulator rejects it.
   const Schedule backwards = pipeline::ScheduleFromCsv("0F0,0F1,0B0,0B1\n1B0,1F0,1F1,1B1\n", "b.csv", shape);
