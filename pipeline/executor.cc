@@ -194,9 +194,16 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
   faults_.BeforeBackward(owned_parameters_);
   const torch::nn::Module& module = *StageAt(stages_, s, transport_.rank()).module;
   const auto before = faults_.SharedWeightGradient(module);
-  // The whole graph once more, accumulating into the parameters (the input's gradient, already
-  // handed on by I, is recomputed and dropped with the graph).
-  BackwardFrom(pending.root, pending.gradient);
+  // The graph kept by I once more, towards the parameters' edges only: what leads to nothing
+  // but the stage's input (already handed on by I) is not run again.
+  torch::autograd::edge_list parameter_edges;
+  for (const auto& parameter : module.parameters()) {
+    if (parameter.requires_grad()) parameter_edges.push_back(torch::autograd::impl::gradient_edge(parameter));
+  }
+  torch::autograd::Engine::get_default_engine().execute({torch::autograd::impl::gradient_edge(pending.root)},
+                                                        {pending.gradient}, /*keep_graph=*/false,
+                                                        /*create_graph=*/false, /*accumulate_grad=*/true,
+                                                        parameter_edges);
   faults_.AfterWeightGradient(module, before);
   faults_.AfterBackward(owned_parameters_);
   accumulator_.AfterBackward();

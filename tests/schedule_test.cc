@@ -128,13 +128,19 @@ TEST(Interleaved, HoldsForEveryShapeUpToEightRanksFourVirtualStagesSixteenMicrob
   }
 }
 
+// F = 1, B = 2 = I + W.
+pipeline::CostModel SplitBackwardCosts() {
+  pipeline::CostModel costs;
+  costs.backward = 2.0;
+  costs.backward_input = costs.backward_weight = 1.0;
+  return costs;
+}
+
 // ZB-H1 over p <= 8, m <= 16: valid under both send semantics, each stage's F, I and W once per
 // microbatch (I before W), no more microbatches in flight than 1F1B, and a smaller bubble than
 // 1F1B's when a backward's halves each cost half of it (p > 1).
 TEST(ZeroBubbleH1, HoldsForEveryShapeUpToEightRanksAndSixteenMicrobatches) {
-  pipeline::CostModel split;  // F = 1, B = 2 = I + W
-  split.backward = 2.0;
-  split.backward_input = split.backward_weight = 1.0;
+  const pipeline::CostModel split = SplitBackwardCosts();
   for (int p = 1; p <= 8; ++p) {
     for (int m = 1; m <= 16; ++m) {
       SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
@@ -176,9 +182,7 @@ TEST(ZeroBubbleH1, HoldsForEveryShapeUpToEightRanksAndSixteenMicrobatches) {
 // microbatch, F before I before W, at most 2p stage-microbatches in flight per rank (1F1B's
 // peak in layers: a V stage has half a 1F1B stage's), and a smaller bubble than 1F1B's (p > 1).
 TEST(ZeroBubbleV, HoldsForEveryShapeUpToEightRanksAndSixteenMicrobatches) {
-  pipeline::CostModel split;  // F = 1, B = 2 = I + W
-  split.backward = 2.0;
-  split.backward_input = split.backward_weight = 1.0;
+  const pipeline::CostModel split = SplitBackwardCosts();
   for (int p = 1; p <= 8; ++p) {
     for (int m = 1; m <= 16; ++m) {
       SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
