@@ -52,7 +52,8 @@ void TimelineRows(const MeasurementInput& input, reports::ScenarioReport& report
       report.timeline.push_back({input.scenario.name, std::to_string(rank.rank), std::to_string(t.step),
                                  action.substr(stage.size(), action.size() - stage.size() - microbatch.size()), stage,
                                  microbatch, FormatNumber(std::round(t.start_us)), FormatNumber(std::round(t.end_us)),
-                                 BytesCell(t.held_bytes), BytesCell(predicted)});
+                                 BytesCell(t.held_bytes), BytesCell(predicted), FormatNumber(std::round(t.wait_start_us)),
+                                 FormatNumber(std::round(t.step_start_us))});
     }
   }
 }

@@ -304,15 +304,18 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
   state.microbatches = reference::SplitMicrobatches(batch, config_.microbatches);
   faults_.BeginStep();
   const auto start = Clock::now();
+  const double step_start = std::chrono::duration<double, std::micro>(start - clock_origin_).count();
   const int rank = transport_.rank();
   const auto& actions = schedule_.ranks[rank];
   for (size_t index = 0; index < actions.size(); ++index) {
     const Action& action = actions[index];
     faults_.BeforeAction(rank, transport_.world_size(), step, config_.train.steps, index, actions.size());
+    const double wait_start = MicrosecondsSince(start);
     AwaitInput(action, state);
     const double action_start = MicrosecondsSince(start);
     Dispatch(action, state);
-    timeline.push_back({step, action, action_start, MicrosecondsSince(start), window.HeldBytes()});
+    timeline.push_back(
+        {step, action, action_start, MicrosecondsSince(start), window.HeldBytes(), wait_start, step_start});
   }
   for (auto& [peer_direction, send] : state.sends) send->Wait();
   state.sends.clear();

@@ -16,6 +16,8 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
+
 #include <vector>
 
 #include "pipeline/faults.h"
@@ -41,6 +43,10 @@ class Executor {
   // 0-dim float64 tensor on the device, read by nobody here (undefined without the head).
   torch::Tensor Run(int64_t step, const reference::Batch& batch, const reference::StepWindow& window,
                     std::vector<ActionTiming>& timeline);
+
+  // Where the run's clock starts: each step's start (ActionTiming::step_start_us) is timed from
+  // `origin`. PipelineTrainer::Train puts every rank on one clock with it.
+  void SetClockOrigin(std::chrono::steady_clock::time_point origin) { clock_origin_ = origin; }
 
  private:
   struct StepState;
@@ -72,6 +78,7 @@ class Executor {
   void IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state);
   bool OnThisRank(int stage) const;
 
+  std::chrono::steady_clock::time_point clock_origin_ = std::chrono::steady_clock::now();
   const PipelineConfig& config_;
   const Schedule& schedule_;
   Stages& stages_;

@@ -21,6 +21,8 @@ struct ActionTiming {
   double start_us = 0.0;  // since the step started
   double end_us = 0.0;
   int64_t held_bytes = -1;  // tensor bytes the trainer held right after the action; -1 unmetered
+  double wait_start_us = 0.0;  // since the step started: when it began waiting for its input (= start_us: no wait)
+  double step_start_us = 0.0;  // when the step started, on the run's clock (see Executor::StartClock)
 };
 
 // What one rank produced over the whole run.

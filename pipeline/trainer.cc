@@ -1,7 +1,13 @@
 // The pipeline trainer (see trainer.h).
 #include "pipeline/trainer.h"
 
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <functional>
 #include <limits>
+#include <string>
 
 #include "pipeline/gradient_sync.h"
 #include "reference/host_memory.h"
@@ -70,6 +76,28 @@ void PipelineTrainer::SynchroniseGradients(RankResult& result) {
   result.grad_norms.push_back(ClipGradients(stages_, config_, faults_, transport_));
 }
 
+// One clock for every rank, from the moment rank 0 leaves a barrier all ranks pass. On rank 0's
+// host the steady clock is one clock for all processes, so its ranks read rank 0's moment off it
+// exactly, however late the scheduler lets them out of the barrier; a rank on another host
+// counts from the moment it left the barrier itself (off by that barrier's exit skew).
+void PipelineTrainer::AlignClocks() {
+  using Clock = std::chrono::steady_clock;
+  transport_.Barrier();
+  const Clock::time_point left = Clock::now();
+  const auto microseconds = [](Clock::time_point t) {
+    return static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count());
+  };
+  std::array<char, 256> name{};
+  gethostname(name.data(), name.size() - 1);
+  const double host = static_cast<double>(std::hash<std::string>{}(name.data()) & ((uint64_t{1} << 52) - 1));
+  const auto lefts = transport_.AllGather(microseconds(left));
+  const auto hosts = transport_.AllGather(host);
+  const int rank = transport_.rank();
+  const auto rank0_left = Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+      std::chrono::microseconds(static_cast<int64_t>(lefts[0]))));
+  executor_->SetClockOrigin(hosts[rank] == hosts[0] ? rank0_left : left);
+}
+
 void PipelineTrainer::Step(int64_t step, RankResult& result) {
   if (config_.train.record_gradients) result.weights.push_back(WeightCopies());
   accumulator_->Begin();
@@ -98,6 +126,7 @@ RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankRe
   RankResult result;
   result.rank = transport_.rank();
   for (const auto& stage : stages_) result.stages.push_back(stage->index);
+  AlignClocks();
   for (int64_t step = 0; step < config_.train.steps; ++step) {
     Step(step, result);
     if (after_step) after_step(step, result);

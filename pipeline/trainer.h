@@ -44,6 +44,7 @@ class PipelineTrainer {
   reference::NamedTensors WeightCopies() const;        // detached copies of this rank's parameters
   reference::NamedTensors GradientCopies() const;
   void SynchroniseGradients(RankResult& result);
+  void AlignClocks();  // sets the executor's clock origin, the same instant on every rank
 
   PipelineConfig config_;
   Transport& transport_;

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "reports/csv.h"
+#include "reports/trace.h"
 
 namespace pipecheck::reports {
 
@@ -37,7 +38,8 @@ const std::vector<std::string>& StepColumns() {
 const std::vector<std::string>& TimelineColumns() {
   static const std::vector<std::string> columns = {"scenario", "rank",         "step",     "action",
                                                    "stage",    "microbatch",   "start_us", "end_us",
-                                                   "held_bytes", "held_bytes_predicted"};
+                                                   "held_bytes", "held_bytes_predicted", "wait_start_us",
+                                                   "step_start_us"};
   return columns;
 }
 
@@ -102,6 +104,9 @@ std::vector<std::string> WriteReports(const std::string& directory, const std::v
   WriteFileAtomically(paths[2], steps.ToString());
   WriteFileAtomically(paths[3], ranks.ToString());
   WriteFileAtomically(paths[4], timeline.ToString());
+  bool views = false;
+  for (const auto& report : reports) views = !WriteTimelineViews(directory, report).empty() || views;
+  if (views) paths.push_back((out / "views").string() + "/SCENARIO/{trace.json,timeline.svg}");
   return paths;
 }
 

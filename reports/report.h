@@ -33,7 +33,9 @@ std::string FormatNumber(double value);
 std::string ToJson(const ScenarioReport& report);
 ScenarioReport FromJson(const std::string& text);
 
-// Writes summary.csv, params.csv, steps.csv, ranks.csv and timeline.csv into `directory` atomically; returns their paths.
+// Writes summary.csv, params.csv, steps.csv, ranks.csv and timeline.csv into `directory`
+// atomically, and each scenario's trace.json and timeline.svg under views/ (reports/trace.h);
+// returns their paths.
 std::vector<std::string> WriteReports(const std::string& directory, const std::vector<ScenarioReport>& reports);
 
 }  // namespace pipecheck::reports

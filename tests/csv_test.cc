@@ -71,7 +71,8 @@ TEST(Reports, ColumnsAreExactlyTheDesigns) {
             "scenario,rank,stages,params,peak_bytes,busy_ms,idle_ms,comm_ms,peak_bytes_predicted,step_ms,"
             "step_ms_predicted");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::TimelineColumns(), ",")),
-            "scenario,rank,step,action,stage,microbatch,start_us,end_us,held_bytes,held_bytes_predicted");
+            "scenario,rank,step,action,stage,microbatch,start_us,end_us,held_bytes,held_bytes_predicted,wait_start_us,"
+            "step_start_us");
 }
 
 TEST(Reports, AFailedScenarioKeepsEveryColumnAndSurvivesJson) {

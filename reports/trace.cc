@@ -1,0 +1,206 @@
+// Chrome trace and SVG timeline of a scenario's executed actions (see trace.h).
+#include "reports/trace.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "reports/csv.h"
+
+namespace pipecheck::reports {
+namespace {
+
+// One executed action, read back from a timeline.csv row; times in µs on the run's clock.
+struct Event {
+  int rank = 0;
+  int64_t step = 0;
+  std::string kind;  // F, B, I, W, SEND_F, ...
+  int stage = 0, microbatch = 0;
+  double wait_start = 0, start = 0, end = 0;
+  std::string held_bytes;
+
+  std::string Name() const { return fmt::format("{}{}{}", stage, kind, microbatch); }
+};
+
+std::vector<Event> EventsOf(const ScenarioReport& report) {
+  std::map<std::string, size_t> column;
+  for (size_t i = 0; i < TimelineColumns().size(); ++i) column[TimelineColumns()[i]] = i;
+  std::vector<Event> events;
+  for (const auto& row : report.timeline) {
+    auto cell = [&](const char* name) -> const std::string& { return row.at(column.at(name)); };
+    auto number = [&](const char* name) { return cell(name).empty() ? 0.0 : std::stod(cell(name)); };
+    Event e;
+    e.rank = std::stoi(cell("rank"));
+    e.step = std::stoll(cell("step"));
+    e.kind = cell("action");
+    e.stage = std::stoi(cell("stage"));
+    e.microbatch = std::stoi(cell("microbatch"));
+    const double step_start = number("step_start_us");
+    e.wait_start = step_start + number("wait_start_us");
+    e.start = step_start + number("start_us");
+    e.end = step_start + number("end_us");
+    e.held_bytes = cell("held_bytes");
+    events.push_back(e);
+  }
+  return events;
+}
+
+bool IsCompute(const std::string& kind) { return kind == "F" || kind == "B" || kind == "I" || kind == "W"; }
+
+// Colour-blind-safe (Okabe-Ito) fills per kind; communication grey, waits light hatched grey.
+std::string FillOf(const std::string& kind) {
+  if (kind == "F") return "#0072B2";
+  if (kind == "B") return "#E69F00";
+  if (kind == "I") return "#D55E00";
+  if (kind == "W") return "#009E73";
+  return "#999999";
+}
+
+// Each step's start on the run's clock: the earliest start among the ranks.
+std::map<int64_t, double> StepStarts(const std::vector<Event>& events) {
+  std::map<int64_t, double> starts;
+  for (const auto& e : events) {
+    auto [it, inserted] = starts.emplace(e.step, e.wait_start);
+    if (!inserted) it->second = std::min(it->second, e.wait_start);
+  }
+  return starts;
+}
+
+std::string Escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '&') out += "&amp;";
+    else if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string ChromeTrace(const ScenarioReport& report) {
+  const auto events = EventsOf(report);
+  const std::string scenario = report.Get("scenario");
+  nlohmann::json trace_events = nlohmann::json::array();
+  trace_events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", scenario}}}});
+  std::map<int, bool> ranks;
+  for (const auto& e : events) ranks[e.rank] = true;
+  for (const auto& [rank, unused] : ranks) {
+    trace_events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", rank},
+                            {"args", {{"name", fmt::format("rank {}", rank)}}}});
+    trace_events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 0}, {"tid", rank},
+                            {"args", {{"sort_index", rank}}}});
+  }
+  for (const auto& [step, start] : StepStarts(events)) {
+    trace_events.push_back({{"name", fmt::format("step {}", step)}, {"cat", "step"}, {"ph", "i"}, {"s", "p"},
+                            {"ts", start}, {"pid", 0}, {"tid", ranks.empty() ? 0 : ranks.begin()->first}});
+  }
+  for (const auto& e : events) {
+    if (e.start > e.wait_start) {
+      trace_events.push_back({{"name", fmt::format("wait for {}'s input", e.Name())}, {"cat", "wait"}, {"ph", "X"},
+                              {"ts", e.wait_start}, {"dur", e.start - e.wait_start}, {"pid", 0}, {"tid", e.rank},
+                              {"args", {{"step", e.step}}}});
+    }
+    trace_events.push_back({{"name", e.Name()}, {"cat", IsCompute(e.kind) ? e.kind : "comm"}, {"ph", "X"},
+                            {"ts", e.start}, {"dur", std::max(0.0, e.end - e.start)}, {"pid", 0}, {"tid", e.rank},
+                            {"args", {{"step", e.step}, {"stage", e.stage}, {"microbatch", e.microbatch},
+                                      {"held_bytes", e.held_bytes}}}});
+  }
+  nlohmann::json trace = {{"traceEvents", trace_events}, {"displayTimeUnit", "ms"},
+                          {"otherData", {{"scenario", scenario}, {"clock", "µs since the ranks' rendezvous"}}}};
+  return trace.dump(1) + "\n";
+}
+
+std::string TimelineSvg(const ScenarioReport& report) {
+  const auto events = EventsOf(report);
+  int ranks = 0;
+  double first = 0, last = 1;
+  if (!events.empty()) {
+    first = events.front().wait_start;
+    last = events.front().end;
+  }
+  for (const auto& e : events) {
+    ranks = std::max(ranks, e.rank + 1);
+    first = std::min(first, e.wait_start);
+    last = std::max(last, e.end);
+  }
+  const double span = std::max(last - first, 1.0);
+  constexpr double kLeft = 70, kWidth = 1100, kTop = 40, kRow = 34, kBar = 24;
+  const double height = kTop + ranks * kRow + 70;
+  auto x = [&](double us) { return kLeft + (us - first) / span * kWidth; };
+  std::string svg = fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n"
+      "<defs><pattern id=\"wait\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
+      "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#eeeeee\"/>"
+      "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#bbbbbb\" stroke-width=\"2\"/></pattern></defs>\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{:.0f}\" y=\"20\" font-size=\"14\">{} — {:.1f} ms, {} ranks</text>\n",
+      kLeft + kWidth + 20, height, kLeft, Escape(report.Get("scenario")), span / 1000.0, ranks);
+  for (int r = 0; r < ranks; ++r) {
+    const double y = kTop + r * kRow;
+    svg += fmt::format("<text x=\"8\" y=\"{:.1f}\">rank {}</text>\n", y + kBar * 0.7, r);
+    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#dddddd\"/>\n", kLeft,
+                       y + kBar, kLeft + kWidth, y + kBar);
+  }
+  for (const auto& [step, start] : StepStarts(events)) {
+    svg += fmt::format("<line class=\"step\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
+                       "stroke=\"#333333\" stroke-dasharray=\"4 3\"/><text x=\"{3:.1f}\" y=\"{4:.1f}\" "
+                       "font-size=\"10\">step {5}</text>\n",
+                       x(start), kTop - 6, kTop + ranks * kRow, x(start) + 3, kTop - 8, step);
+  }
+  for (const auto& e : events) {
+    const double y = kTop + e.rank * kRow;
+    if (e.start > e.wait_start) {
+      svg += fmt::format("<rect class=\"wait\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" "
+                         "fill=\"url(#wait)\"><title>rank {} step {}: waiting for {}'s input, {:.2f} ms</title></rect>\n",
+                         x(e.wait_start), y + kBar * 0.25, std::max(0.0, x(e.start) - x(e.wait_start)), kBar * 0.5,
+                         e.rank, e.step, e.Name(), (e.start - e.wait_start) / 1000.0);
+    }
+    const bool compute = IsCompute(e.kind);
+    const double bar_y = compute ? y : y + kBar * 0.35, bar_h = compute ? kBar : kBar * 0.3;
+    svg += fmt::format("<rect class=\"action\" data-rank=\"{}\" data-step=\"{}\" data-action=\"{}\" x=\"{:.2f}\" "
+                       "y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" stroke=\"white\" "
+                       "stroke-width=\"0.5\"><title>rank {} step {}: {} {:.2f}–{:.2f} ms</title></rect>\n",
+                       e.rank, e.step, e.Name(), x(e.start), bar_y, std::max(0.5, x(e.end) - x(e.start)), bar_h,
+                       FillOf(e.kind), e.rank, e.step, e.Name(), (e.start - first) / 1000.0, (e.end - first) / 1000.0);
+  }
+  // Time axis and legend.
+  const double axis_y = kTop + ranks * kRow + 8;
+  for (int tick = 0; tick <= 10; ++tick) {
+    const double at = kLeft + kWidth * tick / 10.0;
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"middle\">{:.1f} ms</text>\n",
+                       at, axis_y + 10, span / 1000.0 * tick / 10.0);
+  }
+  double legend_x = kLeft;
+  for (const auto& [label, fill] : std::vector<std::pair<std::string, std::string>>{
+           {"F forward", FillOf("F")}, {"B backward", FillOf("B")}, {"I input gradient", FillOf("I")},
+           {"W weight gradient", FillOf("W")}, {"send/receive", FillOf("SEND_F")}, {"waiting for a message", "url(#wait)"}}) {
+    svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"14\" height=\"14\" fill=\"{}\"/><text x=\"{:.1f}\" "
+                       "y=\"{:.1f}\">{}</text>\n",
+                       legend_x, axis_y + 24, fill, legend_x + 18, axis_y + 35, label);
+    legend_x += 40 + 7.0 * static_cast<double>(label.size());
+  }
+  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" fill=\"#555555\">blank: idle (bubble)</text>\n",
+                     legend_x, axis_y + 35);
+  svg += "</svg>\n";
+  return svg;
+}
+
+std::vector<std::string> WriteTimelineViews(const std::string& directory, const ScenarioReport& report) {
+  if (report.timeline.empty()) return {};
+  const auto folder = std::filesystem::path(directory) / "views" / report.Get("scenario");
+  std::filesystem::create_directories(folder);
+  const std::string trace = (folder / "trace.json").string(), svg = (folder / "timeline.svg").string();
+  WriteFileAtomically(trace, ChromeTrace(report));
+  WriteFileAtomically(svg, TimelineSvg(report));
+  return {trace, svg};
+}
+
+}  // namespace pipecheck::reports
