@@ -14,6 +14,7 @@
 #include "harness/launcher.h"
 #include "harness/parity.h"
 #include "reports/report.h"
+#include "reports/trace.h"
 
 namespace pipecheck::harness {
 namespace {
@@ -69,6 +70,7 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
 
   std::vector<reports::ScenarioReport> reports;
   std::vector<std::string> paths;
+  bool wrote_views = false;
   InstallInterruptHandlers();
   // The previous run's rows go first: an interrupted run must not leave them mixed with its own.
   paths = reports::WriteReports(options.out, {});
@@ -108,6 +110,11 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
     out.flush();
     reports.push_back(std::move(report));
     paths = reports::WriteReports(options.out, reports);
+    // A finished scenario's views never change: written once, not with every rewrite of the CSVs.
+    wrote_views = !reports::WriteTimelineViews(options.out, reports.back()).empty() || wrote_views;
+    if (wrote_views) {
+      paths.push_back((std::filesystem::path(options.out) / "views").string() + "/SCENARIO/{trace.json,timeline.svg}");
+    }
   }
   PrintTable(reports, out);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -13,6 +13,7 @@
 #include "pipeline/transport.h"
 #include "reference/memory_meter.h"
 #include "reports/csv.h"
+#include "reports/trace.h"
 #include "scenarios/scenario.h"
 
 namespace pipecheck::harness {
@@ -93,6 +94,7 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
   const auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, memory});
   std::filesystem::create_directories(out);
   reports::WriteReports(out, {report});
+  reports::WriteTimelineViews(out, report);
   reports::WriteFileAtomically((std::filesystem::path(out) / kResultFile).string(), reports::ToJson(report));
   fmt::print("{} {}: {}\n", scenario.name, report.Get("status"), report.Get("message"));
   return report.Get("ok") == "1" ? 0 : 1;

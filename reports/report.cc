@@ -8,7 +8,6 @@
 #include <filesystem>
 
 #include "reports/csv.h"
-#include "reports/trace.h"
 
 namespace pipecheck::reports {
 
@@ -104,9 +103,6 @@ std::vector<std::string> WriteReports(const std::string& directory, const std::v
   WriteFileAtomically(paths[2], steps.ToString());
   WriteFileAtomically(paths[3], ranks.ToString());
   WriteFileAtomically(paths[4], timeline.ToString());
-  bool views = false;
-  for (const auto& report : reports) views = !WriteTimelineViews(directory, report).empty() || views;
-  if (views) paths.push_back((out / "views").string() + "/SCENARIO/{trace.json,timeline.svg}");
   return paths;
 }
 

@@ -34,8 +34,8 @@ std::string ToJson(const ScenarioReport& report);
 ScenarioReport FromJson(const std::string& text);
 
 // Writes summary.csv, params.csv, steps.csv, ranks.csv and timeline.csv into `directory`
-// atomically, and each scenario's trace.json and timeline.svg under views/ (reports/trace.h);
-// returns their paths.
+// atomically; returns their paths. (Each scenario's trace.json and timeline.svg are written
+// once, when it finishes: reports/trace.h.)
 std::vector<std::string> WriteReports(const std::string& directory, const std::vector<ScenarioReport>& reports);
 
 }  // namespace pipecheck::reports
