@@ -156,6 +156,13 @@ int Run(Options options) {
                          "device; run it with --device cpu or on a GPU machine\n", scenario.source, scenario.name);
       return kExitBadInput;
     }
+    if (scenario.device == "cuda" && scenario.transport == "nccl" && scenario.world_size > 1 &&
+        !pipecheck::pipeline::NcclAvailable()) {
+      fmt::print(stderr, "pipecheck: {}: scenario '{}' asks for transport nccl, but this build has none (its LibTorch "
+                         "has no c10d NCCL backend or nccl.h was not found); use staged or auto\n",
+                 scenario.source, scenario.name);
+      return kExitBadInput;
+    }
   }
   // An unwritable --out is bad input, found before anything runs.
   if (!WritableOut(options.out, "run")) return kExitBadInput;

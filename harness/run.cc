@@ -13,6 +13,7 @@
 #include "harness/errors.h"
 #include "harness/launcher.h"
 #include "harness/parity.h"
+#include "harness/scenario_model.h"
 #include "reports/report.h"
 #include "reports/trace.h"
 
@@ -91,7 +92,8 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
     };
     reports::ScenarioReport report;
     try {
-      report = LaunchScenario(scenario, launch);
+      const std::string unmet = UnmetRequirement(scenario);
+      report = unmet.empty() ? LaunchScenario(scenario, launch) : FailedScenarioReport(scenario, "SKIPPED", unmet);
     } catch (const Interrupted& interrupted) {
       fmt::print(out, "\ninterrupted by signal {} during {}: its ranks were ended; the reports hold the {} "
                       "scenario(s) that finished{}\n",

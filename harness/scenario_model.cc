@@ -3,7 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <stdexcept>
+
+#include "reference/device.h"
 
 namespace pipecheck::harness {
 
@@ -57,6 +60,22 @@ torch::Device ScenarioDevice(const scenarios::Scenario& scenario) {
   return torch::kCPU;
 }
 
+torch::Device CudaDeviceOfThisRank() {
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  int64_t local = 0;
+  if (local_rank != nullptr) {
+    try {
+      local = std::stoll(local_rank);
+    } catch (const std::exception&) {
+      throw std::invalid_argument(fmt::format("LOCAL_RANK='{}' is not a number", local_rank));
+    }
+  }
+  TORCH_CHECK(local >= 0, "LOCAL_RANK=", local, " is negative");
+  const int count = reference::CudaDeviceCount();
+  TORCH_CHECK(count > 0, "device cuda asked for, but no CUDA device is visible");
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local % count));
+}
+
 reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario) {
   reference::ModelConfig model;
   model.flavor = scenario.flavor == "gpt2" ? reference::Flavor::kGpt2 : reference::Flavor::kLlama;
@@ -70,11 +89,39 @@ reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario) {
   return model;
 }
 
+namespace {
+
+// Ranks of this run on this host: torchrun's LOCAL_WORLD_SIZE, else all of them (`run`).
+int64_t RanksOnThisHost(const scenarios::Scenario& scenario) {
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  if (local != nullptr) {
+    try {
+      return std::stoll(local);
+    } catch (const std::exception&) {
+      throw std::invalid_argument(fmt::format("LOCAL_WORLD_SIZE='{}' is not a number", local));
+    }
+  }
+  return scenario.world_size;
+}
+
+}  // namespace
+
 std::string ResolveTransport(const scenarios::Scenario& scenario) {
   if (scenario.world_size == 1) return "none";
   if (scenario.device == "cpu") return "gloo";
   if (scenario.transport != "auto") return scenario.transport;
-  return scenario.world_size <= static_cast<int64_t>(torch::cuda::device_count()) ? "nccl" : "staged";
+  const bool gpu_per_rank = RanksOnThisHost(scenario) <= reference::CudaDeviceCount();
+  return gpu_per_rank && pipeline::NcclAvailable() ? "nccl" : "staged";
+}
+
+std::string UnmetRequirement(const scenarios::Scenario& scenario) {
+  if (ResolveTransport(scenario) != "nccl") return "";
+  const int64_t ranks = RanksOnThisHost(scenario);
+  const int gpus = reference::CudaDeviceCount();
+  if (ranks <= gpus) return "";
+  return fmt::format("transport nccl needs a GPU per rank: {} ranks on this host, {} GPU{} (NCCL refuses two ranks on "
+                     "one GPU; transport staged or auto runs them sharing)",
+                     ranks, gpus, gpus == 1 ? "" : "s");
 }
 
 reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario) {

@@ -20,13 +20,22 @@ torch::Dtype ParseDtype(const std::string& dtype);
 // The device a scenario asks for; throws when it is not available in this process.
 torch::Device ScenarioDevice(const scenarios::Scenario& scenario);
 
+// torchrun's contract: a rank uses cuda:LOCAL_RANK (0 without it); ranks beyond the host's GPUs
+// share them (cuda:LOCAL_RANK modulo the count). Throws when no CUDA device is visible.
+torch::Device CudaDeviceOfThisRank();
+
 reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario);
 reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario);
 
 // The transport a scenario's ranks use: "none" at world size 1 (no communication), "gloo" on
 // cpu; on cuda the scenario's choice, where auto is nccl when every rank of this host has its
-// own GPU and staged otherwise.
+// own GPU (and the build has the nccl transport) and staged otherwise. The ranks of a run are
+// on this host; under torchrun, LOCAL_WORLD_SIZE says how many share it.
 std::string ResolveTransport(const scenarios::Scenario& scenario);
+
+// Why this host cannot run the scenario as asked though nothing is wrong with it (nccl with
+// more ranks than the host has GPUs): the reason for a SKIPPED row; empty when it can run.
+std::string UnmetRequirement(const scenarios::Scenario& scenario);
 
 pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario);
 

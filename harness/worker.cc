@@ -11,6 +11,7 @@
 #include "harness/scenario_model.h"
 #include "pipeline/trainer.h"
 #include "pipeline/transport.h"
+#include "reference/device.h"
 #include "reference/memory_meter.h"
 #include "reports/csv.h"
 #include "reports/trace.h"
@@ -75,15 +76,6 @@ pipeline::RendezvousOptions ReadRendezvous(int expected_world_size) {
   return options;
 }
 
-// torchrun's contract: a rank uses cuda:LOCAL_RANK; ranks beyond the host's GPUs share them.
-torch::Device CudaDeviceOfThisRank() {
-  const char* local_rank = std::getenv("LOCAL_RANK");
-  const int local = local_rank != nullptr ? EnvironmentInteger("LOCAL_RANK") : 0;
-  const int count = static_cast<int>(torch::cuda::device_count());
-  TORCH_CHECK(count > 0, "device cuda asked for, but no CUDA device is visible");
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local % count));
-}
-
 // Rank 0's part after the pipeline: the reference, the comparison, the reports.
 int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::PipelineConfig& config,
                      const std::vector<pipeline::RankResult>& ranks, const std::string& out) {
@@ -118,15 +110,13 @@ int RunWorker(const WorkerOptions& options) {
       at::set_num_threads(options.threads);
       at::set_num_interop_threads(1);
     }
-    const std::string transport_name = ResolveTransport(scenario);
-    if (transport_name == "nccl" || transport_name == "staged") {
-      throw std::runtime_error(fmt::format(
-          "transport {} (device {}, {} ranks) is not implemented in this version yet; CUDA runs with more than one "
-          "rank need it (issue #9). Nothing falls back to another transport silently.",
-          transport_name, scenario.device, scenario.world_size));
+    if (config.train.device.is_cuda()) {
+      config.train.device = CudaDeviceOfThisRank();
+      reference::MakeCurrent(config.train.device);
     }
-    auto transport = pipeline::ConnectGloo(rendezvous);
-    if (config.train.device.is_cuda()) config.train.device = CudaDeviceOfThisRank();
+    const std::string unmet = UnmetRequirement(scenario);
+    if (!unmet.empty()) throw std::runtime_error(unmet);  // `run` skips these; a worker started anyway fails
+    auto transport = pipeline::Connect(rendezvous, ResolveTransport(scenario), config.train.device);
     pipeline::PipelineTrainer trainer(config, *transport);
     // The rank of the last stage knows the loss: it reports progress in its log, which `run` shows.
     const auto& shape = trainer.schedule().shape;

@@ -17,10 +17,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using StageMicrobatch = std::pair<int, int>;
 
-double MicrosecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-}
-
 // Megatron's memory trick: once an output has been sent, backward needs only its graph, so its
 // data can go. Only for outputs whose producing op keeps no reference to its own result
 // (an addition, an embedding lookup): for any other op freeing could corrupt backward.
@@ -64,13 +60,17 @@ struct Executor::StepState {
   std::map<std::tuple<Direction, int, int>, torch::Tensor> arrived;                   // not yet used
   // The send in flight per (peer, direction): the next one to the same place waits for it.
   std::map<std::pair<int, Direction>, std::unique_ptr<PendingSend>> sends;
+  std::map<std::pair<int, Direction>, int> send_group;         // the group each of `sends` went in
+  std::vector<std::unique_ptr<PendingSend>> grouped_sends;      // superseded within their group
+  int group = 0;        // groups issued so far
+  int group_peer = -1;  // the open group's peer; -1 when none is open
   torch::Tensor loss_sum;  // 0-dim float64 on the device
 };
 
 Executor::Executor(const PipelineConfig& config, const Schedule& schedule, Stages& stages, Transport& transport,
                    Faults& faults, reference::GradientAccumulator& accumulator)
     : config_(config), schedule_(schedule), stages_(stages), transport_(transport), faults_(faults),
-      accumulator_(accumulator),
+      accumulator_(accumulator), clock_(config.train.device),
       owned_parameters_(OwnedParameters(stages, config.train.model.tied, /*count_tied_copy=*/true)) {}
 
 Executor::~Executor() = default;
@@ -253,8 +253,29 @@ void Executor::SendBackward(const Action& action, StepState& state) {
 // schedule the simulator accepts under rendezvous semantics.
 void Executor::IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state) {
   auto& in_flight = state.sends[{peer, direction}];
-  if (in_flight) in_flight->Wait();
+  auto& issued_in = state.send_group[{peer, direction}];
+  if (in_flight && issued_in == state.group) {
+    state.grouped_sends.push_back(std::move(in_flight));  // issued together: waited for at the step's end
+  } else if (in_flight) {
+    in_flight->Wait();
+  }
   in_flight = transport_.Send(tensor, peer, tag, faults_.AnnouncedShape(direction, tensor));
+  issued_in = state.group;
+}
+
+int Executor::PeerOf(const Action& action) const {
+  switch (action.kind) {
+    case ActionKind::kRecvForward: return schedule_.shape.RankOfStage(action.stage - 1);
+    case ActionKind::kSendBackward: return schedule_.shape.RankOfStage(action.stage - 1);
+    case ActionKind::kRecvBackward: return schedule_.shape.RankOfStage(action.stage + 1);
+    case ActionKind::kSendForward: return schedule_.shape.RankOfStage(action.stage + 1);
+    default: return -1;
+  }
+}
+
+void Executor::EndGroup(StepState& state) {
+  transport_.EndGroup();
+  state.group_peer = -1;
 }
 
 void Executor::AwaitInput(const Action& action, StepState& state) {
@@ -307,18 +328,47 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
   const double step_start = std::chrono::duration<double, std::micro>(start - clock_origin_).count();
   const int rank = transport_.rank();
   const auto& actions = schedule_.ranks[rank];
+  // Each action's wait, start and end as marks on the device's clock (CUDA events on a GPU: no
+  // waiting for the device until the step's work has all been queued).
+  struct Marks {
+    int wait, start, end;
+  };
+  std::vector<Marks> marks;
+  marks.reserve(actions.size());
+  clock_.Clear();
+  const int origin = clock_.Mark();
+  const size_t first_timing = timeline.size();
   for (size_t index = 0; index < actions.size(); ++index) {
     const Action& action = actions[index];
     faults_.BeforeAction(rank, transport_.world_size(), step, config_.train.steps, index, actions.size());
-    const double wait_start = MicrosecondsSince(start);
+    // The discipline's groups: a run of communication actions with one peer is issued together.
+    const int peer = PeerOf(action);
+    if (state.group_peer >= 0 && state.group_peer != peer) EndGroup(state);
+    if (peer >= 0 && state.group_peer < 0) {
+      transport_.BeginGroup(peer);
+      state.group_peer = peer;
+      ++state.group;
+    }
+    const int wait = clock_.Mark();
     AwaitInput(action, state);
-    const double action_start = MicrosecondsSince(start);
+    const int action_start = clock_.Mark();
     Dispatch(action, state);
-    timeline.push_back(
-        {step, action, action_start, MicrosecondsSince(start), window.HeldBytes(), wait_start, step_start});
+    marks.push_back({wait, action_start, clock_.Mark()});
+    timeline.push_back({step, action, 0.0, 0.0, window.HeldBytes(), 0.0, step_start});
   }
+  if (state.group_peer >= 0) EndGroup(state);
   for (auto& [peer_direction, send] : state.sends) send->Wait();
+  for (auto& send : state.grouped_sends) send->Wait();
   state.sends.clear();
+  state.grouped_sends.clear();
+  transport_.CheckReceived();
+  const double origin_us = clock_.Microseconds(origin);
+  for (size_t i = 0; i < marks.size(); ++i) {
+    ActionTiming& timing = timeline[first_timing + i];
+    timing.wait_start_us = clock_.Microseconds(marks[i].wait) - origin_us;
+    timing.start_us = clock_.Microseconds(marks[i].start) - origin_us;
+    timing.end_us = clock_.Microseconds(marks[i].end) - origin_us;
+  }
   TORCH_CHECK(state.receives.empty() && state.arrived.empty() && state.inputs.empty() && state.outputs.empty() &&
                   state.losses.empty() && state.input_grads.empty() && state.weight_work.empty(),
               "rank ", rank, " step ", step, " ended with work pending: ", state.receives.size() + state.arrived.size(),

@@ -6,7 +6,8 @@
 // leave in order, and a send's buffer is released as soon as that send has completed, at the
 // latest when the next message to the same peer and direction goes. A rank blocks only where
 // the simulator says it may: on a compute action's input, and on a send whose predecessor has
-// not yet left. A backward is whole (B) or split (I then W, zero-bubble schedules): I computes
+// not yet left. A run of communication actions with one peer is issued as one group (the
+// transport discipline, transport.h). A backward is whole (B) or split (I then W, zero-bubble schedules): I computes
 // only the input's gradient and keeps the graph, W then computes the parameters'. A step ends by
 // proving nothing is left pending, every I's W included.
 //
@@ -26,6 +27,7 @@
 #include "pipeline/stage.h"
 #include "pipeline/transport.h"
 #include "reference/data.h"
+#include "reference/device.h"
 #include "reference/gradient_accumulation.h"
 #include "reference/memory_meter.h"
 
@@ -77,6 +79,8 @@ class Executor {
   void KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input, StepState& state);
   void IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state);
   bool OnThisRank(int stage) const;
+  int PeerOf(const Action& action) const;  // the rank a communication action talks to; -1 for compute
+  void EndGroup(StepState& state);
 
   std::chrono::steady_clock::time_point clock_origin_ = std::chrono::steady_clock::now();
   const PipelineConfig& config_;
@@ -85,6 +89,7 @@ class Executor {
   Transport& transport_;
   Faults& faults_;
   reference::GradientAccumulator& accumulator_;
+  reference::DeviceClock clock_;  // action timings, on the device's own clock
   std::vector<torch::Tensor> owned_parameters_;  // with the tied copy: what backward accumulates into
 };
 

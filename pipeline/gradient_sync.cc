@@ -33,11 +33,17 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
   const int own_stage = is_first ? 0 : last, peer_stage = is_first ? last : 0;
   const int peer = is_first ? last_rank : first_rank;
   auto own = gradient_of(own_stage);
-  auto receive = transport.Recv(peer, MessageTag(Direction::kTiedGradient, peer_stage, 0), own.device(),
-                                  MessageShape{own.scalar_type(), own.sizes().vec()});
-  auto send = transport.Send(own, peer, MessageTag(Direction::kTiedGradient, own_stage, 0), std::nullopt);
+  std::unique_ptr<PendingRecv> receive;
+  std::unique_ptr<PendingSend> send;
+  {
+    const TransportGroup exchange(transport, peer);  // each waits for the other's message
+    receive = transport.Recv(peer, MessageTag(Direction::kTiedGradient, peer_stage, 0), own.device(),
+                             MessageShape{own.scalar_type(), own.sizes().vec()});
+    send = transport.Send(own, peer, MessageTag(Direction::kTiedGradient, own_stage, 0), std::nullopt);
+  }
   auto other = receive->Wait();
   send->Wait();
+  transport.CheckReceived();
   auto sum = is_first ? own + other : other + own;
   own.copy_(sum);
 }

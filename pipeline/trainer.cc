@@ -24,7 +24,7 @@ Schedule BuildSchedule(const PipelineConfig& config) {
 
 PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport)
     : config_(config), transport_(transport), faults_(config.fault, config.microbatches),
-      schedule_(BuildSchedule(config)), baseline_bytes_(reference::LiveTensorBytes()) {
+      schedule_(BuildSchedule(config)), baseline_bytes_(reference::HeldTensorBytes(config.train.device)) {
   TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
               " but ", transport.world_size(), " ranks were started");
   reference::CheckDtypeSupported(config.train.dtype, config.train.device);
@@ -104,7 +104,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   if (faults_.ResetsOptimizer()) {
     for (auto& stage : stages_) stage->optimizer = reference::MakeOptimizer(config_.train.optimizer, stage->parameters);
   }
-  reference::StepWindow window(baseline_bytes_);
+  reference::StepWindow window(baseline_bytes_, config_.train.device);
   const auto batch = reference::MakeBatch(config_.train.data, config_.train.seed, step);
   const torch::Tensor loss = executor_->Run(step, batch, window, result.timeline);
   accumulator_->Finish();

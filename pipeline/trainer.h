@@ -51,7 +51,7 @@ class PipelineTrainer {
   Faults faults_;
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending
-  int64_t baseline_bytes_ = 0;  // live tensor bytes before the trainer existed
+  int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed
   std::unique_ptr<reference::GradientAccumulator> accumulator_;  // over OwnedParameters()
   std::unique_ptr<Executor> executor_;
 };

@@ -10,24 +10,63 @@
 #include <unistd.h>
 
 #include "pipeline/c10d_compat.h"
+#include "pipeline/transport_parts.h"
 
 namespace pipecheck::pipeline {
-namespace {
 
-constexpr int kMaxDims = kMaxMessageDims;
-constexpr int kHeaderSize = kMessageHeaderBytes / 8;  // int64: dtype, ndim, sizes...
+MessageHeader ReadHeader(const torch::Tensor& header, int peer) {
+  TORCH_CHECK(header.numel() == kMessageHeaderBytes / 8, "a message header from rank ", peer, " has ", header.numel(),
+              " fields");
+  const auto cpu = header.cpu();
+  const auto values = cpu.accessor<int64_t, 1>();
+  const int64_t dims = values[2];
+  TORCH_CHECK(dims >= 0 && dims <= kMaxMessageDims, "corrupt message header from rank ", peer, " (",
+              DescribeTag(static_cast<int>(values[0])), "): ", dims, " dimensions");
+  return {static_cast<int>(values[0]),
+          MessageShape{static_cast<torch::ScalarType>(values[1]),
+                       std::vector<int64_t>(values.data() + 3, values.data() + 3 + dims)}};
+}
 
-// (kHeaderSize) int64: dtype code, number of dimensions, sizes.
-torch::Tensor MakeHeader(const MessageShape& shape) {
+torch::Tensor MakeHeader(int tag, const MessageShape& shape) {
   const int64_t dims = static_cast<int64_t>(shape.sizes.size());
-  TORCH_CHECK(dims <= kMaxDims, "cannot send a tensor of ", dims, " dimensions (at most ", kMaxDims, ")");
-  auto header = torch::zeros({kHeaderSize}, torch::kInt64);
+  TORCH_CHECK(dims <= kMaxMessageDims, "cannot send a tensor of ", dims, " dimensions (at most ", kMaxMessageDims, ")");
+  auto header = torch::zeros({kMessageHeaderBytes / 8}, torch::kInt64);
   auto values = header.accessor<int64_t, 1>();
-  values[0] = static_cast<int64_t>(shape.dtype);
-  values[1] = dims;
-  for (int64_t d = 0; d < dims; ++d) values[2 + d] = shape.sizes[d];
+  values[0] = tag;
+  values[1] = static_cast<int64_t>(shape.dtype);
+  values[2] = dims;
+  for (int64_t d = 0; d < dims; ++d) values[3 + d] = shape.sizes[d];
   return header;
 }
+
+void CheckHeader(const MessageHeader& got, int peer, int rank, int tag, const std::optional<MessageShape>& expected) {
+  TORCH_CHECK(got.tag == tag, "rank ", rank, ": the next message from rank ", peer, " is ", DescribeTag(got.tag),
+              " but this receive is for ", DescribeTag(tag),
+              ": messages between two ranks are matched by order, and the two ranks posted them in different orders");
+  // A receive posted with the planned size would cut or hang on a message of another size, so
+  // the header is the check.
+  TORCH_CHECK(!expected || (got.shape.dtype == expected->dtype && got.shape.sizes == expected->sizes),
+              "message from rank ", peer, " (", DescribeTag(tag), ") is ", got.shape.ToString(),
+              " but the plan expects ", expected ? expected->ToString() : std::string());
+}
+
+void PeerGroupCheck::Begin(int peer) {
+  TORCH_CHECK(peer_ < 0, "a group of messages to rank ", peer, " begins inside the group to rank ", peer_);
+  peer_ = peer;
+}
+
+void PeerGroupCheck::Op(int peer) const {
+  TORCH_CHECK(peer_ < 0 || peer_ == peer, "a message to or from rank ", peer, " inside the group of rank ", peer_,
+              ": a group has one peer");
+}
+
+namespace {
+
+// c10d tags of the Gloo channels: every message between two ranks goes on the same two, header
+// and payload, so Gloo matches them by order as NCCL does (the message's own tag is checked in
+// its header).
+constexpr int kHeaderTag = 0;
+constexpr int kPayloadTag = 1;
 
 class GlooSend : public PendingSend {
  public:
@@ -46,70 +85,81 @@ class GlooSend : public PendingSend {
 
 class GlooRecv : public PendingRecv {
  public:
-  GlooRecv(compat::GlooGroup group, int peer, int tag, torch::Device device, const std::optional<MessageShape>& expected)
-      : group_(std::move(group)), peer_(peer), tag_(tag), device_(device), expected_(expected) {
-    header_buffer_ = {torch::empty({kHeaderSize}, torch::kInt64)};
-    header_ = group_->recv(header_buffer_, peer_, 2 * tag_);
+  GlooRecv(compat::GlooGroup group, int rank, int peer, int tag, torch::Device device, bool staged,
+           const std::optional<MessageShape>& expected)
+      : group_(std::move(group)), rank_(rank), peer_(peer), tag_(tag), device_(device), staged_(staged),
+        expected_(expected) {
+    header_buffer_ = {torch::empty({kMessageHeaderBytes / 8}, torch::kInt64)};
+    header_ = group_->recv(header_buffer_, peer_, kHeaderTag);
     if (expected_) PostPayload(expected_->dtype, expected_->sizes);
   }
 
   torch::Tensor Wait() override {
     header_->wait();
-    auto values = header_buffer_[0].accessor<int64_t, 1>();
-    const int64_t dims = values[1];
-    TORCH_CHECK(dims >= 0 && dims <= kMaxDims, "corrupt message header from rank ", peer_, " (tag ", tag_, "): ",
-                dims, " dimensions");
-    const MessageShape got{static_cast<torch::ScalarType>(values[0]),
-                           std::vector<int64_t>(values.data() + 2, values.data() + 2 + dims)};
-    if (expected_) {
-      // The payload receive is already posted with the planned size: a message of another size
-      // would be cut or hang, so the header is the check.
-      TORCH_CHECK(got.dtype == expected_->dtype && got.sizes == expected_->sizes, "message from rank ", peer_,
-                  " (tag ", tag_, ") is ", got.ToString(), " but the plan expects ", expected_->ToString());
-    } else {
-      PostPayload(got.dtype, got.sizes);
-    }
+    const MessageHeader got = ReadHeader(header_buffer_[0], peer_);
+    CheckHeader(got, peer_, rank_, tag_, expected_);
+    if (!expected_) PostPayload(got.shape.dtype, got.shape.sizes);
     if (payload_work_) payload_work_->wait();
-    return payload_[0].to(device_);
+    // staged: from pinned memory, queued on the device's stream (the host buffer is kept by
+    // the caching host allocator until the copy is done).
+    return payload_[0].to(device_, /*non_blocking=*/staged_);
   }
 
  private:
   void PostPayload(torch::ScalarType dtype, const std::vector<int64_t>& sizes) {
-    payload_ = {torch::empty(sizes, torch::TensorOptions().dtype(dtype))};
-    if (payload_[0].numel() > 0) payload_work_ = group_->recv(payload_, peer_, 2 * tag_ + 1);
+    payload_ = {torch::empty(sizes, torch::TensorOptions().dtype(dtype).pinned_memory(staged_))};
+    if (payload_[0].numel() > 0) payload_work_ = group_->recv(payload_, peer_, kPayloadTag);
   }
 
   compat::GlooGroup group_;
-  int peer_, tag_;
+  int rank_, peer_, tag_;
   torch::Device device_;
+  bool staged_;
   std::optional<MessageShape> expected_;
   std::vector<torch::Tensor> header_buffer_, payload_;
   compat::WorkHandle header_, payload_work_;
 };
 
+// gloo, and staged: CUDA tensors through pinned host memory.
 class GlooTransport : public Transport {
  public:
-  GlooTransport(c10::intrusive_ptr<c10d::Store> store, compat::GlooGroup group, int rank, int size)
-      : store_(std::move(store)), group_(std::move(group)), rank_(rank), size_(size) {}
+  GlooTransport(c10::intrusive_ptr<c10d::Store> store, compat::GlooGroup group, int rank, int size, bool staged)
+      : store_(std::move(store)), group_(std::move(group)), rank_(rank), size_(size), staged_(staged) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
+  std::string name() const override { return staged_ ? "staged" : "gloo"; }
+  void BeginGroup(int peer) override { group_check_.Begin(peer); }
+  void EndGroup() override { group_check_.End(); }
 
   std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
                                     const std::optional<MessageShape>& announced) override {
-    // Gloo sends CPU memory; a CUDA tensor would go through NCCL instead (a later transport).
-    std::vector<torch::Tensor> header = {MakeHeader(announced ? *announced
-                                                              : MessageShape{tensor.scalar_type(), tensor.sizes().vec()})};
-    std::vector<torch::Tensor> payload = {tensor.detach().cpu().contiguous()};
-    auto header_work = group_->send(header, peer, 2 * tag);
+    group_check_.Op(peer);
+    TORCH_CHECK(staged_ || !tensor.is_cuda(), "the gloo transport cannot send CUDA tensors (", DescribeTag(tag),
+                "): use staged or nccl");
+    std::vector<torch::Tensor> header = {
+        MakeHeader(tag, announced ? *announced : MessageShape{tensor.scalar_type(), tensor.sizes().vec()})};
+    torch::Tensor payload;
+    if (tensor.is_cuda()) {
+      // staged: copied out to pinned host memory now (the copy waits for the device's work on it).
+      payload = torch::empty(tensor.sizes(), tensor.options().device(torch::kCPU).pinned_memory(true));
+      payload.copy_(tensor.detach());
+    } else {
+      payload = tensor.detach().contiguous();
+    }
+    std::vector<torch::Tensor> payloads = {payload};
+    auto header_work = group_->send(header, peer, kHeaderTag);
     compat::WorkHandle payload_work;
-    if (payload[0].numel() > 0) payload_work = group_->send(payload, peer, 2 * tag + 1);
-    return std::make_unique<GlooSend>(header_work, payload_work, std::vector<torch::Tensor>{header[0], payload[0]});
+    if (payload.numel() > 0) payload_work = group_->send(payloads, peer, kPayloadTag);
+    return std::make_unique<GlooSend>(header_work, payload_work, std::vector<torch::Tensor>{header[0], payload});
   }
 
   std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
                                     const std::optional<MessageShape>& expected) override {
-    return std::make_unique<GlooRecv>(group_, peer, tag, device, expected);
+    group_check_.Op(peer);
+    TORCH_CHECK(staged_ || !device.is_cuda(), "the gloo transport cannot receive onto ", device.str(),
+                " (", DescribeTag(tag), "): use staged or nccl");
+    return std::make_unique<GlooRecv>(group_, rank_, peer, tag, device, staged_ && device.is_cuda(), expected);
   }
 
   std::vector<double> AllGather(double value) override {
@@ -128,6 +178,8 @@ class GlooTransport : public Transport {
   c10::intrusive_ptr<c10d::Store> store_;
   compat::GlooGroup group_;
   int rank_, size_;
+  bool staged_;
+  PeerGroupCheck group_check_;
 };
 
 // World size 1: no peers, so any send or receive is a bug in the caller.
@@ -135,6 +187,9 @@ class SoloTransport : public Transport {
  public:
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
+  std::string name() const override { return "none"; }
+  void BeginGroup(int) override {}
+  void EndGroup() override {}
   std::unique_ptr<PendingSend> Send(const torch::Tensor&, int peer, int tag, const std::optional<MessageShape>&) override {
     TORCH_CHECK(false, "world size 1 has no peer to send to (peer ", peer, ", tag ", tag, ")");
   }
@@ -184,18 +239,53 @@ int MessageTag(Direction direction, int stage, int microbatch) {
   return (static_cast<int>(direction) * 1024 + stage) * 65536 + microbatch;
 }
 
-std::unique_ptr<Transport> ConnectGloo(const RendezvousOptions& options) {
-  if (options.world_size == 1) return std::make_unique<SoloTransport>();
-  TORCH_CHECK(options.master_port > 0 && options.master_port < 65536, "MASTER_PORT ", options.master_port,
-              " is not a port");
-  auto store = compat::MakeTcpStore(options.master_addr, static_cast<uint16_t>(options.master_port),
-                                    options.rank == 0 && options.serve_store, options.world_size, options.timeout);
+std::string DescribeTag(int tag) {
+  const int direction = tag / (1024 * 65536), stage = tag / 65536 % 1024, microbatch = tag % 65536;
+  switch (static_cast<Direction>(direction)) {
+    case Direction::kActivation:
+      return fmt::format("the activation for stage {}, microbatch {}", stage, microbatch);
+    case Direction::kGradient:
+      return fmt::format("the output gradient for stage {}, microbatch {}", stage, microbatch);
+    case Direction::kTiedGradient:
+      return fmt::format("the tied weight's gradient of stage {}", stage);
+    case Direction::kResult:
+      return fmt::format("the results of rank {}", stage);
+  }
+  return fmt::format("message tag {}", tag);
+}
+
+compat::GlooGroup MakeGloo(const c10::intrusive_ptr<c10d::Store>& store, const RendezvousOptions& options) {
   // Gloo's own default (the address the hostname resolves to) is often 127.0.1.1 on Debian, which
   // a peer on another host cannot reach: use the address that faces the rendezvous host.
   const std::string device_host =
       IsLoopback(options.master_addr) ? "127.0.0.1" : LocalAddressToward(options.master_addr, options.master_port);
-  auto group = compat::MakeGlooGroup(store, options.rank, options.world_size, device_host, options.timeout);
-  return std::make_unique<GlooTransport>(store, group, options.rank, options.world_size);
+  return compat::MakeGlooGroup(store, options.rank, options.world_size, device_host, options.timeout);
+}
+
+std::unique_ptr<Transport> MakeGlooTransport(c10::intrusive_ptr<c10d::Store> store, compat::GlooGroup group,
+                                             const RendezvousOptions& options, bool staged) {
+  return std::make_unique<GlooTransport>(std::move(store), std::move(group), options.rank, options.world_size,
+                                         staged);
+}
+
+std::unique_ptr<Transport> Connect(const RendezvousOptions& options, const std::string& kind, torch::Device device) {
+  if (options.world_size == 1) return std::make_unique<SoloTransport>();
+  TORCH_CHECK(kind == "gloo" || kind == "staged" || kind == "nccl", "unknown transport '", kind,
+              "' (gloo, staged, nccl)");
+  TORCH_CHECK(kind == "gloo" || device.is_cuda(), "the ", kind, " transport moves CUDA tensors, but this rank runs on ",
+              device.str());
+  TORCH_CHECK(kind != "gloo" || !device.is_cuda(), "the gloo transport cannot move CUDA tensors (", device.str(),
+              "): use staged or nccl");
+  TORCH_CHECK(options.master_port > 0 && options.master_port < 65536, "MASTER_PORT ", options.master_port,
+              " is not a port");
+  auto store = compat::MakeTcpStore(options.master_addr, static_cast<uint16_t>(options.master_port),
+                                    options.rank == 0 && options.serve_store, options.world_size, options.timeout);
+  if (kind == "nccl") return MakeNcclTransport(store, options, device);
+  return MakeGlooTransport(store, MakeGloo(store, options), options, kind == "staged");
+}
+
+std::unique_ptr<Transport> ConnectGloo(const RendezvousOptions& options) {
+  return Connect(options, "gloo", torch::kCPU);
 }
 
 }  // namespace pipecheck::pipeline

@@ -1,11 +1,22 @@
 // Point-to-point messages between ranks for the pipeline: every message is a small header
-// (dtype, shape) followed by its payload, so variable sequence lengths just work. A receiver
-// that knows the shape from its plan posts header and payload at once (the payload can land
-// while it computes) and the header then checks the plan; one that does not posts the payload
-// once the header has told it the shape. Tags name (direction, stage, microbatch), so two
-// messages between the same two ranks are never confused. Gloo over c10d now; NCCL later
-// behind the same interface. Not a collective library: only the two collectives the pipeline
-// needs (a gather of one number per rank, a barrier).
+// (its tag, dtype, shape) followed by its payload, so variable sequence lengths just work.
+//
+// One discipline for every transport, NCCL's (DESIGN §3): messages from one rank to another
+// are matched by their order, not by their tag. The sender's k-th message to a peer is the
+// peer's k-th receive from it, so both must post them in the same order (the simulator proves
+// a schedule does). The tag names the message (direction, stage, microbatch) and travels in the
+// header, where the receiver checks it: a message taken out of order is an error naming both,
+// never a silent mix-up. Sends and receives due together with one peer are issued as one group
+// (BeginGroup/EndGroup: NCCL's grouped launch, through c10d's coalescing), so two ranks that
+// exchange with each other cannot each wait for the other to receive first. Gloo and staged
+// follow the same discipline, so the CPU tests exercise what NCCL relies on.
+//
+// Transports: gloo (CPU tensors), staged (CUDA tensors through pinned host memory over Gloo,
+// for ranks that share a GPU), nccl (CUDA tensors over c10d's ProcessGroupNCCL, one GPU per
+// rank; CPU tensors such as the final results still go over Gloo). A receiver that knows the
+// shape from its plan posts header and payload at once (the payload lands while it computes);
+// one that does not posts the payload once the header has told it the shape. Not a collective
+// library: only what the pipeline needs (a gather of one number per rank, a barrier).
 #pragma once
 
 #include <torch/torch.h>
@@ -35,9 +46,12 @@ class PendingRecv {
   virtual torch::Tensor Wait() = 0;  // blocks until the whole message has arrived
 };
 
-// The header every message starts with: dtype, number of dimensions and up to 8 sizes, int64.
+// The header every message starts with: tag, dtype, number of dimensions and up to 8 sizes, int64.
 constexpr int kMaxMessageDims = 8;
-constexpr int64_t kMessageHeaderBytes = (2 + kMaxMessageDims) * 8;
+constexpr int64_t kMessageHeaderBytes = (3 + kMaxMessageDims) * 8;
+
+// What a tag says: "activation to stage 2, microbatch 5".
+std::string DescribeTag(int tag);
 
 // What a receiver expects a message to be.
 struct MessageShape {
@@ -51,6 +65,10 @@ class Transport {
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  virtual std::string name() const = 0;  // gloo, staged, nccl; none at world size 1
+  // Sends and receives between the two calls go to `peer` only and are issued together.
+  virtual void BeginGroup(int peer) = 0;
+  virtual void EndGroup() = 0;
   // Starts sending `tensor` to `peer`; the tensor is kept alive until the send completes. The
   // header states the tensor's own dtype and shape, or `announced` (only a fault lies so).
   virtual std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
@@ -59,9 +77,24 @@ class Transport {
   // the payload's receive is posted now as well, and a message of another shape is an error.
   virtual std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
                                             const std::optional<MessageShape>& expected) = 0;
-  // Every rank's `value`, indexed by rank, identical on every rank.
+  // Every rank's `value`, indexed by rank, identical on every rank (over the device group).
   virtual std::vector<double> AllGather(double value) = 0;
   virtual void Barrier() = 0;
+  // Throws if a message received since the last call broke the discipline (headers a transport
+  // could only read off the device later: nccl). Called where the step's work is done.
+  virtual void CheckReceived() {}
+};
+
+// Issues the sends and receives between construction and destruction as one group.
+class TransportGroup {
+ public:
+  TransportGroup(Transport& transport, int peer) : transport_(transport) { transport_.BeginGroup(peer); }
+  ~TransportGroup() { transport_.EndGroup(); }
+  TransportGroup(const TransportGroup&) = delete;
+  TransportGroup& operator=(const TransportGroup&) = delete;
+
+ private:
+  Transport& transport_;
 };
 
 struct RendezvousOptions {
@@ -73,9 +106,13 @@ struct RendezvousOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 
-// Connects to the TCPStore at master_addr:master_port (rank 0 serves it) and builds a Gloo
-// process group. World size 1 gets a transport that refuses to send: the degenerate pipeline
-// never communicates.
-std::unique_ptr<Transport> ConnectGloo(const RendezvousOptions& options);
+// Connects to the TCPStore at master_addr:master_port (rank 0 serves it) and builds the process
+// groups of transport `kind` (gloo, staged or nccl) for this rank's `device`. World size 1 gets
+// a transport that refuses to send: the degenerate pipeline never communicates.
+std::unique_ptr<Transport> Connect(const RendezvousOptions& options, const std::string& kind, torch::Device device);
+std::unique_ptr<Transport> ConnectGloo(const RendezvousOptions& options);  // Connect(options, "gloo", cpu)
+
+// Whether this build has the nccl transport (a LibTorch with CUDA and c10d's NCCL backend).
+bool NcclAvailable();
 
 }  // namespace pipecheck::pipeline

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 
+#include "reference/device.h"
 #include "reference/torch_compat.h"
 
 namespace pipecheck::reference {
@@ -54,30 +55,57 @@ void ResetPeakTensorBytes() {
   if (TheCounter()) TheCounter()->peak_.store(TheCounter()->live_.load());
 }
 
-StepWindow::StepWindow(int64_t baseline_bytes) : baseline_(baseline_bytes), started_(Clock::now()) {
-  ResetPeakTensorBytes();
+namespace {
+
+// Whether the step's bytes are counted: always on a GPU, on the CPU once the meter runs.
+bool Metered(c10::Device device) { return device.is_cuda() || MemoryMeterActive(); }
+
+}  // namespace
+
+int64_t HeldTensorBytes(c10::Device device) {
+  return device.is_cuda() ? DeviceAllocatedBytes(device) : LiveTensorBytes();
+}
+
+StepWindow::StepWindow(int64_t baseline_bytes, c10::Device device)
+    : baseline_(baseline_bytes), device_(device), started_(Clock::now()) {
+  ResetPeak();
+}
+
+int64_t StepWindow::PeakSinceReset() const {
+  return device_.is_cuda() ? DevicePeakAllocatedBytes(device_) : PeakTensorBytes();
+}
+
+void StepWindow::ResetPeak() {
+  if (device_.is_cuda()) {
+    ResetDevicePeak(device_);
+  } else {
+    ResetPeakTensorBytes();
+  }
 }
 
 void StepWindow::PauseForCopies() {
-  peak_ = std::max(peak_, PeakTensorBytes() - baseline_);
+  Synchronize(device_);
+  peak_ = std::max(peak_, PeakSinceReset() - baseline_);
   pause_start_ = Clock::now();
 }
 
 void StepWindow::ResumeAfterCopies() {
+  Synchronize(device_);
   paused_ += Clock::now() - pause_start_;
-  ResetPeakTensorBytes();
+  ResetPeak();
 }
 
-int64_t StepWindow::HeldBytes() const { return MemoryMeterActive() ? LiveTensorBytes() - baseline_ : -1; }
+int64_t StepWindow::HeldBytes() const { return Metered(device_) ? HeldTensorBytes(device_) - baseline_ : -1; }
 
 double StepWindow::ElapsedMs() const {
   return std::chrono::duration<double, std::milli>(Clock::now() - started_ - paused_).count();
 }
 
 StepWindow::Measured StepWindow::End() {
+  Synchronize(device_);  // a GPU step ends when its work has, not when the host has queued it
   Measured measured;
   measured.step_ms = ElapsedMs();
-  if (MemoryMeterActive()) measured.peak_bytes = std::max(peak_, PeakTensorBytes() - baseline_);
+  if (Metered(device_)) measured.peak_bytes = std::max(peak_, PeakSinceReset() - baseline_);
   return measured;
 }
 

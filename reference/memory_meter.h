@@ -4,6 +4,8 @@
 // Not a process RSS probe: only tensor storage counts, and only on the thread that started it.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <chrono>
 #include <cstdint>
 
@@ -18,13 +20,20 @@ int64_t LiveTensorBytes();  // counted allocations minus counted frees
 int64_t PeakTensorBytes();  // highest LiveTensorBytes since the last reset
 void ResetPeakTensorBytes();  // peak := live
 
+// Tensor bytes held on `device` now: the meter's count on the CPU, the CUDA caching allocator's
+// allocated bytes on a GPU (every tensor of the process on that device).
+int64_t HeldTensorBytes(c10::Device device);
+
 // One training step's measurement window, the same for both trainers: the step's wall time and
-// the peak tensor bytes the trainer held (its own: bytes live before it existed do not count).
-// The moment it copies gradients out for comparison is cut out of both; the copies themselves
-// live outside the counted allocator (reference::RecordedCopy).
+// the peak tensor bytes the trainer held on its device (its own: bytes held before it existed
+// do not count). On a GPU the window ends once the device has finished the step's work, and
+// the peak is the CUDA caching allocator's, reset when the window starts. The moment it copies
+// gradients out for comparison is cut out of both; the copies themselves live outside the
+// counted allocator (reference::RecordedCopy).
 class StepWindow {
  public:
-  explicit StepWindow(int64_t baseline_bytes);  // starts the window now
+  // Starts the window now; `baseline_bytes` is HeldTensorBytes(device) before the trainer existed.
+  StepWindow(int64_t baseline_bytes, c10::Device device);
   void PauseForCopies();                                    // before copying gradients out
   void ResumeAfterCopies();
   int64_t HeldBytes() const;  // what the trainer holds now, -1 when the meter is off
@@ -38,7 +47,11 @@ class StepWindow {
 
  private:
   using Clock = std::chrono::steady_clock;
+  int64_t PeakSinceReset() const;
+  void ResetPeak();
+
   int64_t baseline_ = 0;
+  c10::Device device_;
   int64_t peak_ = 0;
   Clock::time_point started_;
   Clock::duration paused_{0};

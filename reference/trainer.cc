@@ -51,7 +51,7 @@ int64_t TrainResult::PeakBytes() const {
   return peak;
 }
 
-ReferenceTrainer::ReferenceTrainer(const TrainConfig& config) : config_(config), baseline_bytes_(LiveTensorBytes()) {
+ReferenceTrainer::ReferenceTrainer(const TrainConfig& config) : config_(config), baseline_bytes_(HeldTensorBytes(config.device)) {
   CheckDtypeSupported(config.dtype, config.device);
   TORCH_CHECK(config.microbatches >= 1 && config.microbatches <= config.data.batch, "the reference accumulates over ",
               config.microbatches, " microbatches, which needs 1 to batch (", config.data.batch, ")");
@@ -81,11 +81,15 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step) {
   if (config_.microbatches == 1) {
     record.loss = ForwardBackward(batch).item<double>();
   } else {
-    // The pipeline's arithmetic: microbatches in order, each normalised by the whole batch.
+    // The pipeline's arithmetic: microbatches in order, each normalised by the whole batch. The
+    // loss is summed on the device and read once (a read per microbatch would wait for the GPU).
+    torch::Tensor loss_sum;
     for (const auto& part : SplitMicrobatches(batch, config_.microbatches)) {
-      record.loss += ForwardBackward(part, batch.valid_tokens).item<double>();
+      auto term = ForwardBackward(part, batch.valid_tokens).to(torch::kFloat64);
+      loss_sum = loss_sum.defined() ? loss_sum + term : term;
       accumulator_->AfterBackward();
     }
+    record.loss = loss_sum.item<double>();
   }
   accumulator_->Finish();
   record.grad_norm = std::sqrt(GradSquaredSum(parameters_));
@@ -94,7 +98,7 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step) {
 }
 
 StepRecord ReferenceTrainer::Step(int64_t step) {
-  StepWindow window(baseline_bytes_);
+  StepWindow window(baseline_bytes_, config_.device);
   StepRecord record = ComputeGradients(step);
   window.PauseForCopies();
   if (config_.record_gradients) record.gradients = Gradients();

@@ -100,7 +100,7 @@ class ReferenceTrainer {
   std::vector<torch::Tensor> parameters_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<GradientAccumulator> accumulator_;
-  int64_t baseline_bytes_ = 0;  // live tensor bytes before the trainer existed
+  int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed
 };
 
 // The first step that counts for speed: step 1 when there are several (step 0 warms up), else 0.

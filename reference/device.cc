@@ -1,0 +1,130 @@
+// Device synchronisation, allocator statistics and clocks (see device.h).
+#include "reference/device.h"
+
+#if PIPECHECK_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace pipecheck::reference {
+
+#if PIPECHECK_CUDA
+
+bool BuiltWithCuda() { return true; }
+
+int CudaDeviceCount() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+void MakeCurrent(torch::Device device) {
+  if (device.is_cuda() && device.has_index()) c10::cuda::set_device(device.index());
+}
+
+void Synchronize(torch::Device device) {
+  if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+}
+
+namespace {
+
+// Index 0 of a statistic array is the aggregate over the allocator's pools in every LibTorch
+// version (StatType::AGGREGATE, whose namespace moved between versions).
+constexpr size_t kAllPools = 0;
+
+c10::DeviceIndex CudaIndex(torch::Device device) {
+  TORCH_CHECK(device.is_cuda(), "device memory statistics are for CUDA devices, not ", device.str());
+  return device.has_index() ? device.index() : c10::cuda::current_device();
+}
+
+}  // namespace
+
+int64_t DeviceAllocatedBytes(torch::Device device) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device)).allocated_bytes[kAllPools].current;
+}
+
+int64_t DevicePeakAllocatedBytes(torch::Device device) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device)).allocated_bytes[kAllPools].peak;
+}
+
+void ResetDevicePeak(torch::Device device) { c10::cuda::CUDACachingAllocator::resetPeakStats(CudaIndex(device)); }
+
+struct DeviceClock::Events {
+  std::vector<std::unique_ptr<at::cuda::CUDAEvent>> events;  // timing enabled, reused
+};
+
+DeviceClock::DeviceClock(torch::Device device) : device_(device) {
+  if (device_.is_cuda()) events_ = std::make_unique<Events>();
+}
+
+int DeviceClock::Mark() {
+  waited_ = false;
+  if (!events_) {
+    host_marks_.push_back(std::chrono::steady_clock::now());
+    return marks_++;
+  }
+  if (static_cast<size_t>(marks_) == events_->events.size()) {
+    events_->events.push_back(std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault));
+  }
+  events_->events[marks_]->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+  return marks_++;
+}
+
+double DeviceClock::Microseconds(int mark) {
+  TORCH_CHECK(mark >= 0 && mark < marks_, "no clock mark ", mark, " (", marks_, " marks)");
+  if (!events_) return std::chrono::duration<double, std::micro>(host_marks_[mark] - host_marks_[0]).count();
+  if (!waited_) {
+    events_->events[marks_ - 1]->synchronize();
+    waited_ = true;
+  }
+  return 1000.0 * static_cast<double>(events_->events[0]->elapsed_time(*events_->events[mark]));
+}
+
+#else  // a LibTorch without CUDA
+
+bool BuiltWithCuda() { return false; }
+
+int CudaDeviceCount() { return 0; }
+
+void MakeCurrent(torch::Device /*device*/) {}
+
+void Synchronize(torch::Device /*device*/) {}
+
+int64_t DeviceAllocatedBytes(torch::Device device) {
+  TORCH_CHECK(false, "this build has no CUDA: no allocator statistics for ", device.str());
+}
+
+int64_t DevicePeakAllocatedBytes(torch::Device device) {
+  TORCH_CHECK(false, "this build has no CUDA: no allocator statistics for ", device.str());
+}
+
+void ResetDevicePeak(torch::Device device) {
+  TORCH_CHECK(false, "this build has no CUDA: no allocator statistics for ", device.str());
+}
+
+struct DeviceClock::Events {};
+
+DeviceClock::DeviceClock(torch::Device device) : device_(device) {
+  TORCH_CHECK(!device.is_cuda(), "this build has no CUDA: no clock for ", device.str());
+}
+
+int DeviceClock::Mark() {
+  host_marks_.push_back(std::chrono::steady_clock::now());
+  return marks_++;
+}
+
+double DeviceClock::Microseconds(int mark) {
+  TORCH_CHECK(mark >= 0 && mark < marks_, "no clock mark ", mark, " (", marks_, " marks)");
+  return std::chrono::duration<double, std::micro>(host_marks_[mark] - host_marks_[0]).count();
+}
+
+#endif
+
+DeviceClock::~DeviceClock() = default;
+
+void DeviceClock::Clear() {
+  host_marks_.clear();
+  marks_ = 0;
+  waited_ = false;
+}
+
+}  // namespace pipecheck::reference

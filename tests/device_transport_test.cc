@@ -1,0 +1,272 @@
+// Devices and transports. Tests whose names end in _CUDA need a CUDA device: without one they
+// skip (GTEST_SKIP, reported as skipped by CTest) and check nothing; with one they run in full,
+// the same checks on any GPU machine. The rest run everywhere and check the same everywhere.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <cstdlib>
+#include <thread>
+
+#include "harness/launcher.h"
+#include "harness/scenario_model.h"
+#include "pipeline/transport.h"
+#include "pipeline/transport_parts.h"
+#include "reference/device.h"
+#include "reference/trainer.h"
+#include "tests/test_support.h"
+
+namespace pipecheck {
+namespace {
+
+const char* const kGpuSuite = PIPECHECK_SOURCE_DIR "/scenarios/gpu.csv";
+
+#define SKIP_WITHOUT_CUDA()                                                                              \
+  do {                                                                                                   \
+    if (reference::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device in this build or machine";   \
+  } while (0)
+
+// Sets an environment variable for one test and restores it afterwards.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(const char* name, const std::string& value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    had_ = old != nullptr;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnvironment() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+scenarios::Scenario CudaScenario(int64_t world_size, const std::string& transport) {
+  auto scenario = harness::ParseSuite("name,world_size,device,transport\nx," + std::to_string(world_size) + ",cuda," +
+                                          transport + "\n",
+                                      "inline")[0];
+  return scenario;
+}
+
+// --- the discipline, on two Gloo ranks (threads) over one in-memory store -----------------------
+
+struct GlooPair {
+  std::unique_ptr<pipeline::Transport> ranks[2];
+};
+
+GlooPair ConnectPair() {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  GlooPair pair;
+  std::thread other([&] {
+    pipeline::RendezvousOptions options;
+    options.rank = 1;
+    options.world_size = 2;
+    pair.ranks[1] = pipeline::MakeGlooTransport(store, pipeline::MakeGloo(store, options), options, false);
+  });
+  pipeline::RendezvousOptions options;
+  options.world_size = 2;
+  pair.ranks[0] = pipeline::MakeGlooTransport(store, pipeline::MakeGloo(store, options), options, false);
+  other.join();
+  return pair;
+}
+
+TEST(TransportDiscipline, MessagesAreMatchedByOrderAndTheHeaderNamesThem) {
+  auto pair = ConnectPair();
+  const auto a = torch::arange(6, torch::kFloat64).reshape({2, 3}), b = -a;
+  const int tag_a = pipeline::MessageTag(pipeline::Direction::kActivation, 1, 0);
+  const int tag_b = pipeline::MessageTag(pipeline::Direction::kActivation, 1, 1);
+  const pipeline::MessageShape shape{torch::kFloat64, {2, 3}};
+  auto send_a = pair.ranks[1]->Send(a, 0, tag_a, std::nullopt);
+  auto send_b = pair.ranks[1]->Send(b, 0, tag_b, std::nullopt);
+  // Received in the order sent: each message is the one its receive names.
+  auto got_a = pair.ranks[0]->Recv(1, tag_a, torch::kCPU, shape);
+  auto got_b = pair.ranks[0]->Recv(1, tag_b, torch::kCPU, shape);
+  EXPECT_TRUE(torch::equal(got_a->Wait(), a));
+  EXPECT_TRUE(torch::equal(got_b->Wait(), b));
+  send_a->Wait();
+  send_b->Wait();
+  // Posted in the other order: NCCL would hand over the wrong tensor; here the header says so.
+  send_a = pair.ranks[1]->Send(a, 0, tag_a, std::nullopt);
+  send_b = pair.ranks[1]->Send(b, 0, tag_b, std::nullopt);
+  auto wrong_b = pair.ranks[0]->Recv(1, tag_b, torch::kCPU, shape);
+  auto wrong_a = pair.ranks[0]->Recv(1, tag_a, torch::kCPU, shape);
+  try {
+    wrong_b->Wait();
+    FAIL() << "a message taken out of order was accepted";
+  } catch (const c10::Error& error) {
+    const std::string message = error.what_without_backtrace();
+    EXPECT_NE(message.find("is the activation for stage 1, microbatch 0 but this receive is for the activation for "
+                           "stage 1, microbatch 1"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("matched by order"), std::string::npos) << message;
+  }
+  EXPECT_THROW(wrong_a->Wait(), c10::Error);
+  send_a->Wait();
+  send_b->Wait();
+}
+
+TEST(TransportDiscipline, AGroupHasOnePeer) {
+  auto pair = ConnectPair();
+  pipeline::TransportGroup group(*pair.ranks[0], 1);
+  EXPECT_THROW(pair.ranks[0]->Recv(0, 0, torch::kCPU, std::nullopt), c10::Error);  // rank 0 in rank 1's group
+  EXPECT_THROW(pair.ranks[0]->BeginGroup(1), c10::Error);                         // no nesting
+}
+
+TEST(TransportChoice, CpuIsGlooAndNcclNeedsAGpuPerRank) {
+  const auto cpu = harness::ParseSuite("name,world_size\nx,2\n", "inline")[0];
+  EXPECT_EQ(harness::ResolveTransport(cpu), "gloo");
+  EXPECT_EQ(harness::UnmetRequirement(cpu), "");
+  EXPECT_EQ(harness::ResolveTransport(CudaScenario(1, "auto")), "none");
+  // More ranks on this host than it has GPUs (whatever it has): nccl cannot run, staged can.
+  const ScopedEnvironment local("LOCAL_WORLD_SIZE", std::to_string(reference::CudaDeviceCount() + 1));
+  EXPECT_EQ(harness::ResolveTransport(CudaScenario(2, "auto")), "staged");
+  EXPECT_EQ(harness::UnmetRequirement(CudaScenario(2, "staged")), "");
+  const std::string unmet = harness::UnmetRequirement(CudaScenario(2, "nccl"));
+  EXPECT_NE(unmet.find("transport nccl needs a GPU per rank"), std::string::npos) << unmet;
+  pipeline::RendezvousOptions two_ranks;
+  two_ranks.world_size = 2;
+  EXPECT_THROW(pipeline::Connect(two_ranks, "gloo", torch::Device(torch::kCUDA, 0)), c10::Error);
+  EXPECT_THROW(pipeline::Connect(two_ranks, "staged", torch::kCPU), c10::Error);
+}
+
+// --- on a GPU -----------------------------------------------------------------------------------
+
+TEST(Device, RanksTakeCudaLocalRank_CUDA) {
+  SKIP_WITHOUT_CUDA();
+  const int count = reference::CudaDeviceCount();
+  {
+    const ScopedEnvironment local("LOCAL_RANK", "0");
+    EXPECT_EQ(harness::CudaDeviceOfThisRank(), torch::Device(torch::kCUDA, 0));
+  }
+  {
+    const ScopedEnvironment local("LOCAL_RANK", std::to_string(count + 1));  // shares: cuda:(count + 1) % count
+    EXPECT_EQ(harness::CudaDeviceOfThisRank(), torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(1 % count)));
+  }
+}
+
+TEST(Device, AutoPicksNcclWhenEveryRankHasItsGpu_CUDA) {
+  SKIP_WITHOUT_CUDA();
+  ASSERT_TRUE(pipeline::NcclAvailable()) << "a CUDA build without the nccl transport";
+  const ScopedEnvironment local("LOCAL_WORLD_SIZE", "1");  // one rank of the two on this host
+  EXPECT_EQ(harness::ResolveTransport(CudaScenario(2, "auto")), "nccl");
+  EXPECT_EQ(harness::UnmetRequirement(CudaScenario(2, "nccl")), "");
+}
+
+reference::TrainConfig SmallCudaConfig() {
+  auto config = testing::TinyConfig(reference::Flavor::kLlama, /*tied=*/false);
+  config.model.hidden = 64;
+  config.model.heads = 4;
+  config.data.seq_len_min = 0;  // every step the same shapes: the same peak
+  config.dtype = torch::kFloat32;
+  config.device = torch::Device(torch::kCUDA, 0);
+  config.steps = 3;
+  return config;
+}
+
+TEST(Device, PeakMemoryIsTheCachingAllocatorsAndReproducible_CUDA) {
+  SKIP_WITHOUT_CUDA();
+  std::vector<int64_t> peaks[2];
+  for (auto& run : peaks) {
+    reference::ReferenceTrainer trainer(SmallCudaConfig());
+    for (int64_t step = 0; step < 3; ++step) run.push_back(trainer.Step(step).peak_bytes);
+  }
+  int64_t parameter_bytes = 0;
+  {
+    reference::ReferenceTrainer trainer(SmallCudaConfig());
+    for (const auto& p : trainer.model()->parameters()) parameter_bytes += p.numel() * p.element_size();
+  }
+  EXPECT_GT(peaks[0][1], parameter_bytes);  // gradients at least, activations and optimizer state too
+  EXPECT_EQ(peaks[0][1], peaks[0][2]);       // the same step twice: the same peak
+  EXPECT_EQ(peaks[0], peaks[1]);             // and the same again in a fresh trainer
+}
+
+TEST(Device, ClockMarksAreOrderedOnTheDevice_CUDA) {
+  SKIP_WITHOUT_CUDA();
+  const torch::Device device(torch::kCUDA, 0);
+  reference::DeviceClock clock(device);
+  const int start = clock.Mark();
+  auto x = torch::randn({2048, 2048}, torch::TensorOptions().device(device));
+  for (int i = 0; i < 8; ++i) x = torch::mm(x, x).tanh_();
+  const int end = clock.Mark();
+  EXPECT_EQ(clock.Microseconds(start), 0.0);
+  EXPECT_GT(clock.Microseconds(end), 0.0);  // the products' time on the GPU, read without a sync per mark
+}
+
+TEST(Nccl, GroupCollectivesAndTheDisciplineAtWorldSizeOne_CUDA) {
+  SKIP_WITHOUT_CUDA();
+  ASSERT_TRUE(pipeline::NcclAvailable()) << "a CUDA build without the nccl transport";
+  const torch::Device device(torch::kCUDA, 0);
+  pipeline::RendezvousOptions options;  // rank 0 of 1
+  auto transport = pipeline::MakeNcclTransport(c10::make_intrusive<c10d::HashStore>(), options, device);
+  EXPECT_EQ(transport->name(), "nccl");
+  EXPECT_EQ(transport->AllGather(2.5), std::vector<double>{2.5});
+  transport->Barrier();
+  const auto a = torch::randn({4, 8}, torch::TensorOptions().device(device));
+  const int tag_a = pipeline::MessageTag(pipeline::Direction::kGradient, 0, 3);
+  const int tag_b = pipeline::MessageTag(pipeline::Direction::kGradient, 0, 4);
+  const pipeline::MessageShape shape{torch::kFloat32, {4, 8}};
+  std::unique_ptr<pipeline::PendingRecv> received;
+  std::unique_ptr<pipeline::PendingSend> sent;
+  {
+    const pipeline::TransportGroup group(*transport, 0);  // to itself, as one NCCL group
+    received = transport->Recv(0, tag_a, device, shape);
+    sent = transport->Send(a, 0, tag_a, std::nullopt);
+  }
+  EXPECT_TRUE(torch::equal(received->Wait(), a));
+  sent->Wait();
+  transport->CheckReceived();
+  {
+    const pipeline::TransportGroup group(*transport, 0);
+    received = transport->Recv(0, tag_b, device, shape);  // the next message is tag_a's
+    sent = transport->Send(a, 0, tag_a, std::nullopt);
+  }
+  received->Wait();
+  sent->Wait();
+  EXPECT_THROW(transport->CheckReceived(), c10::Error);
+}
+
+// Every row of scenarios/gpu.csv but the throughput rows (those `pipecheck run` times), as real
+// ranks against the reference: PASS with the transport its row asks for, or SKIPPED with the
+// reason where this host has too few GPUs for nccl.
+std::vector<std::string> GpuRows() {
+  std::vector<std::string> names;
+  for (const auto& scenario : harness::LoadSuite(kGpuSuite)) {
+    if (scenario.name.rfind("gpu_throughput", 0) != 0) names.push_back(scenario.name);
+  }
+  return names;
+}
+
+class GpuSuite : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuSuite, MatchesReference) {
+  SKIP_WITHOUT_CUDA();
+  const auto suite = harness::LoadSuite(kGpuSuite);
+  const auto& scenario = scenarios::FindScenario(suite, GetParam(), kGpuSuite);
+  const std::string unmet = harness::UnmetRequirement(scenario);
+  if (!unmet.empty()) {
+    EXPECT_EQ(scenario.transport, "nccl");
+    EXPECT_GT(scenario.world_size, reference::CudaDeviceCount()) << unmet;
+    GTEST_SKIP() << unmet;
+  }
+  const auto report =
+      harness::LaunchScenario(scenario, testing::TestLaunchOptions(kGpuSuite, "gpu_" + scenario.name, 300));
+  EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
+  EXPECT_EQ(report.Get("transport"), scenario.world_size == 1 ? "none" : scenario.transport);
+  EXPECT_EQ(report.Get("device"), "cuda");
+  EXPECT_GT(std::stoll(report.Get("pp_peak_bytes_max")), 0);
+  EXPECT_EQ(report.steps.size(), static_cast<size_t>(scenario.steps));
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, GpuSuite, ::testing::ValuesIn(GpuRows()),
+                         [](const auto& info) { return info.param + "_CUDA"; });
+
+}  // namespace
+}  // namespace pipecheck
