@@ -249,7 +249,7 @@ class GpuSuite : public ::testing::TestWithParam<std::string> {};
 TEST_P(GpuSuite, MatchesReference) {
   SKIP_WITHOUT_CUDA();
   const auto suite = harness::LoadSuite(kGpuSuite);
-  const auto& scenario = scenarios::FindScenario(suite, GetParam(), kGpuSuite);
+  const scenarios::Scenario scenario = scenarios::FindScenario(suite, GetParam(), kGpuSuite);
   const std::string unmet = harness::UnmetRequirement(scenario);
   if (!unmet.empty()) {
     EXPECT_EQ(scenario.transport, "nccl");

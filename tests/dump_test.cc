@@ -27,7 +27,7 @@ TEST_P(DumpRoundTrip, FilesHoldTheReferencesFirstStep) {
       "llama_untied,llama,2,16,2,0,5,12,4,31\n"
       "gpt2_tied,gpt2,2,16,2,1,5,12,4,31\n",
       "dump.csv");
-  const auto& scenario = scenarios::FindScenario(suite, GetParam(), "dump.csv");
+  const scenarios::Scenario scenario = scenarios::FindScenario(suite, GetParam(), "dump.csv");
   const std::string directory = testing::ScratchDirectory("dump_" + GetParam());
   harness::DumpReference(scenario, directory);
 

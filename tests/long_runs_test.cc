@@ -19,7 +19,7 @@ class LongRun : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LongRun, CorrectPipelinePasses) {
   const auto suite = harness::LoadSuite(kLongSuite);
-  const auto& scenario = scenarios::FindScenario(suite, GetParam(), kLongSuite);
+  const scenarios::Scenario scenario = scenarios::FindScenario(suite, GetParam(), kLongSuite);
   const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(kLongSuite, "long_" + GetParam(), 900));
   EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
 }

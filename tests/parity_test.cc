@@ -26,7 +26,7 @@ class Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Parity, PipelineMatchesReference) {
   const auto suite = harness::LoadSuite(kSuite);
-  const auto& scenario = scenarios::FindScenario(suite, GetParam(), kSuite);
+  const scenarios::Scenario scenario = scenarios::FindScenario(suite, GetParam(), kSuite);
   const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(kSuite, "parity_" + scenario.name));
   EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
   EXPECT_EQ(report.Get("ok"), "1");
