@@ -250,13 +250,13 @@ def rank_main(rank, world, port, dump_directory, steps, threads, results):
     counts = uniform_counts(int(row["layers"]), world)
     first = sum(counts[:rank])
     module = StageModule(row, first, first + counts[rank], rank == 0, rank == world - 1).to(dtype)
-    weights = torch.load(os.path.join(dump_directory, "weights.pt"))
+    weights = torch.load(os.path.join(dump_directory, "weights.pt"), weights_only=False)
     own = module.state_dict()
     missing = [name for name in own if name not in weights]
     if missing:
         raise RuntimeError(f"weights.pt lacks {missing}")
     module.load_state_dict({name: weights[name] for name in own})
-    batch = torch.load(os.path.join(dump_directory, "batch.pt"))
+    batch = torch.load(os.path.join(dump_directory, "batch.pt"), weights_only=False)
     tokens, labels, lengths = batch["tokens"], batch["labels"], batch["lengths"]
     microbatches = int(row["microbatches"])
     total = int((labels != -100).sum())
@@ -316,8 +316,8 @@ def run_peer(dump_directory, world, steps, threads):
 
 def check_parity(dump_directory, row, results):
     tol = float(row["tol"]) if row.get("tol") else TOLERANCE[row["dtype"]]
-    reference_loss = float(torch.load(os.path.join(dump_directory, "loss.pt"))["loss"])
-    reference_grads = torch.load(os.path.join(dump_directory, "grads.pt"))
+    reference_loss = float(torch.load(os.path.join(dump_directory, "loss.pt"), weights_only=False)["loss"])
+    reference_grads = torch.load(os.path.join(dump_directory, "grads.pt"), weights_only=False)
     problems = []
     loss = results[len(results) - 1]["loss"]
     if loss is None or abs(loss - reference_loss) > tol * max(1.0, abs(reference_loss)):
@@ -373,7 +373,7 @@ def main():
         check_supported(row)
         world = int(row["world_size"])
         steps = args.steps or max(3, int(row["steps"]))
-        batch = torch.load(os.path.join(dump, "batch.pt"))
+        batch = torch.load(os.path.join(dump, "batch.pt"), weights_only=False)
         tokens = int((batch["labels"] != -100).sum())  # the reference's tokens of a step, as pipecheck counts
 
         results = run_peer(dump, world, 1 if args.parity_only else steps, args.threads)

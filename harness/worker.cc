@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 
@@ -95,6 +96,9 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
 }  // namespace
 
 int RunWorker(const WorkerOptions& options) {
+  // A peer that failed closes its sockets; writing to one must be an error this rank reports
+  // (EPIPE), not a SIGPIPE that kills it silently before the peer's reason is heard.
+  std::signal(SIGPIPE, SIG_IGN);
   reference::StartMemoryMeter();  // before anything is allocated, so every tensor is counted
   // For messages only, until the environment is validated below.
   const char* rank_text = std::getenv("RANK") ? std::getenv("RANK") : std::getenv("SLURM_PROCID");

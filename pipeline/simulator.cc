@@ -333,9 +333,89 @@ Schedule PostReceivesWhereNeeded(Schedule lowered) {
   return lowered;
 }
 
+namespace {
+
+// The receive that takes a send's message, and the rank that posts it.
+Action ReceiveOf(const Action& send) {
+  const bool forward = send.kind == ActionKind::kSendForward;
+  return {forward ? ActionKind::kRecvForward : ActionKind::kRecvBackward, forward ? send.stage + 1 : send.stage - 1,
+          send.microbatch};
+}
+
+int SourceOf(const Action& receive, const PipelineShape& shape) {
+  return shape.RankOfStage(receive.kind == ActionKind::kRecvForward ? receive.stage - 1 : receive.stage + 1);
+}
+
+// The receives `to` posts for `from`'s messages, in the order `from` sends them.
+std::vector<Action> ReceivesInSendOrder(const Schedule& schedule, int from, int to) {
+  std::vector<Action> order;
+  for (const Action& action : schedule.ranks[from]) {
+    if (!action.IsSend()) continue;
+    const Action receive = ReceiveOf(action);
+    if (schedule.shape.RankOfStage(receive.stage) == to) order.push_back(receive);
+  }
+  return order;
+}
+
+}  // namespace
+
+Schedule OrderReceivesAsSent(Schedule lowered) {
+  const auto& shape = lowered.shape;
+  for (int to = 0; to < shape.ranks; ++to) {
+    for (int from = 0; from < shape.ranks; ++from) {
+      if (from == to) continue;
+      auto& actions = lowered.ranks[to];
+      const std::vector<Action> sent = ReceivesInSendOrder(lowered, from, to);
+      // Where each of them is posted now; then the k-th may go no later than the (k+1)-th.
+      std::vector<size_t> at(sent.size(), actions.size());
+      for (size_t k = 0; k < sent.size(); ++k) {
+        const auto found = std::find(actions.begin(), actions.end(), sent[k]);
+        if (found != actions.end()) at[k] = static_cast<size_t>(found - actions.begin());
+      }
+      if (std::find(at.begin(), at.end(), actions.size()) != at.end()) continue;  // a missing receive: reported later
+      for (size_t k = sent.size(); k-- > 1;) at[k - 1] = std::min(at[k - 1], at[k]);
+      std::vector<std::vector<Action>> posted_at(actions.size());
+      for (size_t k = 0; k < sent.size(); ++k) posted_at[at[k]].push_back(sent[k]);
+      std::vector<Action> reordered;
+      reordered.reserve(actions.size());
+      for (size_t i = 0; i < actions.size(); ++i) {
+        const bool ours = actions[i].IsRecv() && SourceOf(actions[i], shape) == from;
+        if (!ours) {
+          reordered.push_back(actions[i]);
+          continue;
+        }
+        for (const Action& receive : posted_at[i]) reordered.push_back(receive);
+      }
+      actions = std::move(reordered);
+    }
+  }
+  return lowered;
+}
+
+std::string MessageOrderProblem(const Schedule& schedule) {
+  const auto& shape = schedule.shape;
+  for (int to = 0; to < shape.ranks; ++to) {
+    for (int from = 0; from < shape.ranks; ++from) {
+      if (from == to) continue;
+      const std::vector<Action> sent = ReceivesInSendOrder(schedule, from, to);
+      std::vector<Action> posted;
+      for (const Action& action : schedule.ranks[to]) {
+        if (action.IsRecv() && SourceOf(action, shape) == from) posted.push_back(action);
+      }
+      for (size_t k = 0; k < std::min(sent.size(), posted.size()); ++k) {
+        if (sent[k] == posted[k]) continue;
+        return fmt::format("rank {} posts its receive #{} from rank {} for {}, but rank {}'s message #{} to it is for "
+                           "{}: messages between two ranks are matched by order (transport discipline)",
+                           to, k + 1, from, posted[k].ToString(), from, k + 1, sent[k].ToString());
+      }
+    }
+  }
+  return "";
+}
+
 Schedule LowerSchedule(const Schedule& compute, bool post_receives_first) {
   Schedule lowered = AddCommunication(compute, post_receives_first);
-  return post_receives_first ? PostReceivesWhereNeeded(std::move(lowered)) : lowered;
+  return post_receives_first ? OrderReceivesAsSent(PostReceivesWhereNeeded(std::move(lowered))) : lowered;
 }
 
 SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs) {
@@ -347,7 +427,14 @@ SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& cos
                                       semantics == SendSemantics::kRendezvous ? " when sends wait for receives" : "",
                                       result.error));
     }
-    if (semantics == SendSemantics::kBuffered) return result;
+    if (semantics == SendSemantics::kBuffered) {
+      const std::string order = MessageOrderProblem(schedule);
+      if (!order.empty()) {
+        throw ScheduleError(fmt::format("schedule {} ({} ranks, {} microbatches) is invalid: {}", schedule.name,
+                                        schedule.shape.ranks, schedule.shape.microbatches, order));
+      }
+      return result;
+    }
   }
   return {};
 }

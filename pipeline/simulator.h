@@ -52,12 +52,23 @@ SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, con
 // so buffers are held no longer than that. Unchanged when nothing deadlocks.
 Schedule PostReceivesWhereNeeded(Schedule lowered);
 
-// What every rank runs: AddCommunication, then PostReceivesWhereNeeded (unless the
-// send_before_recv fault asks for sends ahead of receives, a bug it must not repair).
+// The transport discipline (transport.h): a rank's receives from one peer are posted in the
+// order that peer sends them, since messages are matched by order. Each receive moves earlier
+// where needed (never later: a receive may always be posted earlier), so the k-th is posted no
+// later than the (k+1)-th; receives posted together keep the sender's order.
+Schedule OrderReceivesAsSent(Schedule lowered);
+
+// Empty when every rank posts its receives from each peer in the order that peer sends them;
+// otherwise the first pair and message where they differ.
+std::string MessageOrderProblem(const Schedule& schedule);
+
+// What every rank runs: AddCommunication, PostReceivesWhereNeeded, then OrderReceivesAsSent
+// (only AddCommunication when the send_before_recv fault asks for sends ahead of receives, a bug
+// the others must not repair).
 Schedule LowerSchedule(const Schedule& compute, bool post_receives_first = true);
 
-// Simulates under both send semantics; throws ScheduleError with the first failure's report.
-// Returns the buffered run's result.
+// Simulates under both send semantics and checks the message order (MessageOrderProblem);
+// throws ScheduleError with the first failure's report. Returns the buffered run's result.
 SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs = {});
 
 // A time chart of the schedule: one row per rank, one column per time unit of `costs`.

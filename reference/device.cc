@@ -31,8 +31,15 @@ namespace {
 // version (StatType::AGGREGATE, whose namespace moved between versions).
 constexpr size_t kAllPools = 0;
 
+// The device's index, with CUDA (and so its caching allocator) initialised: LibTorch does that
+// lazily, on the first CUDA tensor, and the allocator's statistics refuse a device before it.
 c10::DeviceIndex CudaIndex(torch::Device device) {
   TORCH_CHECK(device.is_cuda(), "device memory statistics are for CUDA devices, not ", device.str());
+  static const bool initialised = [] {
+    (void)torch::empty({1}, torch::TensorOptions().device(torch::kCUDA));
+    return true;
+  }();
+  (void)initialised;
   return device.has_index() ? device.index() : c10::cuda::current_device();
 }
 

@@ -162,10 +162,10 @@ def check_dump(directory, suite_row):
     dumped_ffn = int(next(csv.DictReader(open(os.path.join(directory, "scenario.csv"), newline="")))["ffn"])
     if dumped_ffn != ffn_size(row):
         return [f"scenario.csv says ffn {dumped_ffn}, DESIGN §2 gives {ffn_size(row)}"]
-    weights = torch.load(os.path.join(directory, "weights.pt"))
-    batch = torch.load(os.path.join(directory, "batch.pt"))
-    grads = torch.load(os.path.join(directory, "grads.pt"))
-    expected_loss = torch.load(os.path.join(directory, "loss.pt"))["loss"]
+    weights = torch.load(os.path.join(directory, "weights.pt"), weights_only=False)
+    batch = torch.load(os.path.join(directory, "batch.pt"), weights_only=False)
+    grads = torch.load(os.path.join(directory, "grads.pt"), weights_only=False)
+    expected_loss = torch.load(os.path.join(directory, "loss.pt"), weights_only=False)["loss"]
 
     problems = []
     shapes = expected_shapes(row)

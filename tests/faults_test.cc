@@ -53,7 +53,7 @@ const std::map<std::string, std::string> kExpectedMessage = {
     {"double_grad_scaling", "^gradient of tok_embeddings.weight at step 0 on rank 0: rel err"},
     {"send_buffer_reuse", "^loss at step 0: pipeline"},
     {"zb_shared_weight_grad_twice", "^gradient of tok_embeddings.weight at step 0 on rank [01]: rel err"},
-    {"swap_boundary_shapes", "message from rank [01] \\(tag [0-9]+\\) is .* but the plan expects"},
+    {"swap_boundary_shapes", "message from rank [01] \\(the .* for stage [0-9]+, microbatch [0-9]+\\) is .* but the plan expects"},
     {"send_before_recv", "invalid when sends wait for receives: deadlock"},
     {"crash_rank", "^rank 2 was killed by signal 6 \\(Aborted\\); its last output: fault crash_rank: rank 2 aborts in step 1"},
     {"hang_rank", "^rank\\(s\\) .*still running after the 8 s deadline; last output: .*rank 1: fault hang_rank: rank 1 stops"},
