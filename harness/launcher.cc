@@ -240,7 +240,8 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
     const bool result_written = fs::exists(result_path);
     if (std::any_of(ranks.begin(), ranks.end(), [&](const Rank& r) { return Failed(r, result_written); })) {
       auto report = BlameFailedRank(scenario, ranks, result_written);
-      port_busy = report.Get("message").find("Address already in use") != std::string::npos;
+      // LibTorch 1.13 says "Address already in use", 2.x "EADDRINUSE ... address already in use".
+      port_busy = report.Get("message").find("ddress already in use") != std::string::npos;
       return report;
     }
     if (!any_running) break;

@@ -117,6 +117,7 @@ int RunWorker(const WorkerOptions& options) {
     if (config.train.device.is_cuda()) {
       config.train.device = CudaDeviceOfThisRank();
       reference::MakeCurrent(config.train.device);
+      reference::WarmUpDevice(config.train.device);
     }
     const std::string unmet = UnmetRequirement(scenario);
     if (!unmet.empty()) throw std::runtime_error(unmet);  // `run` skips these; a worker started anyway fails

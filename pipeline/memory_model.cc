@@ -9,6 +9,7 @@
 #include "pipeline/transport.h"
 #include "reference/data.h"
 #include "reference/gradient_accumulation.h"
+#include "reference/torch_compat.h"
 
 namespace pipecheck::pipeline {
 namespace {
@@ -46,14 +47,18 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input,
   const int64_t layers = slice.end_layer - slice.first_layer;
   const bool llama = IsLlama(z);
   int64_t bytes = 0;
+  // RMSNorm in its input's own precision keeps one (n, h) tensor more on LibTorch 1.13 than on 2.x.
+  const int64_t norm_extra = llama && z.e == z.s ? (1 - compat::kRmsNormExtraSaved) * z.s * n * h : 0;
   if (layers > 0) {
     const int64_t per_layer = (llama ? 8 * z.e + 4 * z.s : 8 * z.e + 6 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f +
-                              z.e * b * heads * t * t + b * t * t + 2 * z.s * n;
+                              z.e * b * heads * t * t + b * t * t + 2 * z.s * n - 2 * norm_extra;
     bytes += layers * per_layer;
     if (llama) bytes += 2 * t * z.model.HeadDim() * z.e;  // rotary cos and sin tables
   }
   if (slice.has_embedding && !llama) bytes += t * 8;  // position indices
-  if (slice.has_head) bytes += (llama ? 2 * z.e + 2 * z.s : 2 * z.e + 3 * z.s) * n * h + z.loss * n * z.model.vocab + z.s * n + 8;
+  if (slice.has_head) {
+    bytes += (llama ? 2 * z.e + 2 * z.s : 2 * z.e + 3 * z.s) * n * h + z.loss * n * z.model.vocab + z.s * n + 8 - norm_extra;
+  }
   // A received input is held as the stage's leaf. The first norm saves its input itself when it
   // computes in the input's own precision (then it is already counted above); under bfloat16 it
   // saves an fp32 copy instead, and the input is extra.

@@ -21,6 +21,15 @@ void MakeCurrent(torch::Device device) {
   if (device.is_cuda() && device.has_index()) c10::cuda::set_device(device.index());
 }
 
+void WarmUpDevice(torch::Device device) {
+  if (!device.is_cuda()) return;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat64}) {
+    auto a = torch::ones({64, 64}, torch::TensorOptions().dtype(dtype).device(device).requires_grad(true));
+    torch::matmul(a, a).sum().backward();
+  }
+  Synchronize(device);
+}
+
 void Synchronize(torch::Device device) {
   if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
 }
@@ -93,6 +102,8 @@ bool BuiltWithCuda() { return false; }
 int CudaDeviceCount() { return 0; }
 
 void MakeCurrent(torch::Device /*device*/) {}
+
+void WarmUpDevice(torch::Device /*device*/) {}
 
 void Synchronize(torch::Device /*device*/) {}
 

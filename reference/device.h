@@ -23,6 +23,12 @@ int CudaDeviceCount();
 // Makes `device` the current CUDA device of this thread (no-op on CPU), as torchrun's ranks do.
 void MakeCurrent(torch::Device device);
 
+// Runs a small matrix product forward and backward on `device` (no-op on CPU), so that what
+// libraries allocate once per process and thread (cuBLAS handles and workspaces, for the
+// calling thread and autograd's device thread) exists before any trainer takes its baseline:
+// otherwise the first trainer's step peaks would include it and later ones' would not.
+void WarmUpDevice(torch::Device device);
+
 // Blocks until the device has finished the work queued on its current stream (no-op on CPU).
 void Synchronize(torch::Device device);
 

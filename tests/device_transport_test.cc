@@ -173,6 +173,7 @@ reference::TrainConfig SmallCudaConfig() {
 
 TEST(Device, PeakMemoryIsTheCachingAllocatorsAndReproducible_CUDA) {
   SKIP_WITHOUT_CUDA();
+  reference::WarmUpDevice(torch::Device(torch::kCUDA, 0));  // as workers do: cuBLAS's workspaces exist first
   std::vector<int64_t> peaks[2];
   for (auto& run : peaks) {
     reference::ReferenceTrainer trainer(SmallCudaConfig());
