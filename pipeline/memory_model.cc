@@ -47,8 +47,8 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input,
   const int64_t layers = slice.end_layer - slice.first_layer;
   const bool llama = IsLlama(z);
   int64_t bytes = 0;
-  // RMSNorm in its input's own precision keeps one (n, h) tensor more on LibTorch 1.13 than on 2.x.
-  const int64_t norm_extra = llama && z.e == z.s ? (1 - compat::kRmsNormExtraSaved) * z.s * n * h : 0;
+  // The counts below are LibTorch 1.13's; each norm keeps one (n, h) statistics tensor less on 2.x.
+  const int64_t norm_extra = (1 - compat::kNormExtraSaved) * z.s * n * h;
   if (layers > 0) {
     const int64_t per_layer = (llama ? 8 * z.e + 4 * z.s : 8 * z.e + 6 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f +
                               z.e * b * heads * t * t + b * t * t + 2 * z.s * n - 2 * norm_extra;
