@@ -60,16 +60,23 @@ torch::Device ScenarioDevice(const scenarios::Scenario& scenario) {
   return torch::kCPU;
 }
 
-torch::Device CudaDeviceOfThisRank() {
-  const char* local_rank = std::getenv("LOCAL_RANK");
-  int64_t local = 0;
-  if (local_rank != nullptr) {
-    try {
-      local = std::stoll(local_rank);
-    } catch (const std::exception&) {
-      throw std::invalid_argument(fmt::format("LOCAL_RANK='{}' is not a number", local_rank));
-    }
+namespace {
+
+// An integer environment variable (torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE), or `fallback` when unset.
+int64_t EnvironmentIntegerOr(const char* name, int64_t fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return fallback;
+  try {
+    return std::stoll(text);
+  } catch (const std::exception&) {
+    throw std::invalid_argument(fmt::format("{}='{}' is not a number", name, text));
   }
+}
+
+}  // namespace
+
+torch::Device CudaDeviceOfThisRank() {
+  const int64_t local = EnvironmentIntegerOr("LOCAL_RANK", 0);
   TORCH_CHECK(local >= 0, "LOCAL_RANK=", local, " is negative");
   const int count = reference::CudaDeviceCount();
   TORCH_CHECK(count > 0, "device cuda asked for, but no CUDA device is visible");
@@ -93,15 +100,7 @@ namespace {
 
 // Ranks of this run on this host: torchrun's LOCAL_WORLD_SIZE, else all of them (`run`).
 int64_t RanksOnThisHost(const scenarios::Scenario& scenario) {
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  if (local != nullptr) {
-    try {
-      return std::stoll(local);
-    } catch (const std::exception&) {
-      throw std::invalid_argument(fmt::format("LOCAL_WORLD_SIZE='{}' is not a number", local));
-    }
-  }
-  return scenario.world_size;
+  return EnvironmentIntegerOr("LOCAL_WORLD_SIZE", scenario.world_size);
 }
 
 }  // namespace
