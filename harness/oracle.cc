@@ -8,7 +8,9 @@ Oracle::Oracle(reference::TrainConfig config, int64_t microbatches)
   config_.record_gradients = true;
   config_.microbatches = 1;
   evaluator_ = std::make_unique<reference::ReferenceTrainer>(config_);
-  updater_ = std::make_unique<reference::ReferenceTrainer>(config_);
+  auto updater_config = config_;
+  updater_config.boundary_layers.clear();
+  updater_ = std::make_unique<reference::ReferenceTrainer>(updater_config);
   initial_weights_ = evaluator_->Weights();  // before any SetWeights
 }
 
@@ -30,6 +32,7 @@ const reference::TrainResult& Oracle::FreeRunning() {
   if (!free_running_) {
     auto config = config_;
     config.record_gradients = false;  // gradients are judged at the pipeline's weights instead
+    config.boundary_layers.clear();   // and boundaries too
     free_running_ = reference::ReferenceTrainer(config).Train();
   }
   return *free_running_;
@@ -40,6 +43,7 @@ const reference::TrainResult& Oracle::Envelope() {
     auto config = config_;
     config.microbatches = microbatches_;
     config.record_gradients = false;
+    config.boundary_layers.clear();
     envelope_ = reference::ReferenceTrainer(config).Train();
   }
   return *envelope_;

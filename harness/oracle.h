@@ -26,7 +26,11 @@ class Oracle {
   // The initial weights every trainer must start from.
   const reference::NamedTensors& InitialWeights() const;
 
-  // Loss and (clipped) gradients of step k's batch at `weights`. Call for k = 0, 1, ... in order.
+  // The configuration every reference run starts from (boundary_layers: what EvaluateAt taps).
+  const reference::TrainConfig& config() const { return config_; }
+
+  // Loss and (clipped) gradients of step k's batch at `weights`, and the hidden states (with
+  // their gradients) entering config().boundary_layers. Call for k = 0, 1, ... in order.
   reference::StepRecord EvaluateAt(const reference::NamedTensors& weights, int64_t step);
 
   // Weights after one optimizer step from `weights` applying `gradients`. Optimizer state

@@ -1,6 +1,8 @@
 // Pipeline-versus-reference comparison (see parity.h).
 #include "harness/parity.h"
 
+#include "harness/boundaries.h"
+#include "harness/comm_check.h"
 #include "harness/measurements.h"
 
 #include "harness/scenario_model.h"
@@ -73,7 +75,17 @@ std::map<std::string, std::string> ScenarioColumns(const scenarios::Scenario& s)
 
 // Evidence, ordered as it appears: per-step evidence (step, kind) before the trajectory, so the
 // first problem is the earliest wrong thing.
-enum class Evidence { kStartWeights = 0, kLoss = 1, kGradients = 2, kUpdate = 3, kTrajectory = 4 };
+// Within a step, a message off the plan, then a wrong boundary tensor, come before the loss and
+// gradients they made wrong.
+enum class Evidence {
+  kStartWeights = 0,
+  kCommunication = 1,
+  kBoundary = 2,
+  kLoss = 3,
+  kGradients = 4,
+  kUpdate = 5,
+  kTrajectory = 6
+};
 
 class Problems {
  public:
@@ -354,9 +366,40 @@ void ParamRows(const ParityInput& input, const Verdicts& verdicts, reports::Scen
   }
 }
 
+// 2d. The tensors that crossed stage boundaries in step k against the reference's (boundaries.h).
+// Judged when the ranks fingerprinted any, which needs an oracle tapping the same boundaries.
+void JudgeStepBoundaries(const ParityInput& input, size_t step, const reference::StepRecord& at_pipeline,
+                         Verdicts& verdicts, reports::ScenarioReport& report) {
+  const bool recorded = std::any_of(input.ranks.begin(), input.ranks.end(),
+                                    [](const pipeline::RankResult& rank) { return !rank.boundaries.empty(); });
+  if (!recorded) return;
+  const auto config = ToPipelineConfig(input.scenario);
+  const auto slices = pipeline::StageSlicesOf(config, input.schedule.shape);
+  TORCH_CHECK(input.oracle.config().boundary_layers == BoundaryLayers(slices),
+              "the oracle must tap the pipeline's stage boundaries to judge them");
+  const auto batch = reference::MakeBatch(input.oracle.config().data, input.oracle.config().seed,
+                                          static_cast<int64_t>(step));
+  auto verdict = JudgeBoundaries({input.scenario.name, step, input.ranks, at_pipeline, batch, config.microbatches,
+                                  slices, config.train.dtype, input.scenario.tol});
+  report.boundaries.insert(report.boundaries.end(), verdict.rows.begin(), verdict.rows.end());
+  if (!verdict.first_problem.empty()) verdicts.problems.Add(step, Evidence::kBoundary, verdict.first_problem);
+}
+
+// 2e. The messages every rank posted against the plan (comm_check.h).
+void JudgeCommunication(const ParityInput& input, Verdicts& verdicts, reports::ScenarioReport& report) {
+  const auto config = ToPipelineConfig(input.scenario);
+  auto verdict = CheckCommunication({input.scenario.name, config, input.schedule, input.ranks});
+  report.comm = std::move(verdict.rows);
+  for (size_t step = 0; step < verdict.first_problem.size(); ++step) {
+    if (!verdict.first_problem[step].empty()) {
+      verdicts.problems.Add(step, Evidence::kCommunication, verdict.first_problem[step]);
+    }
+  }
+}
+
 // Steps 1 and 2 of the header comment, every step in order. Returns the pipeline's final
 // weights (one copy per name), already checked for finiteness and identical tied copies.
-NamedTensors JudgeSteps(const ParityInput& input, Verdicts& verdicts) {
+NamedTensors JudgeSteps(const ParityInput& input, Verdicts& verdicts, reports::ScenarioReport& report) {
   const auto& scenario = input.scenario;
   const size_t steps = static_cast<size_t>(scenario.steps);
   const auto& loss_rank = LossRank(input.ranks);
@@ -369,6 +412,7 @@ NamedTensors JudgeSteps(const ParityInput& input, Verdicts& verdicts) {
       verdicts.diverged = fmt::format("reference diverged at step {} at the pipeline's weights: {}", k, diverged);
       return NamedTensors();
     }
+    JudgeStepBoundaries(input, k, at_pipeline, verdicts, report);
     JudgeLoss(k, LossAt(loss_rank, k), at_pipeline.loss, scenario.tol, verdicts);
     JudgeGradients(k, input.ranks, at_pipeline.gradients, scenario, verdicts);
     const auto predicted = input.oracle.UpdateFrom(start, AppliedGradients(input.ranks, k));
@@ -417,9 +461,10 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
     }
   }
   Verdicts verdicts;
-  const NamedTensors final_pp = JudgeSteps(input, verdicts);
-  if (!verdicts.diverged.empty()) return FailedScenarioReport(scenario, "ERROR", verdicts.diverged);
   reports::ScenarioReport report;
+  JudgeCommunication(input, verdicts, report);
+  const NamedTensors final_pp = JudgeSteps(input, verdicts, report);
+  if (!verdicts.diverged.empty()) return FailedScenarioReport(scenario, "ERROR", verdicts.diverged);
   report.summary = ScenarioColumns(scenario);
   JudgeTrajectory(input.ranks, final_pp, input.oracle, scenario, report, verdicts);
   ParamRows(input, verdicts, report);

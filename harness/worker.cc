@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "harness/boundaries.h"
 #include "harness/errors.h"
 #include "harness/parity.h"
 #include "harness/scenario_model.h"
@@ -80,8 +81,10 @@ pipeline::RendezvousOptions ReadRendezvous(int expected_world_size) {
 // Rank 0's part after the pipeline: the reference, the comparison, the reports.
 int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::PipelineConfig& config,
                      const std::vector<pipeline::RankResult>& ranks, const std::string& out) {
-  Oracle oracle(config.train, config.microbatches);
   const auto schedule = pipeline::BuildSchedule(config);
+  auto oracle_config = config.train;
+  oracle_config.boundary_layers = BoundaryLayers(pipeline::StageSlicesOf(config, schedule.shape));
+  Oracle oracle(oracle_config, config.microbatches);
   const auto simulation = pipeline::ValidateSchedule(schedule);
   const auto memory = pipeline::PredictMemory(config, schedule);
   const auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, memory});

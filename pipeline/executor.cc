@@ -49,6 +49,7 @@ struct WeightWork {
 // removed by the action that consumes it, so an empty state at the end proves the list did
 // all its work.
 struct Executor::StepState {
+  int64_t step = 0;
   reference::Batch batch;
   std::vector<reference::Batch> microbatches;
   std::map<StageMicrobatch, torch::Tensor> inputs;       // leaf inputs of non-first stages
@@ -58,6 +59,7 @@ struct Executor::StepState {
   std::map<StageMicrobatch, WeightWork> weight_work;     // I done, W not yet: what W starts from
   std::map<std::tuple<Direction, int, int>, std::unique_ptr<PendingRecv>> receives;  // posted
   std::map<std::tuple<Direction, int, int>, torch::Tensor> arrived;                   // not yet used
+  std::map<std::tuple<Direction, int, int>, std::unique_ptr<PendingRecv>> copies;    // duplicate_send's, drained
   // The send in flight per (peer, direction): the next one to the same place waits for it.
   std::map<std::pair<int, Direction>, std::unique_ptr<PendingSend>> sends;
   std::map<std::pair<int, Direction>, int> send_group;         // the group each of `sends` went in
@@ -65,6 +67,8 @@ struct Executor::StepState {
   int group = 0;        // groups issued so far
   int group_peer = -1;  // the open group's peer; -1 when none is open
   torch::Tensor loss_sum;  // 0-dim float64 on the device
+  std::vector<BoundaryRecord> probes;    // fingerprints without their numbers yet
+  std::vector<torch::Tensor> probe_values;  // their numbers, (4) each, still on the device (else undefined)
 };
 
 Executor::Executor(const PipelineConfig& config, const Schedule& schedule, Stages& stages, Transport& transport,
@@ -94,10 +98,12 @@ void Executor::Forward(const Action& action, StepState& state) {
   } else if (OnThisRank(s - 1)) {
     input = state.outputs.at({s - 1, mb}).detach().requires_grad_(true);  // (b, t, hidden)
     state.inputs[{s, mb}] = input;
+    Probe(input, Direction::kActivation, s, mb, BoundaryRole::kHandedOver, -1, state);
   } else {
     input = TakeArrived(Direction::kActivation, action, state);  // (b, t, hidden)
     if (faults_.KeepsInputGraph()) input.requires_grad_(true);
     state.inputs[{s, mb}] = input;
+    Probe(input, Direction::kActivation, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s - 1), state);
   }
   auto context = reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(), config_.train.dtype,
                                                  device);
@@ -127,8 +133,11 @@ Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepStat
   if (OnThisRank(s + 1)) {
     start.gradient = state.input_grads.at({s + 1, mb});
     state.input_grads.erase({s + 1, mb});
+    Probe(start.gradient, Direction::kGradient, s, mb, BoundaryRole::kHandedOver, -1, state);
   } else {
     start.gradient = TakeArrived(Direction::kGradient, action, state);  // (b, t, hidden)
+    Probe(start.gradient, Direction::kGradient, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s + 1),
+          state);
   }
   start.root = state.outputs.at({s, mb});
   state.outputs.erase({s, mb});
@@ -211,9 +220,13 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
 
 void Executor::RecvForward(const Action& action, StepState& state) {
   const int s = action.stage, mb = action.microbatch;
+  const int peer = schedule_.shape.RankOfStage(s - 1), tag = MessageTag(Direction::kActivation, s, mb);
   state.receives[{Direction::kActivation, s, mb}] =
-      transport_.Recv(schedule_.shape.RankOfStage(s - 1), MessageTag(Direction::kActivation, s, mb),
-                      config_.train.device, PlannedMessage(mb, state));
+      transport_.Recv(peer, tag, config_.train.device, PlannedMessage(mb, state));
+  if (faults_.DuplicatesSends()) {
+    state.copies[{Direction::kActivation, s, mb}] =
+        transport_.Recv(peer, tag, config_.train.device, PlannedMessage(mb, state));
+  }
 }
 
 void Executor::RecvBackward(const Action& action, StepState& state) {
@@ -232,11 +245,14 @@ void Executor::SendForward(const Action& action, StepState& state) {
     // send_buffer_reuse: the activation goes out through a staging buffer that is overwritten at
     // once (as a pool handing it back early would), so the peer gets whatever it holds then.
     auto buffer = output.detach().clone();  // (b, t, hidden)
+    Probe(buffer, Direction::kActivation, s + 1, mb, BoundaryRole::kSent, peer, state);
     IssueSend(buffer, peer, Direction::kActivation, tag, state);
     buffer.zero_();
     return;
   }
+  Probe(output, Direction::kActivation, s + 1, mb, BoundaryRole::kSent, peer, state);
   IssueSend(output.detach(), peer, Direction::kActivation, tag, state);
+  if (faults_.DuplicatesSends()) IssueSend(output.detach(), peer, Direction::kActivation, tag, state);
   ReleaseOutputData(output);  // the send's buffer keeps the data alive only until it has left
 }
 
@@ -244,8 +260,23 @@ void Executor::SendBackward(const Action& action, StepState& state) {
   const int s = action.stage, mb = action.microbatch;
   auto gradient = state.input_grads.at({s, mb});
   state.input_grads.erase({s, mb});
-  IssueSend(gradient, schedule_.shape.RankOfStage(s - 1), Direction::kGradient,
-            MessageTag(Direction::kGradient, s - 1, mb), state);
+  const int peer = schedule_.shape.RankOfStage(s - 1);
+  Probe(gradient, Direction::kGradient, s - 1, mb, BoundaryRole::kSent, peer, state);
+  IssueSend(gradient, peer, Direction::kGradient, MessageTag(Direction::kGradient, s - 1, mb), state);
+}
+
+void Executor::Probe(const torch::Tensor& tensor, Direction direction, int stage, int microbatch, BoundaryRole role,
+                     int peer, StepState& state) {
+  state.probes.push_back({state.step, microbatch, stage, direction, role, peer, reference::StartFingerprint(tensor)});
+  auto values = reference::FingerprintValues(tensor);
+  if (values.is_cuda()) {
+    state.probe_values.push_back(values);  // read with the others at the step's end: no wait for the device now
+  } else {
+    // On the host the numbers are ready: read now, so no fingerprint is held (the memory meter
+    // would count it against the model's prediction).
+    reference::FillValues(state.probes.back().fingerprint, values);
+    state.probe_values.emplace_back();
+  }
 }
 
 // Messages of one (peer, direction) are consumed in the order they were sent, so the previous
@@ -293,6 +324,11 @@ void Executor::AwaitInput(const Action& action, StepState& state) {
   if (received == state.receives.end()) return;  // a local handoff, or a missing receive reported later
   state.arrived[{direction, s, mb}] = faults_.ReceivedMessage(received->second->Wait(), direction);
   state.receives.erase(received);
+  auto copy = state.copies.find({direction, s, mb});
+  if (copy != state.copies.end()) {
+    copy->second->Wait();  // duplicate_send: the copy is drained and dropped
+    state.copies.erase(copy);
+  }
 }
 
 torch::Tensor Executor::TakeArrived(Direction direction, const Action& action, StepState& state) {
@@ -318,9 +354,24 @@ void Executor::Dispatch(const Action& action, StepState& state) {
   TORCH_CHECK(false, "rank ", transport_.rank(), ": action ", action.ToString(), " has no executor function");
 }
 
+// The step's fingerprints, their numbers read from the device at once.
+void Executor::ReadProbes(StepState& state, std::vector<BoundaryRecord>& boundaries) {
+  std::vector<torch::Tensor> pending;
+  for (const auto& values : state.probe_values) {
+    if (values.defined()) pending.push_back(values);
+  }
+  const auto read = pending.empty() ? torch::Tensor() : torch::stack(pending).cpu();  // (pending, 4) float64
+  int64_t next = 0;
+  for (size_t i = 0; i < state.probes.size(); ++i) {
+    if (state.probe_values[i].defined()) reference::FillValues(state.probes[i].fingerprint, read[next++]);
+    boundaries.push_back(state.probes[i]);
+  }
+}
+
 torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const reference::StepWindow& window,
-                            std::vector<ActionTiming>& timeline) {
+                            std::vector<ActionTiming>& timeline, std::vector<BoundaryRecord>& boundaries) {
   StepState state;
+  state.step = step;
   state.batch = batch;
   state.microbatches = reference::SplitMicrobatches(batch, config_.microbatches);
   faults_.BeginStep();
@@ -362,6 +413,7 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
   state.sends.clear();
   state.grouped_sends.clear();
   transport_.CheckReceived();
+  ReadProbes(state, boundaries);
   const double origin_us = clock_.Microseconds(origin);
   for (size_t i = 0; i < marks.size(); ++i) {
     ActionTiming& timing = timeline[first_timing + i];

@@ -41,10 +41,12 @@ class Executor {
   ~Executor();
 
   // Runs this rank's actions for `step` on `batch`, appending each action's timing (and the
-  // bytes `window` says the trainer holds after it) to `timeline`. Returns the step's loss as a
-  // 0-dim float64 tensor on the device, read by nobody here (undefined without the head).
+  // bytes `window` says the trainer holds after it) to `timeline`, and the fingerprint of every
+  // tensor it sent, received or handed over across a stage boundary to `boundaries`. Returns
+  // the step's loss as a 0-dim float64 tensor on the device, read by nobody here (undefined
+  // without the head).
   torch::Tensor Run(int64_t step, const reference::Batch& batch, const reference::StepWindow& window,
-                    std::vector<ActionTiming>& timeline);
+                    std::vector<ActionTiming>& timeline, std::vector<BoundaryRecord>& boundaries);
 
   // Where the run's clock starts: each step's start (ActionTiming::step_start_us) is timed from
   // `origin`. PipelineTrainer::Train puts every rank on one clock with it.
@@ -78,9 +80,13 @@ class Executor {
   // The input gradient a stage hands back (zeros under the faults that lose it).
   void KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input, StepState& state);
   void IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state);
+  // Fingerprints a boundary tensor as it is now (the numbers are read once, at the step's end).
+  void Probe(const torch::Tensor& tensor, Direction direction, int stage, int microbatch, BoundaryRole role, int peer,
+             StepState& state);
   bool OnThisRank(int stage) const;
   int PeerOf(const Action& action) const;  // the rank a communication action talks to; -1 for compute
   void EndGroup(StepState& state);
+  void ReadProbes(StepState& state, std::vector<BoundaryRecord>& boundaries);
 
   std::chrono::steady_clock::time_point clock_origin_ = std::chrono::steady_clock::now();
   const PipelineConfig& config_;

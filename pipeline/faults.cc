@@ -19,7 +19,8 @@ const std::vector<std::string>& FaultNames() {
       "zero_grad_per_microbatch", "drop_microbatch", "local_clip",    "tied_norm_twice",
       "skip_tied_sync", "stale_shape",    "optimizer_state_reset",    "send_before_recv",
       "crash_rank",     "hang_rank",      "clip_before_tied_sync",    "double_grad_scaling",
-      "send_buffer_reuse", "zb_shared_weight_grad_twice", "swap_boundary_shapes"};
+      "send_buffer_reuse", "zb_shared_weight_grad_twice", "swap_boundary_shapes",
+      "duplicate_send"};
   return names;
 }
 

@@ -39,6 +39,7 @@ enum class Fault {
   kSendBufferReuse,         // an activation's send buffer overwritten before its send completed
   kZbSharedWeightGradTwice, // a split backward's W adds the tied embedding's gradient twice (PyTorch #180952)
   kSwapBoundaryShapes,      // a boundary message's header states the other direction's last shape (Megatron MCORE-382)
+  kDuplicateSend,           // every activation sent twice, the copy drained by its receiver (a retry that re-sends)
 };
 
 // Names as the scenario column spells them, "none" first, in enum order. The only list.
@@ -85,6 +86,10 @@ class Faults {
   void AfterWeightGradient(const torch::nn::Module& module, const torch::Tensor& before) const;
   // send_buffer_reuse: the bytes the peer receives for an activation send (see faults.cc).
   bool ReusesSendBuffer() const { return fault_ == Fault::kSendBufferReuse; }
+  // duplicate_send: each activation goes out twice and the receiver posts a second receive for
+  // the copy and drops it, as a retry wrapper that re-sends a delivered message would (and its
+  // receiver-side counterpart). Every number stays right; only the communication check sees it.
+  bool DuplicatesSends() const { return fault_ == Fault::kDuplicateSend; }
   // optimizer_state_reset: the optimizer is rebuilt at every step.
   bool ResetsOptimizer() const { return fault_ == Fault::kOptimizerStateReset; }
   // clip_before_tied_sync: the clipping norm is taken before the tied sum.

@@ -3,6 +3,8 @@
 
 #include <torch/serialize.h>
 
+#include <algorithm>
+
 namespace pipecheck::pipeline {
 
 std::string StageCopyKey(const std::string& name, int stage) { return name + "@stage" + std::to_string(stage); }
@@ -10,6 +12,9 @@ std::string StageCopyKey(const std::string& name, int stage) { return name + "@s
 std::string ParameterName(const std::string& key) { return key.substr(0, key.find("@stage")); }
 
 namespace {
+
+// A message record travels as step, send, peer, tag, dtype, dims, bytes, then 8 sizes.
+constexpr size_t kMessageFields = 7 + kMaxMessageDims;
 
 c10::List<torch::Tensor> TensorsOf(const reference::NamedTensors& tensors) {
   c10::List<torch::Tensor> list;
@@ -83,6 +88,30 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
                                      t.step_start_us});
   }
   dict.insert("timeline", Doubles(timeline));
+  std::vector<double> boundaries;
+  std::vector<int64_t> hashes;
+  for (const auto& b : result.boundaries) {
+    const auto& f = b.fingerprint;
+    boundaries.insert(boundaries.end(), {static_cast<double>(b.step), static_cast<double>(b.microbatch),
+                                         static_cast<double>(b.stage), static_cast<double>(b.direction),
+                                         static_cast<double>(b.role), static_cast<double>(b.peer), f.sum, f.norm,
+                                         f.max_abs, f.row_weighted_sum, static_cast<double>(f.numel),
+                                         static_cast<double>(f.rows), f.hashed ? 1.0 : 0.0});
+    hashes.push_back(static_cast<int64_t>(f.hash));
+  }
+  dict.insert("boundaries", Doubles(boundaries));
+  dict.insert("boundary_hashes", c10::List<int64_t>(hashes));
+  std::vector<int64_t> messages;
+  for (const auto& m : result.messages) {
+    std::vector<int64_t> fields = {m.step, m.send ? 1 : 0, m.peer, m.tag, static_cast<int64_t>(m.shape.dtype),
+                                   static_cast<int64_t>(m.shape.sizes.size()), m.bytes};
+    fields.resize(kMessageFields - kMaxMessageDims, 0);
+    for (int d = 0; d < kMaxMessageDims; ++d) {
+      fields.push_back(d < static_cast<int>(m.shape.sizes.size()) ? m.shape.sizes[d] : 0);
+    }
+    messages.insert(messages.end(), fields.begin(), fields.end());
+  }
+  dict.insert("messages", c10::List<int64_t>(messages));
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
   return torch::from_blob(const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kUInt8).clone();
 }
@@ -109,6 +138,27 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
                   static_cast<int>(timeline[i + 3])};
     result.timeline.push_back({static_cast<int64_t>(timeline[i]), action, timeline[i + 4], timeline[i + 5],
                                static_cast<int64_t>(timeline[i + 6]), timeline[i + 7], timeline[i + 8]});
+  }
+  const auto boundaries = ToDoubles(dict.at("boundaries").toTensor());
+  const auto hashes = dict.at("boundary_hashes").toIntVector();
+  constexpr size_t kBoundaryFields = 13;
+  for (size_t i = 0, k = 0; i + kBoundaryFields <= boundaries.size(); i += kBoundaryFields, ++k) {
+    const double* b = boundaries.data() + i;
+    BoundaryRecord record{static_cast<int64_t>(b[0]), static_cast<int>(b[1]), static_cast<int>(b[2]),
+                          static_cast<Direction>(static_cast<int>(b[3])), static_cast<BoundaryRole>(static_cast<int>(b[4])),
+                          static_cast<int>(b[5]), {}};
+    record.fingerprint = {b[6], b[7], b[8], b[9], static_cast<int64_t>(b[10]), static_cast<int64_t>(b[11]),
+                          b[12] != 0.0, static_cast<uint64_t>(hashes.at(k))};
+    result.boundaries.push_back(record);
+  }
+  const auto messages = dict.at("messages").toIntVector();
+  for (size_t i = 0; i + kMessageFields <= messages.size(); i += kMessageFields) {
+    const int64_t* m = messages.data() + i;
+    const int64_t dims = std::min<int64_t>(std::max<int64_t>(m[5], 0), kMaxMessageDims);
+    const int64_t* sizes = m + kMessageFields - kMaxMessageDims;
+    result.messages.push_back({m[0], m[1] != 0, static_cast<int>(m[2]), static_cast<int>(m[3]),
+                               MessageShape{static_cast<torch::ScalarType>(m[4]), std::vector<int64_t>(sizes, sizes + dims)},
+                               m[6]});
   }
   return result;
 }

@@ -8,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/comm_record.h"
 #include "pipeline/schedule.h"
 #include "pipeline/transport.h"
+#include "reference/fingerprint.h"
 #include "reference/trainer.h"
 
 namespace pipecheck::pipeline {
@@ -25,6 +27,21 @@ struct ActionTiming {
   double step_start_us = 0.0;  // when the step started, on the run's clock (see Executor::StartClock)
 };
 
+// Where a rank fingerprinted a tensor crossing a stage boundary.
+enum class BoundaryRole { kSent = 0, kReceived = 1, kHandedOver = 2 };  // handed over: both stages on this rank
+
+// One boundary tensor as a rank saw it: the activation going into `stage`, or the gradient
+// coming back into `stage` (its output's gradient, from stage + 1).
+struct BoundaryRecord {
+  int64_t step = 0;
+  int microbatch = 0;
+  int stage = 0;
+  Direction direction = Direction::kActivation;
+  BoundaryRole role = BoundaryRole::kReceived;
+  int peer = -1;  // the rank it went to or came from; -1 when handed over
+  reference::Fingerprint fingerprint;
+};
+
 // What one rank produced over the whole run.
 struct RankResult {
   int rank = 0;
@@ -37,6 +54,8 @@ struct RankResult {
   std::vector<reference::NamedTensors> weights;    // per step, the weights the step started from
   reference::NamedTensors final_weights;
   std::vector<ActionTiming> timeline;
+  std::vector<BoundaryRecord> boundaries;  // every step's, in the order the rank met them
+  std::vector<MessageRecord> messages;     // every step's, in the order the rank posted them
 };
 
 // A rank records one entry per parameter name; a name that two of its stages hold (the tied

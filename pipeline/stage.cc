@@ -6,9 +6,13 @@
 
 namespace pipecheck::pipeline {
 
+std::vector<reference::SliceSpec> StageSlicesOf(const PipelineConfig& config, const PipelineShape& shape) {
+  return StageSlices(PartitionLayers(config.train.model, shape.stages(), config.partition));
+}
+
 Stages BuildStages(const PipelineConfig& config, const PipelineShape& shape, int rank) {
   const auto& model = config.train.model;
-  const auto slices = StageSlices(PartitionLayers(model, shape.stages(), config.partition));
+  const auto slices = StageSlicesOf(config, shape);
   Stages stages;
   for (int s = 0; s < shape.stages(); ++s) {
     if (shape.RankOfStage(s) != rank) continue;

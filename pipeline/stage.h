@@ -37,6 +37,9 @@ struct Stage {
 
 using Stages = std::vector<std::unique_ptr<Stage>>;  // a rank's stages, ascending
 
+// Every stage's slice of the model (layers, embedding, head), partitioned as the configuration says.
+std::vector<reference::SliceSpec> StageSlicesOf(const PipelineConfig& config, const PipelineShape& shape);
+
 // The stages `shape` places on `rank`, partitioned as the configuration says.
 Stages BuildStages(const PipelineConfig& config, const PipelineShape& shape, int rank);
 

@@ -101,15 +101,18 @@ void PipelineTrainer::AlignClocks() {
 void PipelineTrainer::Step(int64_t step, RankResult& result) {
   if (config_.train.record_gradients) result.weights.push_back(WeightCopies());
   accumulator_->Begin();
+  transport_.Start(step);
   if (faults_.ResetsOptimizer()) {
     for (auto& stage : stages_) stage->optimizer = reference::MakeOptimizer(config_.train.optimizer, stage->parameters);
   }
   reference::StepWindow window(baseline_bytes_, config_.train.device);
   const auto batch = reference::MakeBatch(config_.train.data, config_.train.seed, step);
-  const torch::Tensor loss = executor_->Run(step, batch, window, result.timeline);
+  const torch::Tensor loss = executor_->Run(step, batch, window, result.timeline, result.boundaries);
   accumulator_->Finish();
   faults_.AfterAccumulation(OwnedParameters());
   SynchroniseGradients(result);
+  const auto messages = transport_.Stop();
+  result.messages.insert(result.messages.end(), messages.begin(), messages.end());
   window.PauseForCopies();
   if (config_.train.record_gradients) result.gradients.push_back(GradientCopies());
   window.ResumeAfterCopies();

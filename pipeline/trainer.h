@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/comm_record.h"
 #include "pipeline/executor.h"
 #include "pipeline/faults.h"
 #include "pipeline/rank_result.h"
@@ -47,7 +48,7 @@ class PipelineTrainer {
   void AlignClocks();  // sets the executor's clock origin, the same instant on every rank
 
   PipelineConfig config_;
-  Transport& transport_;
+  RecordingTransport transport_;  // every step's messages recorded, for the communication check
   Faults faults_;
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending

@@ -58,9 +58,20 @@ torch::Tensor TransformerSliceImpl::Head(const torch::Tensor& hidden) {
 }
 
 torch::Tensor TransformerSliceImpl::forward(const torch::Tensor& input, const AttentionContext& context) {
+  taps_.clear();
   auto x = spec_.has_embedding ? Embed(input) : input;  // (B, T, hidden)
-  for (auto& block : blocks_) x = block->forward(x, context);
+  Tap(spec_.first_layer, x);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    x = blocks_[i]->forward(x, context);
+    Tap(spec_.first_layer + static_cast<int64_t>(i) + 1, x);
+  }
   return spec_.has_head ? Head(x) : x;
+}
+
+void TransformerSliceImpl::Tap(int64_t layer, const torch::Tensor& hidden) {
+  if (!tapped_layers_.count(layer)) return;
+  if (hidden.requires_grad()) const_cast<torch::Tensor&>(hidden).retain_grad();
+  taps_[layer] = hidden;
 }
 
 void TransformerSliceImpl::pretty_print(std::ostream& stream) const {

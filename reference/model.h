@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,11 +36,20 @@ class TransformerSliceImpl : public torch::nn::Module {
 
   const ModelConfig& config() const { return config_; }
   const SliceSpec& spec() const { return spec_; }
+
+  // Boundary taps: every forward then keeps the hidden state entering each listed layer (the
+  // embedding's output for the slice's first layer, the last block's output for its end), with
+  // its gradient retained by the backward, so a pipeline's stage boundaries can be cut out of a
+  // whole-model run. Layers outside [first_layer, end_layer] are never reached.
+  void SetTaps(const std::vector<int64_t>& layers) { tapped_layers_ = {layers.begin(), layers.end()}; }
+  // What the last forward kept, by layer: (B, T, hidden) each; handed over and forgotten here.
+  std::map<int64_t, torch::Tensor> TakeTaps() { return std::move(taps_); }
   void pretty_print(std::ostream& stream) const override;
 
  private:
   torch::Tensor Embed(const torch::Tensor& tokens);
   torch::Tensor Head(const torch::Tensor& hidden);
+  void Tap(int64_t layer, const torch::Tensor& hidden);
 
   ModelConfig config_;
   SliceSpec spec_;
@@ -47,6 +58,8 @@ class TransformerSliceImpl : public torch::nn::Module {
   std::vector<TransformerBlock> blocks_;
   Norm norm_{nullptr};
   torch::nn::Linear output_{nullptr};  // untied only
+  std::set<int64_t> tapped_layers_;
+  std::map<int64_t, torch::Tensor> taps_;
 };
 TORCH_MODULE(TransformerSlice);
 

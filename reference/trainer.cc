@@ -55,7 +55,10 @@ ReferenceTrainer::ReferenceTrainer(const TrainConfig& config) : config_(config),
   CheckDtypeSupported(config.dtype, config.device);
   TORCH_CHECK(config.microbatches >= 1 && config.microbatches <= config.data.batch, "the reference accumulates over ",
               config.microbatches, " microbatches, which needs 1 to batch (", config.data.batch, ")");
+  TORCH_CHECK(config.boundary_layers.empty() || config.microbatches == 1,
+              "boundary taps need the whole batch in one piece (microbatches 1, not ", config.microbatches, ")");
   model_ = BuildSlice(config.model, WholeModel(config.model), config.seed, config.dtype, config.device);
+  model_->SetTaps(config.boundary_layers);
   parameters_ = model_->parameters();
   optimizer_ = MakeOptimizer(config.optimizer, parameters_);
   accumulator_ = std::make_unique<GradientAccumulator>(parameters_);
@@ -80,6 +83,7 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step) {
   record.tokens = batch.valid_tokens;
   if (config_.microbatches == 1) {
     record.loss = ForwardBackward(batch).item<double>();
+    for (auto& [layer, hidden] : model_->TakeTaps()) record.boundaries[layer] = {hidden.detach(), hidden.grad()};
   } else {
     // The pipeline's arithmetic: microbatches in order, each normalised by the whole batch. The
     // loss is summed on the device and read once (a read per microbatch would wait for the GPU).

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,15 @@ struct TrainConfig {
   // microbatches one after another with gradients accumulated, the arithmetic a pipeline does;
   // used to measure how far rounding alone moves a free-running trajectory.
   int64_t microbatches = 1;
+  // Layers whose incoming hidden state (and its gradient) each whole-batch step keeps in
+  // StepRecord::boundaries: a pipeline's stage boundaries, for fingerprint comparisons.
+  std::vector<int64_t> boundary_layers;
+};
+
+// The hidden state entering one layer over the whole batch, and the loss's gradient there.
+struct BoundaryTensors {
+  torch::Tensor activation;  // (B, T, hidden)
+  torch::Tensor gradient;    // (B, T, hidden); undefined if none reached it
 };
 
 struct StepRecord {
@@ -46,6 +56,7 @@ struct StepRecord {
   int64_t tokens = 0;      // labelled tokens of the batch
   int64_t peak_bytes = -1; // tensor bytes the trainer held at most during the step; -1 unmetered
   NamedTensors gradients;  // the gradients the optimizer applied (empty unless recorded)
+  std::map<int64_t, BoundaryTensors> boundaries;  // by layer (TrainConfig::boundary_layers)
 };
 
 struct TrainResult {

@@ -49,6 +49,20 @@ const std::vector<std::string>& RankColumns() {
   return columns;
 }
 
+const std::vector<std::string>& BoundaryColumns() {
+  static const std::vector<std::string> columns = {
+      "scenario", "step",    "microbatch", "stage",   "direction", "role",        "rank",          "peer",      "numel",
+      "ref_norm", "pp_norm", "ref_sum",    "pp_sum",  "ref_max_abs", "pp_max_abs", "rel_err", "bitwise_equal", "ok"};
+  return columns;
+}
+
+const std::vector<std::string>& CommColumns() {
+  static const std::vector<std::string> columns = {"scenario", "rank",  "step",       "order", "op",      "peer",
+                                                   "direction", "stage", "microbatch", "dtype", "shape",   "bytes",
+                                                   "planned",   "ok"};
+  return columns;
+}
+
 const std::string& ScenarioReport::Get(const std::string& column) const {
   static const std::string empty;
   auto found = summary.find(column);
@@ -67,6 +81,8 @@ std::string ToJson(const ScenarioReport& report) {
   json["steps"] = report.steps;
   json["timeline"] = report.timeline;
   json["ranks"] = report.ranks;
+  json["boundaries"] = report.boundaries;
+  json["comm"] = report.comm;
   return json.dump();
 }
 
@@ -78,13 +94,15 @@ ScenarioReport FromJson(const std::string& text) {
   report.steps = json.at("steps").get<std::vector<std::vector<std::string>>>();
   report.timeline = json.at("timeline").get<std::vector<std::vector<std::string>>>();
   report.ranks = json.at("ranks").get<std::vector<std::vector<std::string>>>();
+  report.boundaries = json.value("boundaries", std::vector<std::vector<std::string>>{});
+  report.comm = json.value("comm", std::vector<std::vector<std::string>>{});
   return report;
 }
 
 std::vector<std::string> WriteReports(const std::string& directory, const std::vector<ScenarioReport>& reports) {
   std::filesystem::create_directories(directory);
   CsvTable summary(SummaryColumns()), params(ParamColumns()), steps(StepColumns()), ranks(RankColumns()),
-      timeline(TimelineColumns());
+      timeline(TimelineColumns()), boundaries(BoundaryColumns()), comm(CommColumns());
   for (const auto& report : reports) {
     std::vector<std::string> row;
     for (const auto& column : SummaryColumns()) row.push_back(report.Get(column));
@@ -93,16 +111,21 @@ std::vector<std::string> WriteReports(const std::string& directory, const std::v
     for (const auto& step : report.steps) steps.AddRow(step);
     for (const auto& rank : report.ranks) ranks.AddRow(rank);
     for (const auto& event : report.timeline) timeline.AddRow(event);
+    for (const auto& row : report.boundaries) boundaries.AddRow(row);
+    for (const auto& row : report.comm) comm.AddRow(row);
   }
   const std::filesystem::path out(directory);
   std::vector<std::string> paths = {(out / "summary.csv").string(), (out / "params.csv").string(),
                                     (out / "steps.csv").string(), (out / "ranks.csv").string(),
-                                    (out / "timeline.csv").string()};
+                                    (out / "timeline.csv").string(), (out / "boundaries.csv").string(),
+                                    (out / "comm.csv").string()};
   WriteFileAtomically(paths[0], summary.ToString());
   WriteFileAtomically(paths[1], params.ToString());
   WriteFileAtomically(paths[2], steps.ToString());
   WriteFileAtomically(paths[3], ranks.ToString());
   WriteFileAtomically(paths[4], timeline.ToString());
+  WriteFileAtomically(paths[5], boundaries.ToString());
+  WriteFileAtomically(paths[6], comm.ToString());
   return paths;
 }
 

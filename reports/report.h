@@ -1,5 +1,6 @@
 // The rows one scenario contributes to the run's reports, with the column sets of DESIGN.md
-// §7 defined once, and the writers for summary.csv, params.csv, steps.csv, ranks.csv and timeline.csv. A failed or
+// §7 defined once, and the writers for summary.csv, params.csv, steps.csv, ranks.csv, timeline.csv,
+// boundaries.csv and comm.csv. A failed or
 // crashed scenario keeps its summary row with every column (unmeasured ones empty) and its
 // message filled. Not a judge of parity: the harness fills the rows.
 #pragma once
@@ -15,6 +16,8 @@ const std::vector<std::string>& ParamColumns();
 const std::vector<std::string>& StepColumns();
 const std::vector<std::string>& TimelineColumns();
 const std::vector<std::string>& RankColumns();
+const std::vector<std::string>& BoundaryColumns();
+const std::vector<std::string>& CommColumns();
 
 struct ScenarioReport {
   std::map<std::string, std::string> summary;       // SummaryColumns() -> value ("" when unmeasured)
@@ -22,6 +25,8 @@ struct ScenarioReport {
   std::vector<std::vector<std::string>> steps;      // rows in StepColumns() order
   std::vector<std::vector<std::string>> timeline;   // rows in TimelineColumns() order
   std::vector<std::vector<std::string>> ranks;      // rows in RankColumns() order
+  std::vector<std::vector<std::string>> boundaries; // rows in BoundaryColumns() order
+  std::vector<std::vector<std::string>> comm;       // rows in CommColumns() order
 
   const std::string& Get(const std::string& column) const;
 };
@@ -33,7 +38,7 @@ std::string FormatNumber(double value);
 std::string ToJson(const ScenarioReport& report);
 ScenarioReport FromJson(const std::string& text);
 
-// Writes summary.csv, params.csv, steps.csv, ranks.csv and timeline.csv into `directory`
+// Writes summary.csv, params.csv, steps.csv, ranks.csv, timeline.csv, boundaries.csv and comm.csv into `directory`
 // atomically; returns their paths. (Each scenario's trace.json and timeline.svg are written
 // once, when it finishes: reports/trace.h.)
 std::vector<std::string> WriteReports(const std::string& directory, const std::vector<ScenarioReport>& reports);

@@ -1,0 +1,112 @@
+// The communication check (see comm_check.h).
+#include "harness/comm_check.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "pipeline/comm_record.h"
+#include "reference/data.h"
+
+namespace pipecheck::harness {
+namespace {
+
+using pipeline::MessageRecord;
+
+bool SameMessage(const MessageRecord& a, const MessageRecord& b) {
+  return a.send == b.send && a.peer == b.peer && a.tag == b.tag;
+}
+
+bool Matches(const MessageRecord& got, const MessageRecord& planned) {
+  return SameMessage(got, planned) && got.shape.dtype == planned.shape.dtype && got.shape.sizes == planned.shape.sizes &&
+         got.bytes == planned.bytes;
+}
+
+const char* DirectionName(int tag) {
+  switch (static_cast<pipeline::Direction>(tag / (1024 * 65536))) {
+    case pipeline::Direction::kActivation: return "activation";
+    case pipeline::Direction::kGradient: return "gradient";
+    case pipeline::Direction::kTiedGradient: return "tied_gradient";
+    case pipeline::Direction::kResult: return "result";
+  }
+  return "?";
+}
+
+// What kind of mismatch message `index` is, looking at the messages around it.
+std::string Kind(const std::vector<MessageRecord>& got, const std::vector<MessageRecord>& plan, size_t index) {
+  if (index >= plan.size()) return "an extra message";
+  if (index >= got.size()) return "a missing message";
+  if (SameMessage(got[index], plan[index])) return "a mis-shaped message";
+  if (index + 1 < got.size() && SameMessage(got[index + 1], plan[index])) return "an extra message";
+  if (index + 1 < plan.size() && SameMessage(got[index], plan[index + 1])) return "a missing message";
+  const bool planned_later = std::any_of(plan.begin() + static_cast<std::ptrdiff_t>(index), plan.end(),
+                                         [&](const MessageRecord& p) { return SameMessage(p, got[index]); });
+  return planned_later ? "a message out of order" : "a message the plan does not have";
+}
+
+std::string Mismatch(const std::vector<MessageRecord>& got, const std::vector<MessageRecord>& plan, size_t index,
+                     int rank, int64_t step) {
+  const std::string kind = Kind(got, plan, index);
+  const std::string what = index < got.size() ? "posted " + pipeline::Describe(got[index]) : "posted nothing";
+  const std::string planned = index < plan.size() ? "the plan has " + pipeline::Describe(plan[index])
+                                                  : fmt::format("the plan has only {} messages", plan.size());
+  return fmt::format("communication, step {}: rank {}'s message #{} is {}: it {}, where {} ({} messages posted, {} "
+                     "planned)",
+                     step, rank, index, kind, what, planned, got.size(), plan.size());
+}
+
+std::vector<std::string> Row(const std::string& scenario, int rank, int64_t step, size_t order,
+                             const MessageRecord* got, const MessageRecord* planned, bool ok) {
+  const MessageRecord& shown = got ? *got : *planned;
+  return {scenario,
+          std::to_string(rank),
+          std::to_string(step),
+          std::to_string(order),
+          got ? (got->send ? "send" : "recv") : "",
+          got ? std::to_string(got->peer) : "",
+          DirectionName(shown.tag),
+          std::to_string(shown.tag / 65536 % 1024),
+          std::to_string(shown.tag % 65536),
+          got ? std::string(c10::toString(got->shape.dtype)) : "",
+          got ? fmt::format("({})", fmt::join(got->shape.sizes, ", ")) : "",
+          got ? std::to_string(got->bytes) : "",
+          planned ? pipeline::Describe(*planned) : "none",
+          ok ? "1" : "0"};
+}
+
+}  // namespace
+
+CommVerdict CheckCommunication(const CommInput& input) {
+  CommVerdict verdict;
+  const int64_t steps = input.config.train.steps;
+  verdict.first_problem.resize(static_cast<size_t>(steps));
+  std::vector<size_t> first_index(static_cast<size_t>(steps), SIZE_MAX);
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto batch = reference::MakeBatch(input.config.train.data, input.config.train.seed, step);
+    for (const auto& rank : input.ranks) {
+      const auto plan = pipeline::PlannedMessages(input.config, input.schedule, rank.rank, step, batch);
+      std::vector<MessageRecord> got;
+      for (const auto& message : rank.messages) {
+        if (message.step == step) got.push_back(message);
+      }
+      bool mismatched = false;
+      for (size_t i = 0; i < std::max(got.size(), plan.size()); ++i) {
+        const MessageRecord* posted = i < got.size() ? &got[i] : nullptr;
+        const MessageRecord* planned = i < plan.size() ? &plan[i] : nullptr;
+        const bool ok = posted && planned && Matches(*posted, *planned);
+        verdict.rows.push_back(Row(input.scenario, rank.rank, step, i, posted, planned, ok));
+        if (ok || mismatched) continue;
+        mismatched = true;  // what follows a rank's first mismatch is its consequence
+        auto& first = first_index[static_cast<size_t>(step)];
+        if (i < first) {
+          first = i;
+          verdict.first_problem[static_cast<size_t>(step)] = Mismatch(got, plan, i, rank.rank, step);
+        }
+      }
+    }
+  }
+  return verdict;
+}
+
+}  // namespace pipecheck::harness
