@@ -17,10 +17,9 @@ namespace {
 using pipeline::BoundaryRecord;
 using pipeline::BoundaryRole;
 using pipeline::Direction;
+using pipeline::DirectionName;
 using reference::Fingerprint;
 using reports::FormatNumber;
-
-const char* DirectionName(Direction direction) { return direction == Direction::kActivation ? "activation" : "gradient"; }
 
 const char* RoleName(BoundaryRole role) {
   switch (role) {

@@ -23,16 +23,6 @@ bool Matches(const MessageRecord& got, const MessageRecord& planned) {
          got.bytes == planned.bytes;
 }
 
-const char* DirectionName(int tag) {
-  switch (static_cast<pipeline::Direction>(tag / (1024 * 65536))) {
-    case pipeline::Direction::kActivation: return "activation";
-    case pipeline::Direction::kGradient: return "gradient";
-    case pipeline::Direction::kTiedGradient: return "tied_gradient";
-    case pipeline::Direction::kResult: return "result";
-  }
-  return "?";
-}
-
 // What kind of mismatch message `index` is, looking at the messages around it.
 std::string Kind(const std::vector<MessageRecord>& got, const std::vector<MessageRecord>& plan, size_t index) {
   if (index >= plan.size()) return "an extra message";
@@ -58,16 +48,16 @@ std::string Mismatch(const std::vector<MessageRecord>& got, const std::vector<Me
 
 std::vector<std::string> Row(const std::string& scenario, int rank, int64_t step, size_t order,
                              const MessageRecord* got, const MessageRecord* planned, bool ok) {
-  const MessageRecord& shown = got ? *got : *planned;
+  const auto shown = pipeline::DecodeTag(got ? got->tag : planned->tag);
   return {scenario,
           std::to_string(rank),
           std::to_string(step),
           std::to_string(order),
           got ? (got->send ? "send" : "recv") : "",
           got ? std::to_string(got->peer) : "",
-          DirectionName(shown.tag),
-          std::to_string(shown.tag / 65536 % 1024),
-          std::to_string(shown.tag % 65536),
+          pipeline::DirectionName(shown.direction),
+          std::to_string(shown.stage),
+          std::to_string(shown.microbatch),
           got ? std::string(c10::toString(got->shape.dtype)) : "",
           got ? fmt::format("({})", fmt::join(got->shape.sizes, ", ")) : "",
           got ? std::to_string(got->bytes) : "",

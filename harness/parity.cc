@@ -368,13 +368,13 @@ void ParamRows(const ParityInput& input, const Verdicts& verdicts, reports::Scen
 
 // 2d. The tensors that crossed stage boundaries in step k against the reference's (boundaries.h).
 // Judged when the ranks fingerprinted any, which needs an oracle tapping the same boundaries.
-void JudgeStepBoundaries(const ParityInput& input, size_t step, const reference::StepRecord& at_pipeline,
-                         Verdicts& verdicts, reports::ScenarioReport& report) {
+void JudgeStepBoundaries(const ParityInput& input, const pipeline::PipelineConfig& config,
+                         const std::vector<reference::SliceSpec>& slices, size_t step,
+                         const reference::StepRecord& at_pipeline, Verdicts& verdicts,
+                         reports::ScenarioReport& report) {
   const bool recorded = std::any_of(input.ranks.begin(), input.ranks.end(),
                                     [](const pipeline::RankResult& rank) { return !rank.boundaries.empty(); });
   if (!recorded) return;
-  const auto config = ToPipelineConfig(input.scenario);
-  const auto slices = pipeline::StageSlicesOf(config, input.schedule.shape);
   TORCH_CHECK(input.oracle.config().boundary_layers == BoundaryLayers(slices),
               "the oracle must tap the pipeline's stage boundaries to judge them");
   const auto batch = reference::MakeBatch(input.oracle.config().data, input.oracle.config().seed,
@@ -386,8 +386,8 @@ void JudgeStepBoundaries(const ParityInput& input, size_t step, const reference:
 }
 
 // 2e. The messages every rank posted against the plan (comm_check.h).
-void JudgeCommunication(const ParityInput& input, Verdicts& verdicts, reports::ScenarioReport& report) {
-  const auto config = ToPipelineConfig(input.scenario);
+void JudgeCommunication(const ParityInput& input, const pipeline::PipelineConfig& config, Verdicts& verdicts,
+                        reports::ScenarioReport& report) {
   auto verdict = CheckCommunication({input.scenario.name, config, input.schedule, input.ranks});
   report.comm = std::move(verdict.rows);
   for (size_t step = 0; step < verdict.first_problem.size(); ++step) {
@@ -399,7 +399,9 @@ void JudgeCommunication(const ParityInput& input, Verdicts& verdicts, reports::S
 
 // Steps 1 and 2 of the header comment, every step in order. Returns the pipeline's final
 // weights (one copy per name), already checked for finiteness and identical tied copies.
-NamedTensors JudgeSteps(const ParityInput& input, Verdicts& verdicts, reports::ScenarioReport& report) {
+NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig& config, Verdicts& verdicts,
+                        reports::ScenarioReport& report) {
+  const auto slices = pipeline::StageSlicesOf(config, input.schedule.shape);
   const auto& scenario = input.scenario;
   const size_t steps = static_cast<size_t>(scenario.steps);
   const auto& loss_rank = LossRank(input.ranks);
@@ -412,7 +414,7 @@ NamedTensors JudgeSteps(const ParityInput& input, Verdicts& verdicts, reports::S
       verdicts.diverged = fmt::format("reference diverged at step {} at the pipeline's weights: {}", k, diverged);
       return NamedTensors();
     }
-    JudgeStepBoundaries(input, k, at_pipeline, verdicts, report);
+    JudgeStepBoundaries(input, config, slices, k, at_pipeline, verdicts, report);
     JudgeLoss(k, LossAt(loss_rank, k), at_pipeline.loss, scenario.tol, verdicts);
     JudgeGradients(k, input.ranks, at_pipeline.gradients, scenario, verdicts);
     const auto predicted = input.oracle.UpdateFrom(start, AppliedGradients(input.ranks, k));
@@ -462,8 +464,9 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   }
   Verdicts verdicts;
   reports::ScenarioReport report;
-  JudgeCommunication(input, verdicts, report);
-  const NamedTensors final_pp = JudgeSteps(input, verdicts, report);
+  const auto config = ToPipelineConfig(scenario);
+  JudgeCommunication(input, config, verdicts, report);
+  const NamedTensors final_pp = JudgeSteps(input, config, verdicts, report);
   if (!verdicts.diverged.empty()) return FailedScenarioReport(scenario, "ERROR", verdicts.diverged);
   report.summary = ScenarioColumns(scenario);
   JudgeTrajectory(input.ranks, final_pp, input.oracle, scenario, report, verdicts);

@@ -239,9 +239,23 @@ int MessageTag(Direction direction, int stage, int microbatch) {
   return (static_cast<int>(direction) * 1024 + stage) * 65536 + microbatch;
 }
 
+TagParts DecodeTag(int tag) {
+  return {static_cast<Direction>(tag / (1024 * 65536)), tag / 65536 % 1024, tag % 65536};
+}
+
+const char* DirectionName(Direction direction) {
+  switch (direction) {
+    case Direction::kActivation: return "activation";
+    case Direction::kGradient: return "gradient";
+    case Direction::kTiedGradient: return "tied_gradient";
+    case Direction::kResult: return "result";
+  }
+  return "?";
+}
+
 std::string DescribeTag(int tag) {
-  const int direction = tag / (1024 * 65536), stage = tag / 65536 % 1024, microbatch = tag % 65536;
-  switch (static_cast<Direction>(direction)) {
+  const auto [direction, stage, microbatch] = DecodeTag(tag);
+  switch (direction) {
     case Direction::kActivation:
       return fmt::format("the activation for stage {}, microbatch {}", stage, microbatch);
     case Direction::kGradient:

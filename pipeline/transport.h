@@ -34,6 +34,17 @@ enum class Direction { kActivation = 0, kGradient = 1, kTiedGradient = 2, kResul
 // A tag unique per (direction, stage, microbatch); stages < 1024, microbatches < 65536.
 int MessageTag(Direction direction, int stage, int microbatch);
 
+// What a tag names, read back.
+struct TagParts {
+  Direction direction;
+  int stage;
+  int microbatch;
+};
+TagParts DecodeTag(int tag);
+
+// The direction as reports spell it: activation, gradient, tied_gradient, result.
+const char* DirectionName(Direction direction);
+
 class PendingSend {
  public:
   virtual ~PendingSend() = default;
