@@ -65,6 +65,7 @@ pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& option
                                          std::to_string(options.threads_per_rank)};
   std::vector<std::string> all_args = args;
   if (!options.device.empty()) all_args.insert(all_args.end(), {"--device", options.device});
+  all_args.insert(all_args.end(), options.worker_args.begin(), options.worker_args.end());
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
   if (pid > 0) return pid;

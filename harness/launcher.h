@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "reports/report.h"
 #include "scenarios/scenario.h"
@@ -21,6 +22,7 @@ struct LaunchOptions {
   int threads_per_rank = 1;
   int port = 0;  // rendezvous port; 0 lets the kernel pick a free one
   std::string device;  // run-level --device override handed to every rank ("" keeps the scenario's)
+  std::vector<std::string> worker_args;  // further arguments for every rank's worker command
   // Called about every progress_seconds while a scenario runs, with the latest progress line of
   // its ranks ("step 3/24 loss 5.41"); none when empty.
   std::function<void(const std::string&)> progress;

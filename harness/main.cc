@@ -14,6 +14,7 @@
 
 #include "harness/dump.h"
 #include "harness/errors.h"
+#include "harness/invariance.h"
 #include "harness/reference_run.h"
 #include "harness/run.h"
 #include "harness/scenario_model.h"
@@ -58,6 +59,11 @@ struct Options {
   std::string baseline_from = kDefaultOut;
   std::string baseline_to;
   bool allow_failures = false;
+  // invariance
+  bool full = false;
+  std::vector<int64_t> world_sizes;
+  std::vector<int64_t> more_microbatches;
+  bool save_tensors = false;
 };
 
 // A finite number in [min, max]: CLI11's own range checks let NaN through and print bounds
@@ -182,7 +188,30 @@ int Worker(const Options& options) {
   worker.out = options.out;
   worker.threads = options.threads;
   worker.device = options.device;
+  worker.save_tensors = options.save_tensors;
   return pipecheck::harness::RunWorker(worker);
+}
+
+int Invariance(const Options& options) {
+  const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
+  auto scenario = pipecheck::scenarios::FindScenario(suite, options.scenario, options.scenarios);
+  if (!options.device.empty()) scenario.device = options.device;
+  if (scenario.device == "cuda" && !torch::cuda::is_available()) {
+    fmt::print(stderr, "pipecheck invariance: {}: scenario '{}' needs device cuda, but this build or machine has no "
+                       "CUDA device; run it with --device cpu or on a GPU machine\n", scenario.source, scenario.name);
+    return kExitBadInput;
+  }
+  if (!WritableOut(options.out, "invariance")) return kExitBadInput;
+  ApplyThreads(options.threads);  // the reference, computed here, with the ranks' thread count
+  pipecheck::harness::InvarianceOptions invariance;
+  invariance.scenarios_path = options.scenarios;
+  invariance.out = options.out;
+  invariance.full = options.full;
+  invariance.world_sizes = options.world_sizes;
+  invariance.microbatches = options.more_microbatches;
+  invariance.threads = options.threads;
+  invariance.timeout_seconds = options.timeout;
+  return pipecheck::harness::RunInvariance(scenario, invariance, std::cout);
 }
 
 int PrintSchedule(const Options& options) {
@@ -311,6 +340,30 @@ int main(int argc, char** argv) {
   worker->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
       ->check(ThreadCount());
 
+  worker->add_flag("--save-tensors", options.save_tensors,
+                   "Rank 0 also writes tensors.pt: every step's loss and applied gradients, the final weights");
+
+  auto* invariance = app.add_subcommand(
+      "invariance", "Run one scenario across world sizes, partitions and schedules; compare every pair, bitwise "
+                    "where the arithmetic is the same (float64, CPU)");
+  invariance->add_option("--scenario", options.scenario, "Scenario name")->required();
+  invariance->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
+  invariance->add_option("--out", options.out, "Output directory (default reports/invariance)");
+  invariance->add_flag("--full", options.full,
+                       "Every world size x schedule x partition (default: one axis at a time from the scenario)");
+  invariance->add_option("--world-sizes", options.world_sizes, "World sizes to try (default 1 up to max(4, the "
+                                                                "scenario's))")
+      ->delimiter(',')->check(CLI::Range(1, 64));
+  invariance->add_option("--microbatches", options.more_microbatches,
+                         "Further microbatch counts to try (each changes the arithmetic)")
+      ->delimiter(',')->check(CLI::Range(1, 65535));
+  invariance->add_option("--device", options.device, "Override the scenario's device")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  invariance->add_option("--threads", options.threads, "Intra-op threads per rank, the same in every variant")
+      ->check(ThreadCount())->default_val(1)->capture_default_str();
+  invariance->add_option("--timeout", options.timeout, "Deadline per variant in seconds (default: sized to each)")
+      ->check(FiniteIn(0.001, 86400, "seconds from 0.001 to 86400 (a day)"));
+
   auto* schedule = app.add_subcommand("schedule", "Print a schedule's per-rank actions, timeline and bubble");
   schedule->add_option("--schedule", options.schedule, "Schedule name, or csv:PATH")
       ->check(CLI::Validator(
@@ -364,6 +417,10 @@ int main(int argc, char** argv) {
     if (dump->parsed()) return Dump(options);
     if (run->parsed()) return Run(options);
     if (worker->parsed()) return Worker(options);
+    if (invariance->parsed()) {
+      if (invariance->count("--out") == 0) options.out = "reports/invariance";
+      return Invariance(options);
+    }
     if (schedule->parsed()) return PrintSchedule(options);
     if (compare->parsed()) return Compare(options);
     if (baseline_update->parsed()) return UpdateBaseline(options);

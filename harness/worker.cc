@@ -9,6 +9,7 @@
 
 #include "harness/boundaries.h"
 #include "harness/errors.h"
+#include "harness/invariance.h"
 #include "harness/parity.h"
 #include "harness/scenario_model.h"
 #include "pipeline/trainer.h"
@@ -80,7 +81,7 @@ pipeline::RendezvousOptions ReadRendezvous(int expected_world_size) {
 
 // Rank 0's part after the pipeline: the reference, the comparison, the reports.
 int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::PipelineConfig& config,
-                     const std::vector<pipeline::RankResult>& ranks, const std::string& out) {
+                     const std::vector<pipeline::RankResult>& ranks, const std::string& out, bool save_tensors) {
   const auto schedule = pipeline::BuildSchedule(config);
   auto oracle_config = config.train;
   oracle_config.boundary_layers = BoundaryLayers(pipeline::StageSlicesOf(config, schedule.shape));
@@ -89,6 +90,7 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
   const auto memory = pipeline::PredictMemory(config, schedule);
   const auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, memory});
   std::filesystem::create_directories(out);
+  if (save_tensors) SaveTrainedTensors(FromRanks(ranks), (std::filesystem::path(out) / kTensorsFile).string());
   reports::WriteReports(out, {report});
   reports::WriteTimelineViews(out, report);
   reports::WriteFileAtomically((std::filesystem::path(out) / kResultFile).string(), reports::ToJson(report));
@@ -135,7 +137,7 @@ int RunWorker(const WorkerOptions& options) {
       std::fflush(stdout);
     }));
     if (rendezvous.rank != 0) return 0;
-    return FinishOnRankZero(scenario, config, results, options.out);
+    return FinishOnRankZero(scenario, config, results, options.out, options.save_tensors);
   } catch (const scenarios::ScenarioError& error) {
     fmt::print(stderr, "pipecheck worker: {}\n", error.what());
     return kExitBadInput;

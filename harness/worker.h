@@ -15,6 +15,7 @@ struct WorkerOptions {
   std::string out;
   int threads = 0;  // intra-op threads; 0 keeps LibTorch's default
   std::string device;  // overrides the scenario's device ("" keeps it), as `run --device` does
+  bool save_tensors = false;  // rank 0 also writes tensors.pt (losses, gradients, final weights) into out
 };
 
 // Exit code: rank 0 returns 0 when the scenario met its expectation and 1 when not; other

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <cstdlib>
 #include <stdexcept>
 #include <thread>
@@ -20,7 +21,7 @@ const std::vector<std::string>& FaultNames() {
       "skip_tied_sync", "stale_shape",    "optimizer_state_reset",    "send_before_recv",
       "crash_rank",     "hang_rank",      "clip_before_tied_sync",    "double_grad_scaling",
       "send_buffer_reuse", "zb_shared_weight_grad_twice", "swap_boundary_shapes",
-      "duplicate_send"};
+      "duplicate_send", "reversed_accumulation"};
   return names;
 }
 
@@ -71,12 +72,29 @@ void Faults::BeforeBackward(const std::vector<torch::Tensor>& parameters) const 
   }
 }
 
-void Faults::AfterBackward(const std::vector<torch::Tensor>& parameters) const {
+void Faults::AfterBackward(const std::vector<torch::Tensor>& parameters) {
   if (fault_ == Fault::kGradScalePerMicrobatch) reference::ScaleGradients(parameters, 1.0 / microbatches_);
+  if (fault_ != Fault::kReversedAccumulation || rank_ != 0) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& parameter : parameters) {
+    if (!parameter.grad().defined()) continue;
+    held_[parameter.unsafeGetTensorImpl()].push_back(parameter.grad().clone());
+    parameter.grad().zero_();  // the next backward adds into zeros: exactly its own gradient
+  }
 }
 
-void Faults::AfterAccumulation(const std::vector<torch::Tensor>& parameters) const {
+void Faults::AfterAccumulation(const std::vector<torch::Tensor>& parameters) {
   if (fault_ == Fault::kDoubleGradScaling) reference::ScaleGradients(parameters, 1.0 / microbatches_);
+  if (fault_ != Fault::kReversedAccumulation) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& parameter : parameters) {
+    const auto held = held_.find(parameter.unsafeGetTensorImpl());
+    if (held == held_.end()) continue;
+    torch::Tensor sum = held->second.back().clone();
+    for (auto gradient = std::next(held->second.rbegin()); gradient != held->second.rend(); ++gradient) sum.add_(*gradient);
+    parameter.grad().copy_(sum);
+  }
+  held_.clear();
 }
 
 namespace {

@@ -40,6 +40,7 @@ enum class Fault {
   kZbSharedWeightGradTwice, // a split backward's W adds the tied embedding's gradient twice (PyTorch #180952)
   kSwapBoundaryShapes,      // a boundary message's header states the other direction's last shape (Megatron MCORE-382)
   kDuplicateSend,           // every activation sent twice, the copy drained by its receiver (a retry that re-sends)
+  kReversedAccumulation,    // rank 0 holds each microbatch's gradients apart and sums them newest first
 };
 
 // Names as the scenario column spells them, "none" first, in enum order. The only list.
@@ -51,7 +52,8 @@ Fault ParseFault(const std::string& name);
 // The injected fault and its hooks. A default-constructed Faults injects nothing.
 class Faults {
  public:
-  explicit Faults(Fault fault = Fault::kNone, int microbatches = 1) : fault_(fault), microbatches_(microbatches) {}
+  explicit Faults(Fault fault = Fault::kNone, int microbatches = 1, int rank = 0)
+      : fault_(fault), microbatches_(microbatches), rank_(rank) {}
 
   // send_before_recv: the lowering pass leaves sends ahead of the receives due with them.
   bool PostReceivesFirst() const { return fault_ != Fault::kSendBeforeRecv; }
@@ -76,10 +78,14 @@ class Faults {
     last_shape_.clear();
   }
   // zero_grad_per_microbatch / grad_scale_per_microbatch, around each backward.
+  // reversed_accumulation: after each backward, rank 0 moves every fresh gradient aside.
   void BeforeBackward(const std::vector<torch::Tensor>& parameters) const;
-  void AfterBackward(const std::vector<torch::Tensor>& parameters) const;
+  void AfterBackward(const std::vector<torch::Tensor>& parameters);
   // double_grad_scaling: gradients divided by m once more after accumulation.
-  void AfterAccumulation(const std::vector<torch::Tensor>& parameters) const;
+  // reversed_accumulation: rank 0's held gradients summed newest first, as a trainer that keeps
+  // per-microbatch gradients for overlap and reduces them last-in-first-out would. Every value
+  // stays right to rounding (parity passes); only the invariance matrix sees the changed order.
+  void AfterAccumulation(const std::vector<torch::Tensor>& parameters);
   // zb_shared_weight_grad_twice: around a W, the tied embedding's gradient before it (undefined
   // unless the fault is on and `module` holds the weight), then its contribution added once more.
   torch::Tensor SharedWeightGradient(const torch::nn::Module& module) const;
@@ -105,6 +111,8 @@ class Faults {
  private:
   Fault fault_;
   int microbatches_;
+  int rank_;
+  std::map<const void*, std::vector<torch::Tensor>> held_;  // per parameter, its microbatches' gradients (reversed_accumulation)
   std::map<Direction, std::vector<int64_t>> first_shape_;  // per direction (stale_shape), for one step
   std::map<Direction, std::vector<int64_t>> last_shape_;   // per direction (swap_boundary_shapes)
 };

@@ -23,7 +23,7 @@ Schedule BuildSchedule(const PipelineConfig& config) {
 }
 
 PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport)
-    : config_(config), transport_(transport), faults_(config.fault, config.microbatches),
+    : config_(config), transport_(transport), faults_(config.fault, config.microbatches, transport.rank()),
       schedule_(BuildSchedule(config)), baseline_bytes_(reference::HeldTensorBytes(config.train.device)) {
   TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
               " but ", transport.world_size(), " ranks were started");

@@ -499,6 +499,16 @@ std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& sc
   return values;
 }
 
+std::string ToCsv(const std::vector<Scenario>& scenarios) {
+  std::string text = fmt::format("{}\n", fmt::join(kColumnNames, ","));
+  for (const auto& scenario : scenarios) {
+    std::vector<std::string> cells;
+    for (size_t i = 0; i < kColumnCount; ++i) cells.push_back(Columns()[i].format(scenario));
+    text += fmt::format("{}\n", fmt::join(cells, ","));
+  }
+  return text;
+}
+
 double MaxTolerance(const std::string& dtype) {
   if (dtype == "float64") return 1e-6;
   if (dtype == "float32") return 1e-3;

@@ -62,6 +62,10 @@ const std::vector<std::string>& ColumnNames();
 // Each column's value for this scenario, formatted as the CSV would hold it.
 std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& scenario);
 
+// A suite's text: the header and one row per scenario, every column at its value; it loads back
+// as the same scenarios.
+std::string ToCsv(const std::vector<Scenario>& scenarios);
+
 // Default tolerance on gradients and loss for a dtype name.
 double DefaultTolerance(const std::string& dtype);
 

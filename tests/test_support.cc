@@ -25,18 +25,6 @@ harness::LaunchOptions TestLaunchOptions(const std::string& suite, const std::st
   return options;
 }
 
-std::string ScenariosCsv(const std::vector<scenarios::Scenario>& scenarios) {
-  std::string text;
-  for (size_t i = 0; i < scenarios.size(); ++i) {
-    std::string names, values;
-    for (const auto& [column, value] : scenarios::ColumnValues(scenarios[i])) {
-      names += (names.empty() ? "" : ",") + column;
-      values += (values.empty() ? "" : ",") + value;
-    }
-    if (i == 0) text += names + "\n";
-    text += values + "\n";
-  }
-  return text;
-}
+std::string ScenariosCsv(const std::vector<scenarios::Scenario>& scenarios) { return scenarios::ToCsv(scenarios); }
 
 }  // namespace pipecheck::testing
