@@ -12,6 +12,8 @@ JOBS ?= 2
 TORCH ?= auto
 NO_INSTALL ?= 0
 PREFIX_PATH ?=
+# Further arguments for `make run`, e.g. RUN_ARGS="--runner NAME --junit FILE --markdown FILE" in CI.
+RUN_ARGS ?=
 PIPECHECK := $(BUILD_DIR)/pipecheck
 
 .PHONY: all deps configure build run test test-long bench clean
@@ -35,7 +37,7 @@ build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 run: build
-	$(PIPECHECK) run --scenarios scenarios/core.csv
+	$(PIPECHECK) run --scenarios scenarios/core.csv $(RUN_ARGS)
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -LE long

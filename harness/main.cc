@@ -24,6 +24,8 @@
 #include "reference/host_memory.h"
 #include "reports/compare.h"
 #include "reports/csv.h"
+#include "reports/junit.h"
+#include "reports/markdown.h"
 #include "scenarios/scenario.h"
 
 namespace {
@@ -49,14 +51,18 @@ struct Options {
   int virtual_stages = 1;
   std::string schedule_csv;
   double backward_cost = 2.0;
-  // compare
-  std::string baseline;
-  std::string current;
+  // compare, and run against a baseline
+  std::vector<std::string> compare_paths;  // [BASELINE] CURRENT
+  std::string baseline_dir = "reports/baselines";
+  std::string runner;
+  double noise_factor = 2.0;
+  std::string junit;
+  std::string markdown;
   double max_slowdown = 0.10;
   double max_memory_growth = 0.10;
   std::string compare_out;  // where compare.csv goes ("" beside the current summary)
   // baseline update
-  std::string baseline_from = kDefaultOut;
+  std::vector<std::string> baseline_from = {kDefaultOut};
   std::string baseline_to;
   bool allow_failures = false;
   // invariance
@@ -137,6 +143,24 @@ int Reference(const Options& options) {
   return pipecheck::harness::RunReferenceSuite(selected, std::cout);
 }
 
+// The baseline a command compares with: --baseline-dir/--runner, else the one given; a missing or
+// unreadable one is bad input, found before anything runs.
+std::string ResolveBaseline(const Options& options, const std::string& given) {
+  std::string baseline = given;
+  if (!options.runner.empty()) baseline = pipecheck::reports::RunnerBaseline(options.baseline_dir, options.runner);
+  if (baseline.empty()) return "";
+  const std::string summary = pipecheck::reports::SummaryPath(baseline);
+  if (!std::filesystem::exists(summary)) {
+    throw pipecheck::reports::CompareError(fmt::format(
+        "no baseline at {}{}: record one with `pipecheck baseline update --from RUN{}`", summary,
+        options.runner.empty() ? "" : fmt::format(" for runner {}", options.runner),
+        options.runner.empty() ? " --to DIR" : fmt::format(" --baseline-dir {} --runner {}", options.baseline_dir,
+                                                            options.runner)));
+  }
+  pipecheck::reports::ScenariosNotOk(summary);  // readable, a pipecheck summary
+  return baseline;
+}
+
 int Run(Options options) {
   auto suite = pipecheck::harness::LoadSuite(options.scenarios);
   auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")));
@@ -170,9 +194,13 @@ int Run(Options options) {
       return kExitBadInput;
     }
   }
-  // An unwritable --out is bad input, found before anything runs.
+  // An unwritable --out, or a missing baseline, is bad input, found before anything runs.
   if (!WritableOut(options.out, "run")) return kExitBadInput;
   pipecheck::harness::RunOptions run;
+  run.baseline = ResolveBaseline(options, "");
+  run.limits = {options.max_slowdown, options.max_memory_growth, options.noise_factor};
+  run.junit = options.junit;
+  run.markdown = options.markdown;
   run.scenarios_path = options.scenarios;
   run.out = options.out;
   run.timeout_seconds = options.timeout;
@@ -244,38 +272,53 @@ int PrintSchedule(const Options& options) {
 
 int Compare(const Options& options) {
   using namespace pipecheck::reports;
+  if (options.compare_paths.size() != (options.runner.empty() ? 2u : 1u)) {
+    fmt::print(stderr, "pipecheck compare: {}\n",
+               options.runner.empty() ? "expected BASELINE and CURRENT (or --runner NAME and CURRENT)"
+                                      : "with --runner, give only CURRENT: the baseline is --baseline-dir/NAME");
+    return kExitBadInput;
+  }
+  const std::string current = options.compare_paths.back();
+  const std::string baseline = ResolveBaseline(options, options.runner.empty() ? options.compare_paths[0] : "");
   // compare.csv goes to --out, else beside the current summary; unwritable is bad input, found first.
   const std::string out_directory =
-      options.compare_out.empty() ? std::filesystem::path(SummaryPath(options.current)).parent_path().string()
+      options.compare_out.empty() ? std::filesystem::path(SummaryPath(current)).parent_path().string()
                                   : options.compare_out;
   if (!WritableOut(out_directory.empty() ? "." : out_directory, "compare")) return kExitBadInput;
-  const Comparison comparison = CompareSummaries(options.baseline, options.current,
-                                                 {options.max_slowdown, options.max_memory_growth});
-  size_t width = 8;
-  for (const auto& row : comparison.rows) width = std::max(width, row.scenario.size());
-  fmt::print("{:<{}} {:<10} {:>8} {:>8} {:>10} {:>10}  {}\n", "scenario", width, "verdict", "baseline", "current",
-             "tokens/s", "memory", "notes");
-  CsvTable table(ComparisonColumns());
-  for (const auto& row : comparison.rows) {
-    fmt::print("{:<{}} {:<10} {:>8} {:>8} {:>10} {:>10}  {}\n", row.scenario, width, row.verdict, row.baseline_status,
-               row.current_status, row.throughput_change, row.memory_change, row.notes);
-    table.AddRow(ComparisonFields(row));
-  }
+  const CompareOptions limits{options.max_slowdown, options.max_memory_growth, options.noise_factor};
+  const Comparison comparison = CompareSummaries(baseline, current, limits);
+  fmt::print("{}", FormatComparison(comparison, limits));
   const auto out = std::filesystem::path(out_directory.empty() ? "." : out_directory) / "compare.csv";
-  WriteFileAtomically(out.string(), table.ToString());
-  fmt::print("\n{} scenarios compared: {} regression(s), {} warning(s) (limits: tokens/s -{:.0f}%, memory +{:.0f}%)\n"
-             "wrote {}\n",
-             comparison.rows.size(), comparison.regressions, comparison.warnings, 100 * options.max_slowdown,
-             100 * options.max_memory_growth, out.string());
+  WriteFileAtomically(out.string(), ComparisonCsv(comparison));
+  fmt::print("wrote {}\n", out.string());
+  if (!options.junit.empty()) {
+    std::vector<JUnitCase> cases;
+    for (const auto& row : comparison.rows) cases.push_back(CompareCase(row, baseline));
+    WriteFileAtomically(options.junit, JUnitXml("pipecheck compare " + baseline, cases));
+    fmt::print("wrote {}\n", options.junit);
+  }
+  if (!options.markdown.empty()) {
+    const bool appended = WriteMarkdown(options.markdown, CompareMarkdown(comparison, baseline, current));
+    fmt::print("{} {}\n", appended ? "appended to" : "wrote", options.markdown);
+  }
   return comparison.regressions == 0 ? 0 : 1;
 }
 
 int UpdateBaseline(const Options& options) {
-  if (!WritableOut(options.baseline_to, "baseline update")) return kExitBadInput;
-  const auto written =
-      pipecheck::reports::PromoteToBaseline(options.baseline_from, options.baseline_to, options.allow_failures);
-  fmt::print("baseline {} now holds the run of {}: {}\n", options.baseline_to, options.baseline_from,
-             fmt::join(written, ", "));
+  const std::string to = options.runner.empty() ? options.baseline_to
+                                                : pipecheck::reports::RunnerBaseline(options.baseline_dir, options.runner);
+  if (to.empty()) {
+    fmt::print(stderr, "pipecheck baseline update: name the baseline: --to DIR, or --runner NAME [--baseline-dir DIR]\n");
+    return kExitBadInput;
+  }
+  if (!WritableOut(to, "baseline update")) return kExitBadInput;
+  const auto written = pipecheck::reports::PromoteToBaseline(options.baseline_from, to, options.allow_failures);
+  fmt::print("baseline {} now holds {} {}: {}\n", to, options.baseline_from.size() == 1 ? "the run of" : "the runs of",
+             fmt::join(options.baseline_from, ", "), fmt::join(written, ", "));
+  if (options.baseline_from.size() > 1) {
+    fmt::print("merged: per scenario the median tokens/s of the {} runs and their spread, which `compare` allows "
+               "for\n", options.baseline_from.size());
+  }
   return 0;
 }
 
@@ -318,6 +361,20 @@ int main(int argc, char** argv) {
       ->check(ThreadCount());
 
   auto* run = app.add_subcommand("run", "Run scenarios through the pipeline and the reference; write reports");
+  run->add_option("--junit", options.junit, "Also write JUnit XML: a testcase per scenario");
+  run->add_option("--markdown", options.markdown,
+                  "Also write a Markdown summary (appended when FILE is $GITHUB_STEP_SUMMARY)");
+  run->add_option("--baseline-dir", options.baseline_dir, "Where the runners' baselines live")->capture_default_str();
+  run->add_option("--runner", options.runner,
+                  "Compare the run with --baseline-dir/RUNNER (this runner's baseline); a regression fails the run");
+  run->add_option("--max-slowdown", options.max_slowdown, "With --runner: tolerated loss of tokens/s, as a fraction")
+      ->check(FiniteIn(0.0, 1.0, "a fraction from 0 to 1"))->capture_default_str();
+  run->add_option("--max-memory-growth", options.max_memory_growth,
+                  "With --runner: tolerated growth of peak bytes, as a fraction")
+      ->check(FiniteIn(0.0, 100.0, "a fraction from 0 to 100"))->capture_default_str();
+  run->add_option("--noise-factor", options.noise_factor,
+                  "With --runner: tokens/s may fall by this many times the baseline's recorded spread")
+      ->check(FiniteIn(0.0, 100.0, "a factor from 0 to 100"))->capture_default_str();
   run->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
   run->add_option("--only", options.only, "Shell globs on scenario names (repeat, or separate with commas)")
       ->take_all();
@@ -385,8 +442,19 @@ int main(int argc, char** argv) {
       ->check(FiniteIn(0.01, 100, "a backward/forward cost ratio from 0.01 to 100"))->capture_default_str();
 
   auto* compare = app.add_subcommand("compare", "Compare a run's summary.csv with a baseline's; exit 1 on regression");
-  compare->add_option("BASELINE", options.baseline, "Baseline summary.csv or its directory")->required();
-  compare->add_option("CURRENT", options.current, "Current summary.csv or its directory")->required();
+  compare->add_option("BASELINE CURRENT", options.compare_paths,
+                      "Baseline and current summary.csv, or their directories (with --runner: CURRENT only)")
+      ->required()->expected(1, 2);
+  compare->add_option("--baseline-dir", options.baseline_dir, "Where the runners' baselines live")
+      ->capture_default_str();
+  compare->add_option("--runner", options.runner, "Compare with --baseline-dir/RUNNER, this runner's baseline");
+  compare->add_option("--noise-factor", options.noise_factor,
+                      "Tokens/s may fall by this many times the spread the baseline recorded, if more than "
+                      "--max-slowdown")
+      ->check(FiniteIn(0.0, 100.0, "a factor from 0 to 100"))->capture_default_str();
+  compare->add_option("--junit", options.junit, "Also write JUnit XML: a testcase per scenario, a failure per regression");
+  compare->add_option("--markdown", options.markdown,
+                      "Also write a Markdown summary (appended when FILE is $GITHUB_STEP_SUMMARY)");
   compare->add_option("--max-slowdown", options.max_slowdown, "Tolerated loss of tokens/s, as a fraction")
       ->check(FiniteIn(0.0, 1.0, "a fraction from 0 to 1"))->capture_default_str();
   compare->add_option("--out", options.compare_out, "Directory for compare.csv (default: the current summary's)");
@@ -397,10 +465,15 @@ int main(int argc, char** argv) {
   baseline->require_subcommand(1);
   auto* baseline_update =
       baseline->add_subcommand("update", "Promote a reviewed run's reports to a baseline directory");
-  baseline_update->add_option("--from", options.baseline_from, "The run's report directory or summary.csv")
+  baseline_update->add_option("--from", options.baseline_from,
+                              "The run's report directory or summary.csv; repeat for several runs of the suite, merged "
+                              "with their spread (noise-aware compare)")
       ->capture_default_str();
-  baseline_update->add_option("--to", options.baseline_to, "Baseline directory, e.g. reports/baselines/RUNNER")
-      ->required();
+  auto* to = baseline_update->add_option("--to", options.baseline_to, "Baseline directory, e.g. reports/baselines/RUNNER");
+  baseline_update->add_option("--baseline-dir", options.baseline_dir, "Where the runners' baselines live (with --runner)")
+      ->capture_default_str();
+  auto* runner = baseline_update->add_option("--runner", options.runner, "Promote to --baseline-dir/RUNNER");
+  to->excludes(runner);
   baseline_update->add_flag("--allow-failures", options.allow_failures,
                             "Promote even if some scenarios did not meet their expectation");
 
@@ -428,7 +501,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "pipecheck: {}\n", error.what());
     return kExitBadInput;
   } catch (const pipecheck::reports::CompareError& error) {
-    fmt::print(stderr, "pipecheck compare: {}\n", error.what());
+    fmt::print(stderr, "pipecheck {}: {}\n", run->parsed() ? "run" : (compare->parsed() ? "compare" : "baseline update"),
+               error.what());
     return kExitBadInput;
   } catch (const pipecheck::pipeline::ScheduleError& error) {
     fmt::print(stderr, "pipecheck: {}\n", error.what());

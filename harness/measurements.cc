@@ -115,6 +115,12 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
   row["pp_step_ms"] = FormatNumber(reference::Median(pp_ms));
   row["ref_tokens_per_s"] = FormatNumber(reference.MedianTokensPerSecond());
   row["pp_tokens_per_s"] = FormatNumber(reference::Median(pp_rate));
+  // How far the timed steps' rates lie apart, relative to their median: (max - min) / median.
+  if (pp_rate.size() >= 2) {
+    const auto [low, high] = std::minmax_element(pp_rate.begin(), pp_rate.end());
+    row["pp_tokens_per_s_spread"] = FormatNumber((*high - *low) / reference::Median(pp_rate));
+  }
+  row["pp_tokens_per_s_runs"] = "1";
   row["bubble_theory"] = FormatNumber(input.simulation.bubble);
   row["pp_step_ms_predicted"] =
       predicted_ms.empty() ? "" : FormatNumber(*std::max_element(predicted_ms.begin(), predicted_ms.end()));

@@ -8,12 +8,17 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include "harness/errors.h"
 #include "harness/launcher.h"
 #include "harness/parity.h"
 #include "harness/scenario_model.h"
+#include "reports/csv.h"
+#include "reports/junit.h"
+#include "reports/markdown.h"
 #include "reports/report.h"
 #include "reports/trace.h"
 
@@ -104,6 +109,7 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
       report = FailedScenarioReport(scenario, "ERROR", "launcher: " + ErrorMessage(error));
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - scenario_start).count();
+    report.summary["wall_s"] = reports::FormatNumber(seconds);
     if (report.Get("ok") != "1") ++not_ok;
     fmt::print(out, "[{}/{}] {:<{}} {:<7} grad_rel {:>8} pp {:>7} tok/s {:6.1f} s{}\n", i + 1, scenarios.size(),
                scenario.name, name_width, report.Get("status"), Short(report.Get("grad_max_rel_err"), "{:.1e}"),
@@ -122,7 +128,35 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print(out, "\n{} scenarios, {} met their expectation, {} did not; {:.1f} s\nreports: {}\n", scenarios.size(),
              scenarios.size() - not_ok, not_ok, seconds, fmt::join(paths, ", "));
-  return not_ok == 0 ? 0 : 1;
+  std::optional<reports::Comparison> comparison;
+  if (!options.baseline.empty()) {
+    comparison = reports::CompareSummaries(options.baseline, options.out, options.limits);
+    const auto csv = (std::filesystem::path(options.out) / "compare.csv").string();
+    reports::WriteFileAtomically(csv, reports::ComparisonCsv(*comparison));
+    fmt::print(out, "\nagainst the baseline {}:\n{}wrote {}\n", options.baseline,
+               reports::FormatComparison(*comparison, options.limits), csv);
+  }
+  if (!options.junit.empty()) {
+    std::map<std::string, const reports::ComparisonRow*> compared;
+    if (comparison) {
+      for (const auto& row : comparison->rows) compared[row.scenario] = &row;
+    }
+    std::vector<reports::JUnitCase> cases;
+    for (const auto& report : reports) {
+      const auto found = compared.find(report.Get("scenario"));
+      cases.push_back(reports::RunCase(report, options.scenarios_path, found == compared.end() ? nullptr : found->second));
+    }
+    reports::WriteFileAtomically(options.junit, reports::JUnitXml("pipecheck run " + options.scenarios_path, cases));
+    fmt::print(out, "wrote {}\n", options.junit);
+  }
+  if (!options.markdown.empty()) {
+    const bool appended = reports::WriteMarkdown(
+        options.markdown, reports::RunMarkdown(options.scenarios_path, reports, comparison ? &*comparison : nullptr,
+                                               options.baseline));
+    fmt::print(out, "{} {}\n", appended ? "appended to" : "wrote", options.markdown);
+  }
+  const bool regressed = comparison && comparison->regressions > 0;
+  return not_ok == 0 && !regressed ? 0 : 1;
 }
 
 }  // namespace pipecheck::harness

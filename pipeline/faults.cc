@@ -21,7 +21,7 @@ const std::vector<std::string>& FaultNames() {
       "skip_tied_sync", "stale_shape",    "optimizer_state_reset",    "send_before_recv",
       "crash_rank",     "hang_rank",      "clip_before_tied_sync",    "double_grad_scaling",
       "send_buffer_reuse", "zb_shared_weight_grad_twice", "swap_boundary_shapes",
-      "duplicate_send", "reversed_accumulation"};
+      "duplicate_send", "reversed_accumulation", "slow_steps"};
   return names;
 }
 

@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include "pipeline/gradient_sync.h"
 #include "reference/host_memory.h"
@@ -99,6 +100,7 @@ void PipelineTrainer::AlignClocks() {
 }
 
 void PipelineTrainer::Step(int64_t step, RankResult& result) {
+  const auto started = std::chrono::steady_clock::now();
   if (config_.train.record_gradients) result.weights.push_back(WeightCopies());
   accumulator_->Begin();
   transport_.Start(step);
@@ -118,6 +120,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   window.ResumeAfterCopies();
   reference::GradientsToParameterDtype(OwnedParameters());
   for (auto& stage : stages_) stage->optimizer->step();
+  if (faults_.SlowsSteps()) std::this_thread::sleep_for((std::chrono::steady_clock::now() - started) / 4);
   const auto measured = window.End();
 
   result.peak_bytes.push_back(measured.peak_bytes);

@@ -2,12 +2,14 @@
 #include "reports/compare.h"
 
 #include "reports/csv.h"
+#include "reports/report.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <libfccp/csv.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -20,11 +22,11 @@ namespace pipecheck::reports {
 namespace {
 
 struct SummaryEntry {
-  std::string scenario, status, expect, ok, tokens_per_s, peak_bytes, grad_rel_err;
+  std::string scenario, status, expect, ok, tokens_per_s, peak_bytes, grad_rel_err, spread, runs;
   unsigned line = 0;
 };
 
-using Reader = io::CSVReader<7, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>>;
+using Reader = io::CSVReader<9, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>>;
 
 std::map<std::string, SummaryEntry> ReadSummary(const std::string& path) {
   std::ifstream stream(path, std::ios::binary);
@@ -35,11 +37,19 @@ std::map<std::string, SummaryEntry> ReadSummary(const std::string& path) {
   std::map<std::string, SummaryEntry> entries;
   try {
     Reader reader(path, text.data(), text.data() + text.size());
-    reader.read_header(io::ignore_extra_column, "scenario", "status", "expect", "ok", "pp_tokens_per_s",
-                       "pp_peak_bytes_max", "grad_max_rel_err");
+    // The spread and its number of runs are newer columns: older summaries read without them.
+    reader.read_header(io::ignore_extra_column | io::ignore_missing_column, "scenario", "status", "expect", "ok",
+                       "pp_tokens_per_s", "pp_peak_bytes_max", "grad_max_rel_err", "pp_tokens_per_s_spread",
+                       "pp_tokens_per_s_runs");
+    for (const char* column :
+         {"scenario", "status", "expect", "ok", "pp_tokens_per_s", "pp_peak_bytes_max", "grad_max_rel_err"}) {
+      if (!reader.has_column(column)) {
+        throw CompareError(fmt::format("{}: not a pipecheck summary: column '{}' is missing", path, column));
+      }
+    }
     SummaryEntry entry;
     while (reader.read_row(entry.scenario, entry.status, entry.expect, entry.ok, entry.tokens_per_s,
-                           entry.peak_bytes, entry.grad_rel_err)) {
+                           entry.peak_bytes, entry.grad_rel_err, entry.spread, entry.runs)) {
       entry.line = reader.get_file_line();
       auto [previous, inserted] = entries.emplace(entry.scenario, entry);
       if (!inserted) {
@@ -81,6 +91,9 @@ std::vector<const SummaryEntry*> InFileOrder(const std::map<std::string, Summary
   return ordered;
 }
 
+// A noise-widened limit this large means throughput is not really judged: a warning says so.
+constexpr double kUngatedSlowdown = 0.5;
+
 std::string Percent(double change) { return std::isnan(change) ? "" : fmt::format("{:+.1f}%", 100.0 * change); }
 
 }  // namespace
@@ -98,42 +111,164 @@ std::vector<std::string> ScenariosNotOk(const std::string& path) {
   return names;
 }
 
-std::vector<std::string> PromoteToBaseline(const std::string& run_path, const std::string& baseline_directory,
-                                           bool allow_not_ok) {
-  const std::string summary = SummaryPath(run_path);
-  const auto not_ok = ScenariosNotOk(summary);  // also proves it is a readable pipecheck summary
-  if (!not_ok.empty() && !allow_not_ok) {
-    throw CompareError(fmt::format("{}: {} scenario(s) did not meet their expectation ({}); a baseline must be a "
-                                   "good run (pass --allow-failures to promote it anyway)",
-                                   summary, not_ok.size(), fmt::join(not_ok, ", ")));
+namespace {
+
+std::string ReadText(const std::string& path) {
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) throw CompareError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  std::stringstream contents;
+  contents << stream.rdbuf();
+  return contents.str();
+}
+
+double MedianOf(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2.0;
+}
+
+// Several runs' summaries as one: per scenario the median run's row, with the spread over the runs.
+std::string MergedSummary(const std::vector<std::string>& summaries) {
+  std::vector<std::vector<std::vector<std::string>>> tables;
+  for (const auto& path : summaries) {
+    tables.push_back(ParseCsv(ReadText(path), path));
+    if (tables.back().empty()) throw CompareError(fmt::format("{}: empty", path));
   }
+  const auto& header = tables[0][0];
+  auto column = [&](size_t run, const std::string& name) {
+    const auto& names = tables[run][0];
+    const auto at = std::find(names.begin(), names.end(), name);
+    if (at == names.end()) throw CompareError(fmt::format("{}: not a pipecheck summary: column '{}' is missing", summaries[run], name));
+    return static_cast<size_t>(at - names.begin());
+  };
+  CsvTable merged(header);
+  const size_t name_column = column(0, "scenario");
+  for (size_t r = 1; r < tables[0].size(); ++r) {
+    const std::string& scenario = tables[0][r][name_column];
+    std::vector<std::pair<double, std::vector<std::string>>> rows;  // tokens/s, the row in the first run's columns
+    for (size_t run = 0; run < tables.size(); ++run) {
+      const size_t names = column(run, "scenario"), rate = column(run, "pp_tokens_per_s");
+      const auto found = std::find_if(tables[run].begin() + 1, tables[run].end(),
+                                      [&](const auto& row) { return row.size() > names && row[names] == scenario; });
+      if (found == tables[run].end()) {
+        throw CompareError(fmt::format("{}: scenario '{}' is missing: runs merged into one baseline must be of the same "
+                                       "suite", summaries[run], scenario));
+      }
+      std::vector<std::string> row;
+      for (const auto& name : header) row.push_back((*found)[column(run, name)]);
+      const std::string& text = (*found)[rate];
+      double value = std::nan("");
+      if (!text.empty()) {
+        auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (ec != std::errc() || ptr != text.data() + text.size() || !std::isfinite(value) || value < 0) {
+          throw CompareError(fmt::format("{}: scenario '{}', column 'pp_tokens_per_s', value '{}': expected a finite "
+                                         "decimal number >= 0 (or empty)", summaries[run], scenario, text));
+        }
+      }
+      rows.emplace_back(value, row);
+    }
+    std::vector<double> rates;
+    for (const auto& row : rows) {
+      if (!std::isnan(row.first)) rates.push_back(row.first);
+    }
+    auto chosen = rows[0].second;
+    if (!rates.empty()) {
+      const double median = MedianOf(rates);
+      // The row of the run nearest the median stands for the scenario; its rate is the median.
+      const auto nearest = std::min_element(rows.begin(), rows.end(), [&](const auto& a, const auto& b) {
+        return std::abs(a.first - median) < std::abs(b.first - median) || std::isnan(b.first);
+      });
+      chosen = nearest->second;
+      const auto [low, high] = std::minmax_element(rates.begin(), rates.end());
+      const auto set = [&](const std::string& name, const std::string& value) {
+        const auto at = std::find(header.begin(), header.end(), name);
+        if (at != header.end()) chosen[static_cast<size_t>(at - header.begin())] = value;
+      };
+      set("pp_tokens_per_s", FormatNumber(median));
+      set("pp_tokens_per_s_spread", FormatNumber(median > 0 ? (*high - *low) / median : 0.0));
+      set("pp_tokens_per_s_runs", std::to_string(rates.size()));
+    }
+    merged.AddRow(chosen);
+  }
+  return merged.ToString();
+}
+
+}  // namespace
+
+std::string RunnerBaseline(const std::string& directory, const std::string& runner) {
+  const bool plain = !runner.empty() && runner[0] != '.' &&
+                     std::all_of(runner.begin(), runner.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+                     });
+  if (!plain) {
+    throw CompareError(fmt::format("runner '{}': a runner name is a folder name of letters, digits, '.', '_' and '-', "
+                                   "not starting with '.'", runner));
+  }
+  return (std::filesystem::path(directory) / runner).string();
+}
+
+std::vector<std::string> PromoteToBaseline(const std::vector<std::string>& run_paths,
+                                           const std::string& baseline_directory, bool allow_not_ok) {
+  if (run_paths.empty()) throw CompareError("no run to promote");
+  std::vector<std::string> summaries;
+  for (const auto& run_path : run_paths) {
+    const std::string summary = SummaryPath(run_path);
+    const auto not_ok = ScenariosNotOk(summary);  // also proves it is a readable pipecheck summary
+    if (!not_ok.empty() && !allow_not_ok) {
+      throw CompareError(fmt::format("{}: {} scenario(s) did not meet their expectation ({}); a baseline must be a "
+                                     "good run (pass --allow-failures to promote it anyway)",
+                                     summary, not_ok.size(), fmt::join(not_ok, ", ")));
+    }
+    summaries.push_back(summary);
+  }
+  const std::string summary_text = summaries.size() == 1 ? ReadText(summaries[0]) : MergedSummary(summaries);
   std::filesystem::create_directories(baseline_directory);
-  const auto source = std::filesystem::path(summary).parent_path();
+  const auto source = std::filesystem::path(summaries[0]).parent_path();
   std::vector<std::string> written;
   for (const char* name : {"summary.csv", "params.csv", "steps.csv", "ranks.csv"}) {
     const auto from = source / name;
     if (!std::filesystem::exists(from)) continue;
-    std::ifstream stream(from, std::ios::binary);
-    std::stringstream contents;
-    contents << stream.rdbuf();
     const auto to = (std::filesystem::path(baseline_directory) / name).string();
-    WriteFileAtomically(to, contents.str());
+    WriteFileAtomically(to, std::string(name) == "summary.csv" ? summary_text : ReadText(from.string()));
     written.push_back(to);
   }
   return written;
 }
 
+std::string FormatComparison(const Comparison& comparison, const CompareOptions& options) {
+  size_t width = 8;
+  for (const auto& row : comparison.rows) width = std::max(width, row.scenario.size());
+  std::string text = fmt::format("{:<{}} {:<10} {:>8} {:>8} {:>10} {:>8} {:>10}  {}\n", "scenario", width, "verdict",
+                                 "baseline", "current", "tokens/s", "limit", "memory", "notes");
+  for (const auto& row : comparison.rows) {
+    text += fmt::format("{:<{}} {:<10} {:>8} {:>8} {:>10} {:>8} {:>10}  {}\n", row.scenario, width, row.verdict,
+                        row.baseline_status, row.current_status, row.throughput_change, row.throughput_limit,
+                        row.memory_change, row.notes);
+  }
+  text += fmt::format("\n{} scenarios compared: {} regression(s), {} warning(s) (limits: tokens/s -{:.0f}% or {:g} x "
+                      "the baseline's recorded spread, whichever is larger; memory +{:.0f}%)\n",
+                      comparison.rows.size(), comparison.regressions, comparison.warnings, 100 * options.max_slowdown,
+                      options.noise_factor, 100 * options.max_memory_growth);
+  return text;
+}
+
+std::string ComparisonCsv(const Comparison& comparison) {
+  CsvTable table(ComparisonColumns());
+  for (const auto& row : comparison.rows) table.AddRow(ComparisonFields(row));
+  return table.ToString();
+}
+
 const std::vector<std::string>& ComparisonColumns() {
   static const std::vector<std::string> columns = {
       "scenario", "verdict", "baseline_status", "current_status", "baseline_tokens_per_s", "current_tokens_per_s",
-      "throughput_change", "baseline_peak_bytes", "current_peak_bytes", "memory_change", "baseline_grad_rel_err",
+      "throughput_change", "throughput_limit", "baseline_peak_bytes", "current_peak_bytes", "memory_change", "baseline_grad_rel_err",
       "current_grad_rel_err", "notes"};
   return columns;
 }
 
 std::vector<std::string> ComparisonFields(const ComparisonRow& r) {
   return {r.scenario, r.verdict, r.baseline_status, r.current_status, r.baseline_tokens_per_s,
-          r.current_tokens_per_s, r.throughput_change, r.baseline_peak_bytes, r.current_peak_bytes, r.memory_change,
+          r.current_tokens_per_s, r.throughput_change, r.throughput_limit, r.baseline_peak_bytes, r.current_peak_bytes, r.memory_change,
           r.baseline_grad_rel_err, r.current_grad_rel_err, r.notes};
 }
 
@@ -172,8 +307,20 @@ Comparison CompareSummaries(const std::string& baseline_path, const std::string&
       const double now_rate = Measured(now, now.tokens_per_s, "pp_tokens_per_s", current_file);
       const double rate_change = base_rate > 0 ? now_rate / base_rate - 1.0 : std::nan("");
       row.throughput_change = Percent(rate_change);
-      if (rate_change < -options.max_slowdown) {
-        regressions.push_back(fmt::format("tokens/s {} (limit -{:.0f}%)", Percent(rate_change), 100 * options.max_slowdown));
+      // Noise-aware: the limit widens to noise_factor x the spread the baseline recorded.
+      const double spread = Measured(base, base.spread, "pp_tokens_per_s_spread", baseline_file);
+      const double noise_limit = std::isnan(spread) ? 0.0 : options.noise_factor * spread;
+      const double limit = std::max(options.max_slowdown, noise_limit);
+      const std::string why = noise_limit > options.max_slowdown
+                                  ? fmt::format(": {:g} x the baseline's {:.1f}% spread over {} {}", options.noise_factor,
+                                                100 * spread, base.runs.empty() ? "1" : base.runs,
+                                                base.runs.empty() || base.runs == "1" ? "run's timed steps" : "runs")
+                                  : "";
+      row.throughput_limit = std::isnan(rate_change) ? "" : fmt::format("-{:.1f}%", 100 * limit);
+      if (rate_change < -limit) {
+        regressions.push_back(fmt::format("tokens/s {} (limit -{:.1f}%{})", Percent(rate_change), 100 * limit, why));
+      } else if (!std::isnan(rate_change) && limit >= kUngatedSlowdown && options.max_slowdown < kUngatedSlowdown) {
+        warnings.push_back(fmt::format("tokens/s hardly gated: the baseline's spread allows -{:.0f}%{}", 100 * limit, why));
       }
       const double base_bytes = Measured(base, base.peak_bytes, "pp_peak_bytes_max", baseline_file);
       const double now_bytes = Measured(now, now.peak_bytes, "pp_peak_bytes_max", current_file);

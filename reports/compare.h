@@ -2,7 +2,8 @@
 // CI uses it to fail on regressions: an expectation no longer met or a worse status, tokens/s
 // down or peak memory up past a threshold, a scenario gone missing. A parity error that grew
 // more than tenfold while still passing is a warning, not a regression.
-// Not a statistical test: one run against one baseline, thresholds as given.
+// Noise-aware where the baseline recorded its spread (several runs merged by `baseline update`, or
+// one run's timed steps): a throughput limit never tighter than the noise it has seen.
 #pragma once
 
 #include <stdexcept>
@@ -20,6 +21,10 @@ class CompareError : public std::runtime_error {
 struct CompareOptions {
   double max_slowdown = 0.10;       // fraction of baseline tokens/s that may be lost
   double max_memory_growth = 0.10;  // fraction of baseline peak bytes that may be added
+  // Noise-aware throughput: a scenario whose baseline recorded a spread s (pp_tokens_per_s_spread:
+  // (max - min) / median over the runs it merged, or over one run's timed steps) may lose
+  // max(max_slowdown, noise_factor x s) of its tokens/s.
+  double noise_factor = 2.0;
 };
 
 struct ComparisonRow {
@@ -27,6 +32,7 @@ struct ComparisonRow {
   std::string verdict;  // ok, REGRESSION, warning, new
   std::string baseline_status, current_status;
   std::string baseline_tokens_per_s, current_tokens_per_s, throughput_change;
+  std::string throughput_limit;  // the slowdown allowed, noise included: "-16.0%"
   std::string baseline_peak_bytes, current_peak_bytes, memory_change;
   std::string baseline_grad_rel_err, current_grad_rel_err;
   std::string notes;
@@ -49,12 +55,24 @@ Comparison CompareSummaries(const std::string& baseline_path, const std::string&
 // Throws CompareError like CompareSummaries.
 std::vector<std::string> ScenariosNotOk(const std::string& path);
 
-// `pipecheck baseline update`: copies a reviewed run's reports (summary.csv and whichever of
-// params, steps and ranks exist; timeline.csv is timing noise) into `baseline_directory`, each atomically. Refuses a
-// run with scenarios that did not meet their expectation unless `allow_not_ok`. Returns the
-// files written.
-std::vector<std::string> PromoteToBaseline(const std::string& run_path, const std::string& baseline_directory,
-                                           bool allow_not_ok);
+// `pipecheck baseline update`: copies reviewed runs' reports (summary.csv and whichever of
+// params, steps and ranks exist; timeline.csv is timing noise) into `baseline_directory`, each
+// atomically. Several runs of the same suite are merged: per scenario the row of the run with
+// the median tokens/s, with pp_tokens_per_s_spread = (max - min) / median over the runs and
+// pp_tokens_per_s_runs = their number; the other files come from the first run. Refuses runs with
+// scenarios that did not meet their expectation unless `allow_not_ok`, and runs whose scenarios
+// differ. Returns the files written.
+std::vector<std::string> PromoteToBaseline(const std::vector<std::string>& run_paths,
+                                           const std::string& baseline_directory, bool allow_not_ok);
+
+// `directory/runner`, the baseline of one runner; throws CompareError for a runner name that is
+// not a plain folder name ([A-Za-z0-9._-], not starting with a dot).
+std::string RunnerBaseline(const std::string& directory, const std::string& runner);
+
+// The comparison as `compare` prints it: a table, then a line of totals and limits.
+std::string FormatComparison(const Comparison& comparison, const CompareOptions& options);
+// compare.csv's text.
+std::string ComparisonCsv(const Comparison& comparison);
 
 const std::vector<std::string>& ComparisonColumns();
 std::vector<std::string> ComparisonFields(const ComparisonRow& row);

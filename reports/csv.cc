@@ -30,6 +30,52 @@ std::string CsvLine(const std::vector<std::string>& fields) {
   return line + "\n";
 }
 
+std::vector<std::vector<std::string>> ParseCsv(const std::string& text, const std::string& name) {
+  std::vector<std::vector<std::string>> records;
+  std::vector<std::string> record;
+  std::string field;
+  bool quoted = false, any = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c != '"') {
+        field += c;
+      } else if (i + 1 < text.size() && text[i + 1] == '"') {
+        field += '"';
+        ++i;
+      } else {
+        quoted = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      quoted = any = true;
+    } else if (c == ',') {
+      record.push_back(std::move(field));
+      field.clear();
+      any = true;
+    } else if (c == '\n' || c == '\r') {
+      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+      if (any || !field.empty()) {
+        record.push_back(std::move(field));
+        records.push_back(std::move(record));
+      }
+      record.clear();
+      field.clear();
+      any = false;
+    } else {
+      field += c;
+      any = true;
+    }
+  }
+  if (quoted) throw std::runtime_error(fmt::format("{}: a quoted field is not closed", name));
+  if (any || !field.empty()) {
+    record.push_back(std::move(field));
+    records.push_back(std::move(record));
+  }
+  return records;
+}
+
 CsvTable::CsvTable(std::vector<std::string> header) : header_(std::move(header)) {}
 
 void CsvTable::AddRow(std::vector<std::string> row) {

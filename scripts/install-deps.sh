@@ -6,8 +6,9 @@ set -euo pipefail
 # PIPECHECK_TORCH (from scripts/torch-prefix.sh): "debian" (the default) installs Debian's CPU
 # LibTorch and python3-torch; anything else means another LibTorch is used, so neither is.
 torch="${PIPECHECK_TORCH:-debian}"
+# python3-yaml and python3-markdown: the tests parse the CI pipelines in ci/ and render the Markdown summary.
 packages=(
-  cmake make g++ iproute2
+  cmake make g++ iproute2 python3-yaml python3-markdown
   libgloo-dev
   libgtest-dev libbenchmark-dev libfccp-dev libcli11-dev nlohmann-json3-dev libfmt-dev
 )

@@ -76,7 +76,7 @@ expect 0 "^pp2,PASS,pass,1,2,1f1b,1,2,float64,cpu," tail -n 1 "$work/dev/summary
 
 # transport: the report says which ran; a transport that cannot move this device's tensors is
 # bad input before anything runs.
-expect 0 "^pp2,PASS,.*,gloo,[0-9]+,[0-9.]+$" tail -n 1 "$work/r/summary.csv"
+expect 0 "^pp2,PASS,.*,gloo,[0-9]+,[0-9.]+,[0-9.]+,[0-9.e-]*,1$" tail -n 1 "$work/r/summary.csv"
 expect 2 "transport', value 'nccl': nccl moves CUDA tensors, but the scenario runs on cpu; use gloo or auto" "$pipecheck" validate --scenarios <(printf 'name,transport\nx,nccl\n')
 expect 2 "transport', value 'gloo': c10d's Gloo cannot send CUDA tensors" "$pipecheck" validate --scenarios <(printf 'name,device,transport\nx,cuda,gloo\n')
 expect 2 "transport', value 'tcp': expected one of: auto, gloo, nccl, staged" "$pipecheck" validate --scenarios <(printf 'name,transport\nx,tcp\n')
@@ -126,7 +126,16 @@ with open(sys.argv[2], "w", newline="") as f:
 PY
 expect 1 "pp2 +REGRESSION.*tokens/s -50.0%" "$pipecheck" compare "$work/r" "$work/slow"
 expect 2 "not a pipecheck summary: column 'scenario' is missing" "$pipecheck" compare "$work/good.csv" "$work/r"
-expect 2 "cannot open" "$pipecheck" compare "$work/none" "$work/r"
+expect 2 "^pipecheck compare: no baseline at .*/none: record one with .pipecheck baseline update" "$pipecheck" compare "$work/none" "$work/r"
+# Baselines by runner name: a missing one is bad input before anything runs; names are folder names.
+expect 2 "^pipecheck run: no baseline at $work/bl/nowhere for runner nowhere" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/norun" --baseline-dir "$work/bl" --runner nowhere
+expect 2 "runner '../x': a runner name is a folder name" "$pipecheck" compare --runner ../x "$work/r"
+expect 2 "with --runner, give only CURRENT" "$pipecheck" compare --runner x "$work/r" "$work/r"
+expect 2 "name the baseline: --to DIR, or --runner NAME" "$pipecheck" baseline update --from "$work/r"
+expect 0 "baseline $work/bl/here now holds the run of" "$pipecheck" baseline update --from "$work/r" --baseline-dir "$work/bl" --runner here
+expect 0 "0 regression\(s\)" "$pipecheck" compare --baseline-dir "$work/bl" --runner here "$work/r"
+expect 0 "merged: per scenario the median tokens/s of the 2 runs" "$pipecheck" baseline update --from "$work/r" --from "$work/r" --to "$work/bl/twice"
+expect 0 "^pp2,.*,2$" tail -n 1 "$work/bl/twice/summary.csv"
 expect 2 "max-slowdown" "$pipecheck" compare "$work/r" "$work/r" --max-slowdown 2
 expect 2 "--max-slowdown: value 'nan' is not allowed: expected a fraction from 0 to 1" "$pipecheck" compare "$work/r" "$work/r" --max-slowdown nan
 for bad in inf -5 0x10; do

@@ -63,7 +63,7 @@ TEST_F(Compare, HalvedThroughputIsARegressionButFivePercentIsNot) {
   const auto comparison = Against(current);
   EXPECT_EQ(comparison.regressions, 1);
   EXPECT_EQ(RowOf(comparison, "a").verdict, "REGRESSION");
-  EXPECT_EQ(RowOf(comparison, "a").notes, "tokens/s -50.0% (limit -10%)");
+  EXPECT_EQ(RowOf(comparison, "a").notes, "tokens/s -50.0% (limit -10.0%)");
   EXPECT_EQ(RowOf(comparison, "b").verdict, "ok");
   EXPECT_EQ(RowOf(comparison, "b").throughput_change, "-5.0%");
 }

@@ -1,0 +1,153 @@
+// Markdown summaries (see markdown.h).
+#include "reports/markdown.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+
+#include "reports/csv.h"
+
+namespace pipecheck::reports {
+namespace {
+
+// A table cell: pipes escaped, line breaks folded, long text cut.
+std::string Cell(const std::string& text, size_t limit = 200) {
+  std::string cell;
+  for (char c : text) {
+    if (c == '|') {
+      cell += "\\|";
+    } else if (c == '\n' || c == '\r') {
+      cell += ' ';
+    } else {
+      cell += c;
+    }
+  }
+  if (cell.size() > limit) cell = cell.substr(0, limit) + "…";
+  return cell;
+}
+
+std::string Number(const std::string& text, const char* format) {
+  if (text.empty() || text == "nan") return "–";
+  try {
+    return fmt::format(fmt::runtime(format), std::stod(text));
+  } catch (const std::exception&) {
+    return Cell(text);
+  }
+}
+
+std::string Bytes(const std::string& text) {
+  if (text.empty() || text == "-1") return "–";
+  try {
+    const double bytes = std::stod(text);
+    if (bytes >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024));
+    if (bytes >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
+    return fmt::format("{:.1f} KiB", bytes / 1024.0);
+  } catch (const std::exception&) {
+    return Cell(text);
+  }
+}
+
+const char* Mark(bool ok) { return ok ? "✅" : "❌"; }
+
+}  // namespace
+
+std::string Arrow(const std::string& percent) {
+  if (percent.empty()) return "";
+  try {
+    const double value = std::stod(percent);
+    const char* arrow = value > 0.05 ? "▲" : (value < -0.05 ? "▼" : "=");
+    return fmt::format("{} {}", arrow, percent);
+  } catch (const std::exception&) {
+    return Cell(percent);
+  }
+}
+
+std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioReport>& reports,
+                        const Comparison* comparison, const std::string& baseline) {
+  std::map<std::string, const ComparisonRow*> compared;
+  if (comparison) {
+    for (const auto& row : comparison->rows) compared[row.scenario] = &row;
+  }
+  int not_ok = 0, regressions = comparison ? comparison->regressions : 0;
+  for (const auto& report : reports) not_ok += report.Get("ok") != "1";
+  std::string text = fmt::format("### {} pipecheck run `{}`: {} of {} scenarios met their expectation", Mark(not_ok == 0 && regressions == 0),
+                                 Cell(suite), reports.size() - not_ok, reports.size());
+  if (comparison) text += fmt::format(", {} regression(s) against `{}`", regressions, Cell(baseline));
+  text += "\n\n";
+  // The failures first, each with its message.
+  for (const auto& report : reports) {
+    const auto found = compared.find(report.Get("scenario"));
+    const bool regressed = found != compared.end() && found->second->verdict == "REGRESSION";
+    if (report.Get("ok") == "1" && !regressed) continue;
+    text += fmt::format("- ❌ **{}**", Cell(report.Get("scenario")));
+    if (report.Get("ok") != "1") {
+      text += fmt::format(" (expected {}, got {}): {}", report.Get("expect"), report.Get("status"),
+                          Cell(report.Get("message"), 600));
+    }
+    if (regressed) text += fmt::format("{}regression: {}", report.Get("ok") != "1" ? "; " : ": ", Cell(found->second->notes, 600));
+    text += "\n";
+  }
+  if (not_ok > 0 || regressions > 0) text += "\n";
+  text += "| | scenario | status | loss diff | grad rel err | tokens/s | vs baseline | peak memory | vs baseline |\n";
+  text += "|---|---|---|---:|---:|---:|---|---:|---|\n";
+  for (const auto& report : reports) {
+    const auto found = compared.find(report.Get("scenario"));
+    const ComparisonRow* row = found == compared.end() ? nullptr : found->second;
+    const bool ok = report.Get("ok") == "1" && !(row && row->verdict == "REGRESSION");
+    text += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", Mark(ok), Cell(report.Get("scenario")),
+                        report.Get("status"), Number(report.Get("loss_max_abs_diff"), "{:.1e}"),
+                        Number(report.Get("grad_max_rel_err"), "{:.1e}"), Number(report.Get("pp_tokens_per_s"), "{:.0f}"),
+                        row ? Arrow(row->throughput_change) : "", Bytes(report.Get("pp_peak_bytes_max")),
+                        row ? Arrow(row->memory_change) : "");
+  }
+  return text;
+}
+
+std::string CompareMarkdown(const Comparison& comparison, const std::string& baseline, const std::string& current) {
+  std::string text = fmt::format("### {} pipecheck compare: {} scenarios, {} regression(s), {} warning(s)\n\n`{}` → `{}`\n\n",
+                                 Mark(comparison.regressions == 0), comparison.rows.size(), comparison.regressions,
+                                 comparison.warnings, Cell(baseline), Cell(current));
+  for (const auto& row : comparison.rows) {
+    if (row.verdict == "REGRESSION") text += fmt::format("- ❌ **{}**: {}\n", Cell(row.scenario), Cell(row.notes, 600));
+  }
+  if (comparison.regressions > 0) text += "\n";
+  text += "| | scenario | verdict | status | tokens/s | vs baseline | limit | peak memory | vs baseline | notes |\n";
+  text += "|---|---|---|---|---:|---|---:|---:|---|---|\n";
+  for (const auto& row : comparison.rows) {
+    const std::string status = row.baseline_status == row.current_status || row.baseline_status.empty() ||
+                                       row.current_status.empty()
+                                   ? (row.current_status.empty() ? row.baseline_status + " → missing" : row.current_status)
+                                   : row.baseline_status + " → " + row.current_status;
+    text += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                        row.verdict == "REGRESSION" ? "❌" : (row.verdict == "warning" ? "⚠️" : "✅"), Cell(row.scenario),
+                        row.verdict, status, Number(row.current_tokens_per_s, "{:.0f}"), Arrow(row.throughput_change),
+                        row.throughput_limit, Bytes(row.current_peak_bytes), Arrow(row.memory_change), Cell(row.notes));
+  }
+  return text;
+}
+
+bool WriteMarkdown(const std::string& path, const std::string& text) {
+  const char* step_summary = std::getenv("GITHUB_STEP_SUMMARY");
+  std::error_code error;
+  const bool append = step_summary && *step_summary &&
+                      (path == step_summary || (std::filesystem::exists(path, error) &&
+                                                std::filesystem::equivalent(path, step_summary, error)));
+  if (!append) {
+    WriteFileAtomically(path, text);
+    return false;
+  }
+  std::ofstream file(path, std::ios::app | std::ios::binary);
+  file << text << "\n";
+  file.flush();
+  if (!file) throw std::runtime_error(fmt::format("cannot append to {}: {}", path, std::strerror(errno)));
+  return true;
+}
+
+}  // namespace pipecheck::reports
