@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""The baseline loop on this machine, as CI runs it: record a runner's baseline from three runs
+(`baseline update --from R1 --from R2 --from R3 --runner NAME`), then `run --runner NAME`: an
+unchanged rerun must pass, and the same suite with every step 25% longer (fault slow_steps:
+tokens/s -20%, every number still right) must fail as a throughput regression.
+
+Timing on a shared machine: CTest runs this alone (RUN_SERIAL). The scenario is the throughput
+suite's quietest (scenarios/throughput.csv: twelve ~0.1 s steps, median of eleven).
+Usage: baseline_loop_test.py PIPECHECK SOURCE_DIR WORKDIR
+"""
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+pipecheck, source, work = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+shutil.rmtree(work, ignore_errors=True)
+work.mkdir(parents=True)
+suite = source / "scenarios/throughput.csv"
+scenario = "tp_ws2_gpipe_gpt2_f32"
+failures = []
+
+
+def check(condition, message):
+    if not condition:
+        failures.append(message)
+
+
+def run(*args):
+    result = subprocess.run([pipecheck, *args], capture_output=True, text=True)
+    return result.returncode, result.stdout + result.stderr
+
+
+def rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+baselines = work / "baselines"
+runs = []
+for i in range(3):
+    out = work / f"r{i}"
+    code, output = run("run", "--scenarios", str(suite), "--only", scenario, "--out", str(out))
+    check(code == 0, f"baseline run {i}: exit {code}\n{output}")
+    runs.append(out)
+code, output = run("baseline", "update", "--baseline-dir", str(baselines), "--runner", "test-runner",
+                   *[arg for out in runs for arg in ("--from", str(out))])
+check(code == 0, f"baseline update: exit {code}\n{output}")
+recorded = rows(baselines / "test-runner/summary.csv")
+rates = sorted(float(rows(out / "summary.csv")[0]["pp_tokens_per_s"]) for out in runs)
+check(len(recorded) == 1 and recorded[0]["pp_tokens_per_s_runs"] == "3", f"baseline: three runs merged: {recorded}")
+check(abs(float(recorded[0]["pp_tokens_per_s"]) - rates[1]) < 1e-6 * rates[1], "baseline: the median run's tokens/s")
+spread = float(recorded[0]["pp_tokens_per_s_spread"])
+check(abs(spread - (rates[2] - rates[0]) / rates[1]) < 1e-9, f"baseline: spread (max - min) / median: {spread}")
+print(f"baseline: tokens/s {rates} -> median {rates[1]:.0f}, spread {100 * spread:.1f}%")
+
+code, output = run("run", "--scenarios", str(suite), "--only", scenario, "--out", str(work / "again"),
+                   "--baseline-dir", str(baselines), "--runner", "test-runner")
+again = rows(work / "again/compare.csv")
+print(f"unchanged rerun: exit {code}, tokens/s {again[0]['throughput_change']} (limit {again[0]['throughput_limit']})")
+check(code == 0 and again[0]["verdict"] == "ok", f"unchanged rerun: exit {code}\n{output}")
+
+slow_suite = work / "slow.csv"
+lines = [l for l in suite.read_text().splitlines() if l and not l.startswith("#")]
+slow_suite.write_text("\n".join([lines[0] + ",fault"] + [l + ",slow_steps" for l in lines[1:]]) + "\n")
+code, output = run("run", "--scenarios", str(slow_suite), "--only", scenario, "--out", str(work / "slow"),
+                   "--baseline-dir", str(baselines), "--runner", "test-runner")
+slow = rows(work / "slow/compare.csv")
+print(f"slow_steps rerun: exit {code}, tokens/s {slow[0]['throughput_change']} (limit {slow[0]['throughput_limit']})")
+check(code == 1 and slow[0]["verdict"] == "REGRESSION" and slow[0]["notes"].startswith("tokens/s -"),
+      f"20% slower: a throughput regression, exit 1: {slow}\n{output}")
+check(rows(work / "slow/summary.csv")[0]["status"] == "PASS", "slow_steps leaves every number right: parity passes")
+
+for failure in failures:
+    print("FAIL:", failure)
+print(f"{len(failures)} problem(s)")
+sys.exit(1 if failures else 0)
