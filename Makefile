@@ -42,7 +42,8 @@ run: build
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -LE long
 
-# The long sweeps: 50 seeds of the core suite, long and high-lr runs (scenarios/long.csv).
+# The long sweeps: 50 seeds of the core suite, long and high-lr runs (scenarios/long.csv), and the
+# timed baseline loop (tests/baseline_loop_test.py).
 test-long: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -L long
 

@@ -125,6 +125,14 @@ void ApplyThreads(int threads) {
   }
 }
 
+// A device=cuda scenario on a build or machine without CUDA is bad input, said before anything runs.
+bool CudaPresentFor(const pipecheck::scenarios::Scenario& scenario, const char* command) {
+  if (scenario.device != "cuda" || torch::cuda::is_available()) return true;
+  fmt::print(stderr, "pipecheck{}: {}: scenario '{}' needs device cuda, but this build or machine has no CUDA device; "
+                     "run it with --device cpu or on a GPU machine\n", command, scenario.source, scenario.name);
+  return false;
+}
+
 int Validate(const Options& options) {
   const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
   fmt::print("{}: {} scenarios, all valid\n", options.scenarios, suite.size());
@@ -181,11 +189,7 @@ int Run(Options options) {
   }
   // A scenario this build or machine cannot run at all is bad input, found before anything runs.
   for (const auto& scenario : selected) {
-    if (scenario.device == "cuda" && !torch::cuda::is_available()) {
-      fmt::print(stderr, "pipecheck: {}: scenario '{}' needs device cuda, but this build or machine has no CUDA "
-                         "device; run it with --device cpu or on a GPU machine\n", scenario.source, scenario.name);
-      return kExitBadInput;
-    }
+    if (!CudaPresentFor(scenario, "")) return kExitBadInput;
     if (scenario.device == "cuda" && scenario.transport == "nccl" && scenario.world_size > 1 &&
         !pipecheck::pipeline::NcclAvailable()) {
       fmt::print(stderr, "pipecheck: {}: scenario '{}' asks for transport nccl, but this build has none (its LibTorch "
@@ -224,11 +228,7 @@ int Invariance(const Options& options) {
   const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
   auto scenario = pipecheck::scenarios::FindScenario(suite, options.scenario, options.scenarios);
   if (!options.device.empty()) scenario.device = options.device;
-  if (scenario.device == "cuda" && !torch::cuda::is_available()) {
-    fmt::print(stderr, "pipecheck invariance: {}: scenario '{}' needs device cuda, but this build or machine has no "
-                       "CUDA device; run it with --device cpu or on a GPU machine\n", scenario.source, scenario.name);
-    return kExitBadInput;
-  }
+  if (!CudaPresentFor(scenario, " invariance")) return kExitBadInput;
   if (!WritableOut(options.out, "invariance")) return kExitBadInput;
   ApplyThreads(options.threads);  // the reference, computed here, with the ranks' thread count
   pipecheck::harness::InvarianceOptions invariance;

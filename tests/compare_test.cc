@@ -2,6 +2,10 @@
 // input, on summaries written by the real report writer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
 #include "reports/compare.h"
 #include "reports/csv.h"
 #include "reports/report.h"
@@ -120,6 +124,66 @@ TEST_F(Compare, BadInputNamesTheFileAndProblem) {
               std::string::npos)
         << error.what();
   }
+}
+
+}  // namespace
+}  // namespace pipecheck
+
+namespace pipecheck {
+namespace {
+
+// Three runs of a noisy runner merged into one baseline: the median run's row and the spread.
+TEST(NoiseAwareBaseline, ThreeRunsMergeIntoTheMedianAndTheirSpread) {
+  const auto directory = testing::ScratchDirectory("noise_aware");
+  const std::vector<double> rates = {1000, 880, 920};  // spread (1000 - 880) / 920 = 13.0%
+  std::vector<std::string> runs;
+  for (size_t i = 0; i < rates.size(); ++i) {
+    runs.push_back(directory + "/run" + std::to_string(i));
+    reports::WriteReports(runs.back(), {Row("noisy", "PASS", "pass", rates[i], 5e6, 1e-15),
+                                        Row("quiet", "PASS", "pass", 2000 + i, 8e6, 1e-15)});
+  }
+  reports::PromoteToBaseline(runs, directory + "/baseline", false);
+  std::ifstream stream(directory + "/baseline/summary.csv");
+  std::stringstream text;
+  text << stream.rdbuf();
+  const auto records = reports::ParseCsv(text.str(), "summary.csv");
+  ASSERT_EQ(records.size(), 3u);
+  const auto column = [&](const std::string& name) {
+    return static_cast<size_t>(std::find(records[0].begin(), records[0].end(), name) - records[0].begin());
+  };
+  EXPECT_EQ(records[1][column("scenario")], "noisy");
+  EXPECT_EQ(records[1][column("pp_tokens_per_s")], "920");
+  EXPECT_EQ(records[1][column("pp_tokens_per_s_runs")], "3");
+  EXPECT_NEAR(std::stod(records[1][column("pp_tokens_per_s_spread")]), 120.0 / 920.0, 1e-12);
+  EXPECT_NEAR(std::stod(records[2][column("pp_tokens_per_s_spread")]), 2.0 / 2001.0, 1e-12);
+
+  // The noisy scenario may lose 2 x 13.0% = 26.1%; the quiet one only the 10% floor.
+  auto compare = [&](double noisy, double quiet) {
+    reports::WriteReports(directory + "/current", {Row("noisy", "PASS", "pass", noisy, 5e6, 1e-15),
+                                                   Row("quiet", "PASS", "pass", quiet, 8e6, 1e-15)});
+    return reports::CompareSummaries(directory + "/baseline", directory + "/current", {});
+  };
+  const auto noise = compare(920 * 0.80, 2001 * 0.95);  // noisy -20%: within its noise; quiet -5%
+  EXPECT_EQ(noise.regressions, 0) << noise.rows[0].notes << noise.rows[1].notes;
+  EXPECT_EQ(noise.rows[0].throughput_limit, "-26.1%");
+  EXPECT_EQ(noise.rows[1].throughput_limit, "-10.0%");
+  const auto slower = compare(920 * 0.70, 2001 * 0.80);  // noisy -30%, quiet -20%: both beyond
+  EXPECT_EQ(slower.regressions, 2);
+  EXPECT_EQ(slower.rows[0].notes, "tokens/s -30.0% (limit -26.1%: 2 x the baseline's 13.0% spread over 3 runs)");
+  EXPECT_EQ(slower.rows[1].notes, "tokens/s -20.0% (limit -10.0%)");
+
+  // Runs of different suites cannot be merged.
+  reports::WriteReports(directory + "/other", {Row("noisy", "PASS", "pass", 900, 5e6, 1e-15)});
+  EXPECT_THROW(reports::PromoteToBaseline({runs[0], directory + "/other"}, directory + "/bad", false),
+               reports::CompareError);
+}
+
+TEST(ParseCsv, QuotedFieldsAndLineEndings) {
+  const auto records = reports::ParseCsv("a,b\r\n\"x, \"\"y\"\"\",\"two\nlines\"\n,\n", "t.csv");
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[1], (std::vector<std::string>{"x, \"y\"", "two\nlines"}));
+  EXPECT_EQ(records[2], (std::vector<std::string>{"", ""}));
+  EXPECT_THROW(reports::ParseCsv("\"open", "t.csv"), std::runtime_error);
 }
 
 }  // namespace
