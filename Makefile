@@ -45,9 +45,11 @@ test: build
 # The long sweeps: 50 seeds of the core suite, long and high-lr runs (scenarios/long.csv), and the
 # timed baseline loop (tests/baseline_loop_test.py).
 test-long: build
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target pipecheck_long_tests
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -L long
 
 bench: build
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target bench_reference bench_pipeline
 	$(BUILD_DIR)/benchmarks/bench_reference --benchmark_min_time=2
 	$(BUILD_DIR)/benchmarks/bench_pipeline --benchmark_min_time=1
 	$(PIPECHECK) run --scenarios benchmarks/pipeline_2ranks.csv --threads 1 --out $(BUILD_DIR)/bench-2ranks

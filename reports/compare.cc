@@ -94,7 +94,11 @@ std::vector<const SummaryEntry*> InFileOrder(const std::map<std::string, Summary
 // A noise-widened limit this large means throughput is not really judged: a warning says so.
 constexpr double kUngatedSlowdown = 0.5;
 
-std::string Percent(double change) { return std::isnan(change) ? "" : fmt::format("{:+.1f}%", 100.0 * change); }
+std::string Percent(double change) {
+  if (std::isnan(change)) return "";
+  const double percent = std::round(1000.0 * change) / 10.0;
+  return fmt::format("{:+.1f}%", percent == 0.0 ? 0.0 : percent);  // never "-0.0%"
+}
 
 }  // namespace
 
