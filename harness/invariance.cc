@@ -512,6 +512,7 @@ int RunInvariance(const Scenario& base, const InvarianceOptions& options, std::o
   const double floor_fraction = GradientFloorFraction(base.dtype);
   const size_t n = entries.size();
   std::vector<std::vector<std::string>> cells(n, std::vector<std::string>(n, ""));
+  std::vector<std::vector<bool>> same_arithmetic(n, std::vector<bool>(n, true));
   int broken = 0, asserted_pairs = 0, bitwise_pairs = 0;
   std::vector<std::string> failures;
   for (size_t i = 0; i < n; ++i) {
@@ -520,6 +521,7 @@ int RunInvariance(const Scenario& base, const InvarianceOptions& options, std::o
       const std::string difference = ArithmeticDifference(entries[i].key, entries[j].key);
       const auto pair = CompareTrained(entries[j].tensors, entries[i].tensors, floor_fraction);
       const bool same = difference.empty();
+      same_arithmetic[i][j] = same_arithmetic[j][i] = same;
       const bool asserted = same && asserts;
       const bool ok = !asserted || pair.bitwise;
       asserted_pairs += asserted;
@@ -565,7 +567,7 @@ int RunInvariance(const Scenario& base, const InvarianceOptions& options, std::o
     class_of[i] = static_cast<int>(classes.size());
     classes.push_back({i});
     for (size_t j = i + 1; j < n; ++j) {
-      if (class_of[j] < 0 && ArithmeticDifference(entries[i].key, entries[j].key).empty()) {
+      if (class_of[j] < 0 && same_arithmetic[i][j]) {
         class_of[j] = class_of[i];
         classes.back().push_back(j);
       }

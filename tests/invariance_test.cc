@@ -16,6 +16,7 @@
 
 #include "harness/invariance.h"
 #include "harness/scenario_model.h"
+#include "reports/csv.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -186,33 +187,16 @@ int RunCli(const std::string& arguments, std::string& output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-// A CSV file's rows as column -> value maps (quoted fields, as reports::CsvField writes them).
+// A CSV file's rows as column -> value maps, read with the reports' own parser.
 std::vector<std::map<std::string, std::string>> ReadCsv(const std::string& path) {
   std::ifstream file(path);
-  std::vector<std::vector<std::string>> lines;
-  std::string line;
-  while (std::getline(file, line)) {
-    std::vector<std::string> fields(1);
-    bool quoted = false;
-    for (size_t i = 0; i < line.size(); ++i) {
-      const char c = line[i];
-      if (quoted && c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-        fields.back() += '"';
-        ++i;
-      } else if (c == '"') {
-        quoted = !quoted;
-      } else if (c == ',' && !quoted) {
-        fields.emplace_back();
-      } else {
-        fields.back() += c;
-      }
-    }
-    lines.push_back(fields);
-  }
+  std::stringstream text;
+  text << file.rdbuf();
+  const auto records = reports::ParseCsv(text.str(), path);
   std::vector<std::map<std::string, std::string>> rows;
-  for (size_t r = 1; r < lines.size(); ++r) {
+  for (size_t r = 1; r < records.size(); ++r) {
     std::map<std::string, std::string> row;
-    for (size_t c = 0; c < lines[0].size() && c < lines[r].size(); ++c) row[lines[0][c]] = lines[r][c];
+    for (size_t c = 0; c < records[0].size() && c < records[r].size(); ++c) row[records[0][c]] = records[r][c];
     rows.push_back(row);
   }
   return rows;
