@@ -2,7 +2,7 @@
 // caches, checks) against a plain single-device loop over the same microbatches with the
 // same model, loss and optimizer. Their ratio is the executor's overhead. Reports only.
 #include <benchmark/benchmark.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "pipeline/trainer.h"
 #include "pipeline/transport.h"

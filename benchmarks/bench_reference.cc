@@ -1,7 +1,7 @@
 // One reference training step (forward, backward, AdamW) at two sizes: the core config and a
 // larger float32 one. Reports times; asserts nothing.
 #include <benchmark/benchmark.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "reference/trainer.h"
 

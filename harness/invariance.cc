@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
+#include <torch/serialize.h>
 
 #include <algorithm>
 #include <chrono>

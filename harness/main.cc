@@ -3,7 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <charconv>

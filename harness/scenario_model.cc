@@ -2,6 +2,7 @@
 #include "harness/scenario_model.h"
 
 #include <fmt/format.h>
+#include <torch/cuda.h>
 
 #include <cstdlib>
 #include <stdexcept>

@@ -7,7 +7,7 @@
 // stops a run at the first mix-up; this one records everything and judges afterwards.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <memory>

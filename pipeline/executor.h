@@ -15,7 +15,7 @@
 // step are the trainer's (trainer.h).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 

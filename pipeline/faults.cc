@@ -2,6 +2,7 @@
 #include "pipeline/faults.h"
 
 #include <fmt/format.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <chrono>

@@ -7,7 +7,8 @@
 // path reads without any fault in it.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <map>

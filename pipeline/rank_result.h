@@ -3,7 +3,7 @@
 // pickled dict over the transport. Not a judge: harness/parity.h compares it.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 #include <vector>

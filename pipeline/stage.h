@@ -4,7 +4,8 @@
 // gradient synchronisation. Not an executor: stages only hold state.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include <memory>
 #include <string>

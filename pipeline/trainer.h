@@ -5,7 +5,7 @@
 // window as the reference's step.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <memory>

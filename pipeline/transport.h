@@ -19,7 +19,7 @@
 // library: only what the pipeline needs (a gather of one number per rank, a barrier).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <memory>

@@ -3,7 +3,7 @@
 // transport's CPU messages. Not for callers outside pipeline/transport*.cc.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <memory>
 #include <optional>

@@ -3,7 +3,7 @@
 // Not a tokenizer or a dataset loader.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <vector>

@@ -3,6 +3,7 @@
 
 #if PIPECHECK_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <torch/cuda.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>

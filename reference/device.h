@@ -6,7 +6,7 @@
 // on the current stream, so timing a GPU action needs no host synchronisation inside a step.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <cstdint>

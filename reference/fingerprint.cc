@@ -2,6 +2,7 @@
 #include "reference/fingerprint.h"
 
 #include <fmt/format.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>

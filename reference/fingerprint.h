@@ -7,7 +7,7 @@
 // judged whole elsewhere (harness/parity.h).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <string>

@@ -1,6 +1,8 @@
 // Gradient sums across backward passes (see gradient_accumulation.h).
 #include "reference/gradient_accumulation.h"
 
+#include <torch/utils.h>
+
 namespace pipecheck::reference {
 
 bool AccumulatesInFloat32(torch::Dtype dtype) { return dtype == torch::kBFloat16 || dtype == torch::kFloat16; }

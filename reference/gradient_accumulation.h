@@ -8,7 +8,7 @@
 // Not an optimizer with master weights: parameters stay in their own dtype.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <vector>
 

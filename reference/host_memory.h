@@ -13,7 +13,7 @@
 // step allocates from and outside the memory meter's count.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace pipecheck::reference {
 

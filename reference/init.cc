@@ -1,6 +1,8 @@
 // Per-name seeded initialisation (see init.h).
 #include "reference/init.h"
 
+#include <torch/utils.h>
+
 #include "reference/torch_compat.h"
 
 namespace pipecheck::reference {

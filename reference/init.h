@@ -4,7 +4,8 @@
 // Not an optimiser-aware or fan-in-scaled scheme: DESIGN.md §2 fixes N(0, 0.02).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <string>

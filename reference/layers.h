@@ -4,7 +4,9 @@
 // the global prefix `layers.{i}.` comes from where the owner registers them.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
 
 #include "reference/model_config.h"
 

@@ -1,6 +1,8 @@
 // Token-normalised cross entropy (see loss.h).
 #include "reference/loss.h"
 
+#include <torch/nn/functional/loss.h>
+
 #include "reference/data.h"
 
 namespace pipecheck::reference {

@@ -3,7 +3,7 @@
 // its microbatches' TokenLossSum / batch tokens gets exactly the reference's loss.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace pipecheck::reference {
 

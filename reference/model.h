@@ -4,7 +4,10 @@
 // Not a generation model: no KV cache, no sampling.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
 
 #include <map>
 #include <set>

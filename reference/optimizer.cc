@@ -1,6 +1,10 @@
 // Optimisers and clipping (see optimizer.h).
 #include "reference/optimizer.h"
 
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
 namespace pipecheck::reference {
 
 const char* OptimizerName(OptimizerKind kind) { return kind == OptimizerKind::kSgd ? "sgd" : "adamw"; }

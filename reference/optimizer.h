@@ -3,7 +3,8 @@
 // Not a scheduler: the learning rate is constant.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include <memory>
 #include <vector>

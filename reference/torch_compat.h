@@ -3,7 +3,7 @@
 // Not a general shim: only what pipecheck itself uses.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/version.h>
 
 #include <cstdint>

@@ -1,6 +1,8 @@
 // The single-device reference trainer (see trainer.h).
 #include "reference/trainer.h"
 
+#include <torch/utils.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>

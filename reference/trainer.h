@@ -4,7 +4,9 @@
 // Not fast on purpose, and never includes pipeline/.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
+#include <torch/types.h>
 
 #include <map>
 #include <memory>

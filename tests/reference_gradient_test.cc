@@ -1,6 +1,7 @@
 // The reference's backward pass against central finite differences in float64, for both
 // flavours, tied and untied, on a batch with variable lengths and padding.
 #include <gtest/gtest.h>
+#include <torch/utils.h>
 
 #include "reference/loss.h"
 #include "tests/test_support.h"

@@ -2,6 +2,7 @@
 // invariance, independence of sequences, the data generator's rules, the loss's
 // normalisation, clipping and the optimisers.
 #include <gtest/gtest.h>
+#include <torch/utils.h>
 
 #include "reference/init.h"
 #include "reference/loss.h"

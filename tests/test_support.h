@@ -1,7 +1,7 @@
 // Helpers shared by the test suites: tiny model configurations and tensor comparisons.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 #include <vector>
