@@ -17,23 +17,31 @@ namespace {
 // which validate their schedule before they run it.
 constexpr int64_t kMaxActionsCheckedAtLoad = 1000000;
 
-std::string ScheduleProblem(const scenarios::Scenario& scenario) {
+std::string ScheduleProblem(const scenarios::Scenario& scenario, pipeline::CommunicationModel model) {
   if (scenario.world_size * scenario.virtual_stages * scenario.microbatches > kMaxActionsCheckedAtLoad) return "";
   const pipeline::PipelineShape shape{static_cast<int>(scenario.world_size), static_cast<int>(scenario.virtual_stages),
                                       static_cast<int>(scenario.microbatches)};
   try {
     const auto compute = pipeline::ScheduleByName(scenario.schedule, shape);
-    pipeline::ValidateSchedule(pipeline::LowerSchedule(compute));
+    pipeline::ValidateSchedule(pipeline::LowerSchedule(compute, true, model), {}, model);
   } catch (const pipeline::ScheduleError& error) {
     return error.what();
   }
   return "";
 }
 
+// At load, a scenario that names nccl is checked on device streams; auto is resolved per host
+// when it runs (ResolveTransport).
+std::string LoadedScheduleProblem(const scenarios::Scenario& scenario) {
+  return ScheduleProblem(scenario, scenario.transport == "nccl" && scenario.device == "cuda"
+                                       ? pipeline::CommunicationModel::kDeviceStreams
+                                       : pipeline::CommunicationModel::kHost);
+}
+
 }  // namespace
 
 const scenarios::Vocabulary& PipelineVocabulary() {
-  static const scenarios::Vocabulary vocabulary{pipeline::ScheduleNames(), pipeline::FaultNames(), ScheduleProblem};
+  static const scenarios::Vocabulary vocabulary{pipeline::ScheduleNames(), pipeline::FaultNames(), LoadedScheduleProblem};
   return vocabulary;
 }
 
@@ -111,7 +119,12 @@ std::string ResolveTransport(const scenarios::Scenario& scenario) {
   if (scenario.device == "cpu") return "gloo";
   if (scenario.transport != "auto") return scenario.transport;
   const bool gpu_per_rank = RanksOnThisHost(scenario) <= reference::CudaDeviceCount();
-  return gpu_per_rank && pipeline::NcclAvailable() ? "nccl" : "staged";
+  // nccl also needs a schedule that runs on device streams (simulator.h: kDeviceStreams); auto
+  // takes staged for the others, and the summary's transport column says so.
+  return gpu_per_rank && pipeline::NcclAvailable() &&
+                 ScheduleProblem(scenario, pipeline::CommunicationModel::kDeviceStreams).empty()
+             ? "nccl"
+             : "staged";
 }
 
 std::string UnmetRequirement(const scenarios::Scenario& scenario) {
@@ -151,6 +164,8 @@ pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario) {
   config.schedule = scenario.schedule;
   config.partition = scenario.partition;
   config.fault = pipeline::ParseFault(scenario.fault);
+  config.communication = ResolveTransport(scenario) == "nccl" ? pipeline::CommunicationModel::kDeviceStreams
+                                                              : pipeline::CommunicationModel::kHost;
   return config;
 }
 

@@ -86,7 +86,7 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
   auto oracle_config = config.train;
   oracle_config.boundary_layers = BoundaryLayers(pipeline::StageSlicesOf(config, schedule.shape));
   Oracle oracle(oracle_config, config.microbatches);
-  const auto simulation = pipeline::ValidateSchedule(schedule);
+  const auto simulation = pipeline::ValidateSchedule(schedule, {}, config.communication);
   const auto memory = pipeline::PredictMemory(config, schedule);
   const auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, memory});
   std::filesystem::create_directories(out);

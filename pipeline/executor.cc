@@ -8,6 +8,7 @@
 #include <map>
 #include <tuple>
 
+#include "pipeline/simulator.h"
 #include "reference/loss.h"
 #include "reference/model.h"
 
@@ -294,16 +295,6 @@ void Executor::IssueSend(const torch::Tensor& tensor, int peer, Direction direct
   issued_in = state.group;
 }
 
-int Executor::PeerOf(const Action& action) const {
-  switch (action.kind) {
-    case ActionKind::kRecvForward: return schedule_.shape.RankOfStage(action.stage - 1);
-    case ActionKind::kSendBackward: return schedule_.shape.RankOfStage(action.stage - 1);
-    case ActionKind::kRecvBackward: return schedule_.shape.RankOfStage(action.stage + 1);
-    case ActionKind::kSendForward: return schedule_.shape.RankOfStage(action.stage + 1);
-    default: return -1;
-  }
-}
-
 void Executor::EndGroup(StepState& state) {
   transport_.EndGroup();
   state.group_peer = -1;
@@ -393,7 +384,7 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
     const Action& action = actions[index];
     faults_.BeforeAction(rank, transport_.world_size(), step, config_.train.steps, index, actions.size());
     // The discipline's groups: a run of communication actions with one peer is issued together.
-    const int peer = PeerOf(action);
+    const int peer = PeerOf(schedule_.shape, action);  // CommunicationGroups' rule
     if (state.group_peer >= 0 && state.group_peer != peer) EndGroup(state);
     if (peer >= 0 && state.group_peer < 0) {
       transport_.BeginGroup(peer);

@@ -84,7 +84,6 @@ class Executor {
   void Probe(const torch::Tensor& tensor, Direction direction, int stage, int microbatch, BoundaryRole role, int peer,
              StepState& state);
   bool OnThisRank(int stage) const;
-  int PeerOf(const Action& action) const;  // the rank a communication action talks to; -1 for compute
   void EndGroup(StepState& state);
   void ReadProbes(StepState& state, std::vector<BoundaryRecord>& boundaries);
 

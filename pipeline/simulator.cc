@@ -287,7 +287,239 @@ class Lockstep {
   SimulationResult result_;
 };
 
+// NCCL's device streams (SendSemantics::kDeviceStreams): every time is computed once all it
+// depends on is known, over and over until nothing changes; what stays unknown is deadlocked.
+class DeviceStreams {
+ public:
+  DeviceStreams(const Schedule& schedule, const CostModel& costs) : schedule_(schedule), costs_(costs) {
+    const auto& shape = schedule.shape;
+    std::map<Key, std::pair<int, size_t>> receiver;  // message -> (rank, index) of its receive
+    for (int r = 0; r < shape.ranks; ++r) {
+      const auto groups = CommunicationGroups(schedule, r);
+      group_of_.push_back({});
+      for (size_t i = 0; i < groups.size(); ++i) {
+        if (groups[i] < 0) {
+          group_of_[r].push_back(-1);
+          continue;
+        }
+        if (i == 0 || groups[i - 1] != groups[i]) groups_.push_back({r, PeerOf(shape, schedule.ranks[r][i]), {}, {}});
+        group_of_[r].push_back(static_cast<int>(groups_.size()) - 1);
+        groups_.back().members.push_back(i);
+        if (schedule.ranks[r][i].IsRecv()) receiver[MessageOf(schedule.ranks[r][i])] = {r, i};
+      }
+    }
+    for (auto& group : groups_) {
+      for (size_t i : group.members) {
+        const Action& a = schedule.ranks[group.rank][i];
+        if (!a.IsSend()) continue;
+        const auto& [rank, index] = receiver.at(MessageOf(a));
+        const int theirs = group_of_[rank][index];
+        group.partners.push_back(theirs);
+        groups_[theirs].partners.push_back(&group - groups_.data());
+      }
+    }
+    start_.assign(groups_.size(), std::nullopt);
+    done_.assign(groups_.size(), std::nullopt);
+    for (int r = 0; r < shape.ranks; ++r) compute_start_.emplace_back(schedule.ranks[r].size(), std::nullopt);
+  }
+
+  SimulationResult Run() {
+    while (Pass()) {
+    }
+    SimulationResult result;
+    const auto& shape = schedule_.shape;
+    result.busy.assign(shape.ranks, 0.0);
+    result.finish.assign(shape.ranks, 0.0);
+    result.peak_in_flight.assign(shape.ranks, 0);
+    result.start_times.resize(shape.ranks);
+    std::vector<std::string> stuck;
+    for (int r = 0; r < shape.ranks; ++r) {
+      const auto& actions = schedule_.ranks[r];
+      result.start_times[r].assign(actions.size(), 0.0);
+      int in_flight = 0;
+      bool reported = false;
+      for (size_t i = 0; i < actions.size(); ++i) {
+        const Action& a = actions[i];
+        const int g = group_of_[r][i];
+        const bool known = a.IsCompute() ? compute_start_[r][i].has_value() : done_[g].has_value();
+        if (!known) {
+          if (!reported) stuck.push_back(Waiting(r, i));
+          reported = true;
+          continue;
+        }
+        if (!a.IsCompute()) {
+          result.start_times[r][i] = *start_[g];
+          result.finish[r] = std::max(result.finish[r], *done_[g]);
+          continue;
+        }
+        const double cost = CostOf(r, i);
+        result.start_times[r][i] = *compute_start_[r][i];
+        result.busy[r] += cost;
+        result.finish[r] = std::max(result.finish[r], *compute_start_[r][i] + cost);
+        if (a.kind == ActionKind::kForward) ++in_flight;
+        if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --in_flight;
+        result.peak_in_flight[r] = std::max(result.peak_in_flight[r], in_flight);
+      }
+    }
+    if (!stuck.empty()) {
+      result.error = fmt::format("deadlock on the device streams (NCCL: a receive blocks its peer's stream until its "
+                                 "message comes): {}", fmt::join(stuck, "; "));
+      return result;
+    }
+    result.ok = true;
+    for (double finish : result.finish) result.makespan = std::max(result.makespan, finish);
+    double busy = 0.0;
+    for (double b : result.busy) busy += b;
+    result.bubble = result.makespan > 0 ? 1.0 - busy / (shape.ranks * result.makespan) : 0.0;
+    return result;
+  }
+
+ private:
+  struct Group {
+    int rank = 0, peer = 0;
+    std::vector<size_t> members;  // indices in the rank's list
+    std::vector<int> partners;    // groups holding the other end of a member's message
+  };
+
+  double CostOf(int r, size_t i) const {
+    return costs_.per_action.empty() ? pipeline::CostOf(schedule_.ranks[r][i], costs_) : costs_.per_action.at(r).at(i);
+  }
+
+  // One pass over every rank's list in order; true when some time became known.
+  bool Pass() {
+    bool changed = false;
+    const auto& shape = schedule_.shape;
+    for (int r = 0; r < shape.ranks; ++r) {
+      const auto& actions = schedule_.ranks[r];
+      double frontier = 0.0;                     // the compute stream is done with everything issued so far
+      std::map<int, int> previous_on_stream;     // peer -> the last group issued to it
+      std::map<std::pair<int, bool>, int> last_send_group;  // (peer, forward?) -> group of the last send
+      for (size_t i = 0; i < actions.size(); ++i) {
+        const Action& a = actions[i];
+        if (a.IsCompute()) {
+          std::optional<double> ready = frontier;
+          const int g = InputGroup(r, i);
+          if (g >= 0) ready = done_[g] ? std::optional<double>(std::max(frontier, *done_[g])) : std::nullopt;
+          if (!ready) break;  // the compute stream stops here, and everything after it on this rank
+          if (!compute_start_[r][i]) {
+            compute_start_[r][i] = *ready;
+            changed = true;
+          }
+          frontier = *ready + CostOf(r, i);
+          continue;
+        }
+        const int g = group_of_[r][i];
+        const int peer = groups_[g].peer;
+        if (a.IsSend()) {
+          const std::pair<int, bool> key{peer, a.kind == ActionKind::kSendForward};
+          auto previous = last_send_group.find(key);
+          if (previous != last_send_group.end() && previous->second != g) {
+            if (!done_[previous->second]) break;  // the compute stream waits for the earlier send
+            frontier = std::max(frontier, *done_[previous->second]);
+          }
+          last_send_group[key] = g;
+        }
+        if (i != groups_[g].members.back()) continue;  // the group is issued with its last member
+        // It starts after the group before it on its stream (if that one is done at all).
+        auto before = previous_on_stream.find(peer);
+        const bool first = before == previous_on_stream.end();
+        const bool startable = first || done_[before->second].has_value();
+        const double start = first ? frontier : std::max(frontier, done_[before->second].value_or(0.0));
+        previous_on_stream[peer] = g;
+        if (startable && !start_[g]) {
+          start_[g] = start;
+          changed = true;
+        }
+      }
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (done_[g] || !start_[g]) continue;
+      double done = *start_[g];
+      bool all = true;
+      for (int partner : groups_[g].partners) {
+        if (!start_[partner]) {
+          all = false;
+          break;
+        }
+        done = std::max(done, *start_[partner]);
+      }
+      if (all) {
+        done_[g] = done;
+        changed = true;
+      }
+    }
+    return changed;
+  }
+
+  // The group whose receive compute action (r, i) takes its input from; -1 when none.
+  int InputGroup(int r, size_t i) const {
+    const Action& a = schedule_.ranks[r][i];
+    const auto& shape = schedule_.shape;
+    Action receive{};
+    if (a.kind == ActionKind::kForward && a.stage > 0 && shape.RankOfStage(a.stage - 1) != r) {
+      receive = {ActionKind::kRecvForward, a.stage, a.microbatch};
+    } else if ((a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) &&
+               a.stage + 1 < shape.stages() && shape.RankOfStage(a.stage + 1) != r) {
+      receive = {ActionKind::kRecvBackward, a.stage, a.microbatch};
+    } else {
+      return -1;
+    }
+    const auto& actions = schedule_.ranks[r];
+    const auto found = std::find(actions.begin(), actions.end(), receive);
+    return found == actions.end() ? -1 : group_of_[r][static_cast<size_t>(found - actions.begin())];
+  }
+
+  // What rank r's first unfinished action (index i) waits for.
+  std::string Waiting(int r, size_t i) const {
+    const Action& a = schedule_.ranks[r][i];
+    const int g = a.IsCompute() ? InputGroup(r, i) : group_of_[r][i];
+    if (g < 0) return fmt::format("{} behind its rank's stream", At(r, i, a));
+    std::vector<std::string> members;
+    for (size_t m : groups_[g].members) members.push_back(schedule_.ranks[r][m].ToString());
+    std::string why = fmt::format("{} waits for its group [{}] with rank {}", At(r, i, a), fmt::join(members, " "),
+                                  groups_[g].peer);
+    if (!start_[g]) return why + ", not started (the stream before it is blocked)";
+    for (int partner : groups_[g].partners) {
+      if (start_[partner]) continue;
+      std::vector<std::string> theirs;
+      for (size_t m : groups_[partner].members) theirs.push_back(schedule_.ranks[groups_[partner].rank][m].ToString());
+      return why + fmt::format(", whose messages need rank {}'s group [{}], not started", groups_[partner].rank,
+                               fmt::join(theirs, " "));
+    }
+    return why;
+  }
+
+  const Schedule& schedule_;
+  CostModel costs_;
+  std::vector<Group> groups_;
+  std::vector<std::vector<int>> group_of_;  // [rank][index]: group, -1 for compute
+  std::vector<std::optional<double>> start_, done_;
+  std::vector<std::vector<std::optional<double>>> compute_start_;
+};
+
 }  // namespace
+
+int PeerOf(const PipelineShape& shape, const Action& action) {
+  switch (action.kind) {
+    case ActionKind::kRecvForward:
+    case ActionKind::kSendBackward: return shape.RankOfStage(action.stage - 1);
+    case ActionKind::kRecvBackward:
+    case ActionKind::kSendForward: return shape.RankOfStage(action.stage + 1);
+    default: return -1;
+  }
+}
+
+std::vector<int> CommunicationGroups(const Schedule& schedule, int rank) {
+  std::vector<int> groups;
+  int group = -1, open_peer = -1;
+  for (const Action& action : schedule.ranks.at(rank)) {
+    const int peer = PeerOf(schedule.shape, action);
+    if (peer >= 0 && peer != open_peer) ++group;
+    open_peer = peer;
+    groups.push_back(peer >= 0 ? group : -1);
+  }
+  return groups;
+}
 
 SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, const CostModel& costs) {
   const std::string problem = CheckStatically(schedule);
@@ -296,6 +528,7 @@ SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, con
     result.error = problem;
     return result;
   }
+  if (semantics == SendSemantics::kDeviceStreams) return DeviceStreams(schedule, costs).Run();
   return Lockstep(schedule, semantics, costs).Run();
 }
 
@@ -413,30 +646,42 @@ std::string MessageOrderProblem(const Schedule& schedule) {
   return "";
 }
 
-Schedule LowerSchedule(const Schedule& compute, bool post_receives_first) {
-  Schedule lowered = AddCommunication(compute, post_receives_first);
-  return post_receives_first ? OrderReceivesAsSent(PostReceivesWhereNeeded(std::move(lowered))) : lowered;
-}
-
-SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs) {
-  for (auto semantics : {SendSemantics::kRendezvous, SendSemantics::kBuffered}) {
-    auto result = Simulate(schedule, semantics, costs);
-    if (!result.ok) {
-      throw ScheduleError(fmt::format("schedule {} ({} ranks, {} microbatches) is invalid{}: {}", schedule.name,
-                                      schedule.shape.ranks, schedule.shape.microbatches,
-                                      semantics == SendSemantics::kRendezvous ? " when sends wait for receives" : "",
-                                      result.error));
-    }
-    if (semantics == SendSemantics::kBuffered) {
-      const std::string order = MessageOrderProblem(schedule);
-      if (!order.empty()) {
-        throw ScheduleError(fmt::format("schedule {} ({} ranks, {} microbatches) is invalid: {}", schedule.name,
-                                        schedule.shape.ranks, schedule.shape.microbatches, order));
-      }
-      return result;
+Schedule LowerSchedule(const Schedule& compute, bool post_receives_first, CommunicationModel model) {
+  if (!post_receives_first) return AddCommunication(compute, false);
+  if (model == CommunicationModel::kHost) {
+    return OrderReceivesAsSent(PostReceivesWhereNeeded(AddCommunication(compute, true)));
+  }
+  // Device streams: each receive where its message is needed, ahead of the sends just before it
+  // (no further: ahead of a compute action it would be a group of its own, queued before them).
+  Schedule lowered = AddCommunication(compute, false);
+  for (auto& actions : lowered.ranks) {
+    for (size_t i = 1; i < actions.size(); ++i) {
+      if (!actions[i].IsRecv()) continue;
+      for (size_t j = i; j > 0 && actions[j - 1].IsSend(); --j) std::swap(actions[j], actions[j - 1]);
     }
   }
-  return {};
+  return OrderReceivesAsSent(std::move(lowered));
+}
+
+SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs, CommunicationModel model) {
+  const auto invalid = [&](const std::string& how, const std::string& why) {
+    return ScheduleError(fmt::format("schedule {} ({} ranks, {} microbatches) is invalid{}: {}", schedule.name,
+                                     schedule.shape.ranks, schedule.shape.microbatches, how, why));
+  };
+  // On device streams the host never waits in a send, so the rendezvous run does not apply there.
+  if (model == CommunicationModel::kHost) {
+    const auto rendezvous = Simulate(schedule, SendSemantics::kRendezvous, costs);
+    if (!rendezvous.ok) throw invalid(" when sends wait for receives", rendezvous.error);
+  }
+  auto result = Simulate(schedule, SendSemantics::kBuffered, costs);
+  if (!result.ok) throw invalid("", result.error);
+  const std::string order = MessageOrderProblem(schedule);
+  if (!order.empty()) throw invalid("", order);
+  if (model == CommunicationModel::kDeviceStreams) {
+    const auto streams = Simulate(schedule, SendSemantics::kDeviceStreams, costs);
+    if (!streams.ok) throw invalid(" on device streams", streams.error);
+  }
+  return result;
 }
 
 std::string FormatTimeline(const Schedule& schedule, const SimulationResult& result, const CostModel& costs) {

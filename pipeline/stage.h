@@ -13,6 +13,7 @@
 
 #include "pipeline/faults.h"
 #include "pipeline/schedule.h"
+#include "pipeline/simulator.h"
 #include "reference/model.h"
 #include "reference/trainer.h"
 
@@ -26,6 +27,9 @@ struct PipelineConfig {
   std::string schedule = "1f1b";
   std::string partition = "uniform";
   Fault fault = Fault::kNone;  // a known bug to inject (faults.h); kNone in every real run
+  // How the transport's messages wait (simulator.h): kDeviceStreams on nccl, which lowers and
+  // validates the schedule for NCCL's streams.
+  CommunicationModel communication = CommunicationModel::kHost;
 };
 
 struct Stage {

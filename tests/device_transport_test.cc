@@ -120,6 +120,26 @@ TEST(TransportDiscipline, AGroupHasOnePeer) {
   EXPECT_THROW(pair.ranks[0]->BeginGroup(1), c10::Error);                         // no nesting
 }
 
+// nccl runs a schedule only where it runs on NCCL's device streams (simulator.h): a suite that
+// names nccl with interleaved is refused at load, naming the row and the deadlock; on gloo the
+// same row loads.
+TEST(TransportChoice, NcclRefusesASchedulesThatWouldDeadlockItsStreams) {
+  const std::string header = "name,world_size,device,transport,schedule,virtual_stages,microbatches\n";
+  try {
+    harness::ParseSuite(header + "x,2,cuda,nccl,interleaved,2,4\n", "inline.csv");
+    FAIL() << "an interleaved nccl scenario was accepted";
+  } catch (const scenarios::ScenarioError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("inline.csv"), std::string::npos) << message;
+    EXPECT_NE(message.find("is invalid on device streams: deadlock on the device streams"), std::string::npos)
+        << message;
+  }
+  EXPECT_NO_THROW(harness::ParseSuite(header + "x,2,cuda,staged,interleaved,2,4\n", "inline.csv"));
+  EXPECT_NO_THROW(harness::ParseSuite(header + "x,2,cuda,nccl,1f1b,1,4\n", "inline.csv"));
+  const auto config = harness::ToPipelineConfig(harness::ParseSuite(header + "x,2,cpu,auto,1f1b,1,4\n", "inline")[0]);
+  EXPECT_EQ(config.communication, pipeline::CommunicationModel::kHost);
+}
+
 TEST(TransportChoice, CpuIsGlooAndNcclNeedsAGpuPerRank) {
   const auto cpu = harness::ParseSuite("name,world_size\nx,2\n", "inline")[0];
   EXPECT_EQ(harness::ResolveTransport(cpu), "gloo");
