@@ -252,8 +252,9 @@ int PrintSchedule(const Options& options) {
   CostModel weighted;
   weighted.backward = options.backward_cost;
   weighted.backward_input = weighted.backward_weight = options.backward_cost / 2;  // a split B costs what B does
-  const auto result = ValidateSchedule(lowered, weighted);
-  const auto equal_result = ValidateSchedule(lowered, equal);
+  const auto result = ValidateSchedule(lowered, weighted, CommunicationModel::kDeviceStreams);
+  const auto equal_result = ValidateSchedule(lowered, equal, CommunicationModel::kDeviceStreams);
+  const auto streams = Simulate(lowered, SendSemantics::kDeviceStreams, weighted);
   fmt::print("schedule {}: {} ranks, {} microbatches ({} stages)\n\n", options.schedule, shape.ranks,
              shape.microbatches, shape.stages());
   fmt::print("actions per rank (communication included):\n{}\n", FormatActions(lowered));
@@ -264,6 +265,9 @@ int PrintSchedule(const Options& options) {
              options.backward_cost, equal_result.bubble,
              static_cast<double>(shape.ranks - 1) / (shape.microbatches + shape.ranks - 1));
   fmt::print("peak in-flight microbatches per rank: {}\n", fmt::join(peaks, " "));
+  fmt::print("valid on every transport: gloo and staged (messages wait on the host: makespan {:g} with F=1, B={}), "
+             "nccl (on device streams, one channel per ordered pair of ranks: makespan {:g})\n",
+             result.makespan, options.backward_cost, streams.makespan);
   if (!options.schedule_csv.empty()) {
     pipecheck::reports::WriteFileAtomically(options.schedule_csv, ScheduleToCsv(compute));
     fmt::print("wrote {} (PyTorch pipelining's compute-only CSV)\n", options.schedule_csv);

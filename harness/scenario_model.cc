@@ -23,7 +23,7 @@ std::string ScheduleProblem(const scenarios::Scenario& scenario, pipeline::Commu
                                       static_cast<int>(scenario.microbatches)};
   try {
     const auto compute = pipeline::ScheduleByName(scenario.schedule, shape);
-    pipeline::ValidateSchedule(pipeline::LowerSchedule(compute, true, model), {}, model);
+    pipeline::ValidateSchedule(pipeline::LowerSchedule(compute), {}, model);
   } catch (const pipeline::ScheduleError& error) {
     return error.what();
   }

@@ -48,8 +48,7 @@ class RecordingTransport : public Transport {
   int rank() const override { return inner_.rank(); }
   int world_size() const override { return inner_.world_size(); }
   std::string name() const override { return inner_.name(); }
-  void BeginGroup(int peer) override { inner_.BeginGroup(peer); }
-  void EndGroup() override { inner_.EndGroup(); }
+  void OpenChannels(const std::vector<std::pair<int, int>>& channels) override { inner_.OpenChannels(channels); }
   std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
                                     const std::optional<MessageShape>& announced) override;
   std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,

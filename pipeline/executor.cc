@@ -63,10 +63,6 @@ struct Executor::StepState {
   std::map<std::tuple<Direction, int, int>, std::unique_ptr<PendingRecv>> copies;    // duplicate_send's, drained
   // The send in flight per (peer, direction): the next one to the same place waits for it.
   std::map<std::pair<int, Direction>, std::unique_ptr<PendingSend>> sends;
-  std::map<std::pair<int, Direction>, int> send_group;         // the group each of `sends` went in
-  std::vector<std::unique_ptr<PendingSend>> grouped_sends;      // superseded within their group
-  int group = 0;        // groups issued so far
-  int group_peer = -1;  // the open group's peer; -1 when none is open
   torch::Tensor loss_sum;  // 0-dim float64 on the device
   std::vector<BoundaryRecord> probes;    // fingerprints without their numbers yet
   std::vector<torch::Tensor> probe_values;  // their numbers, (4) each, still on the device (else undefined)
@@ -285,19 +281,8 @@ void Executor::Probe(const torch::Tensor& tensor, Direction direction, int stage
 // schedule the simulator accepts under rendezvous semantics.
 void Executor::IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state) {
   auto& in_flight = state.sends[{peer, direction}];
-  auto& issued_in = state.send_group[{peer, direction}];
-  if (in_flight && issued_in == state.group) {
-    state.grouped_sends.push_back(std::move(in_flight));  // issued together: waited for at the step's end
-  } else if (in_flight) {
-    in_flight->Wait();
-  }
+  if (in_flight) in_flight->Wait();
   in_flight = transport_.Send(tensor, peer, tag, faults_.AnnouncedShape(direction, tensor));
-  issued_in = state.group;
-}
-
-void Executor::EndGroup(StepState& state) {
-  transport_.EndGroup();
-  state.group_peer = -1;
 }
 
 void Executor::AwaitInput(const Action& action, StepState& state) {
@@ -383,14 +368,6 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
   for (size_t index = 0; index < actions.size(); ++index) {
     const Action& action = actions[index];
     faults_.BeforeAction(rank, transport_.world_size(), step, config_.train.steps, index, actions.size());
-    // The discipline's groups: a run of communication actions with one peer is issued together.
-    const int peer = PeerOf(schedule_.shape, action);  // CommunicationGroups' rule
-    if (state.group_peer >= 0 && state.group_peer != peer) EndGroup(state);
-    if (peer >= 0 && state.group_peer < 0) {
-      transport_.BeginGroup(peer);
-      state.group_peer = peer;
-      ++state.group;
-    }
     const int wait = clock_.Mark();
     AwaitInput(action, state);
     const int action_start = clock_.Mark();
@@ -398,11 +375,8 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
     marks.push_back({wait, action_start, clock_.Mark()});
     timeline.push_back({step, action, 0.0, 0.0, window.HeldBytes(), 0.0, step_start});
   }
-  if (state.group_peer >= 0) EndGroup(state);
   for (auto& [peer_direction, send] : state.sends) send->Wait();
-  for (auto& send : state.grouped_sends) send->Wait();
   state.sends.clear();
-  state.grouped_sends.clear();
   transport_.CheckReceived();
   ReadProbes(state, boundaries);
   const double origin_us = clock_.Microseconds(origin);

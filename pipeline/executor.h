@@ -6,10 +6,9 @@
 // leave in order, and a send's buffer is released as soon as that send has completed, at the
 // latest when the next message to the same peer and direction goes. A rank blocks only where
 // the simulator says it may: on a compute action's input, and on a send whose predecessor has
-// not yet left. A run of communication actions with one peer is issued as one group (the
-// transport discipline, transport.h). A backward is whole (B) or split (I then W, zero-bubble schedules): I computes
-// only the input's gradient and keeps the graph, W then computes the parameters'. A step ends by
-// proving nothing is left pending, every I's W included.
+// not yet left (the transport discipline, transport.h). A backward is whole (B) or split (I then
+// W, zero-bubble schedules): I computes only the input's gradient and keeps the graph, W then
+// computes the parameters'. A step ends by proving nothing is left pending, every I's W included.
 //
 // Not the trainer: gradients are accumulated here, but tied sums, clipping and the optimizer
 // step are the trainer's (trainer.h).
@@ -84,7 +83,6 @@ class Executor {
   void Probe(const torch::Tensor& tensor, Direction direction, int stage, int microbatch, BoundaryRole role, int peer,
              StepState& state);
   bool OnThisRank(int stage) const;
-  void EndGroup(StepState& state);
   void ReadProbes(StepState& state, std::vector<BoundaryRecord>& boundaries);
 
   std::chrono::steady_clock::time_point clock_origin_ = std::chrono::steady_clock::now();

@@ -7,6 +7,12 @@
 
 namespace pipecheck::pipeline {
 
+std::vector<std::pair<int, int>> TiedChannels(const PipelineConfig& config, const PipelineShape& shape) {
+  const int first_rank = shape.RankOfStage(0), last_rank = shape.RankOfStage(shape.stages() - 1);
+  if (!config.train.model.tied || first_rank == last_rank) return {};
+  return {{first_rank, last_rank}, {last_rank, first_rank}};
+}
+
 void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const PipelineShape& shape,
                        const Faults& faults, Transport& transport) {
   const int num_stages = shape.stages();
@@ -33,14 +39,10 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
   const int own_stage = is_first ? 0 : last, peer_stage = is_first ? last : 0;
   const int peer = is_first ? last_rank : first_rank;
   auto own = gradient_of(own_stage);
-  std::unique_ptr<PendingRecv> receive;
-  std::unique_ptr<PendingSend> send;
-  {
-    const TransportGroup exchange(transport, peer);  // each waits for the other's message
-    receive = transport.Recv(peer, MessageTag(Direction::kTiedGradient, peer_stage, 0), own.device(),
-                             MessageShape{own.scalar_type(), own.sizes().vec()});
-    send = transport.Send(own, peer, MessageTag(Direction::kTiedGradient, own_stage, 0), std::nullopt);
-  }
+  // Both post the receive before the send: neither waits for the other to receive first.
+  auto receive = transport.Recv(peer, MessageTag(Direction::kTiedGradient, peer_stage, 0), own.device(),
+                                MessageShape{own.scalar_type(), own.sizes().vec()});
+  auto send = transport.Send(own, peer, MessageTag(Direction::kTiedGradient, own_stage, 0), std::nullopt);
   auto other = receive->Wait();
   send->Wait();
   transport.CheckReceived();

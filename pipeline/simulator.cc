@@ -293,34 +293,23 @@ class DeviceStreams {
  public:
   DeviceStreams(const Schedule& schedule, const CostModel& costs) : schedule_(schedule), costs_(costs) {
     const auto& shape = schedule.shape;
-    std::map<Key, std::pair<int, size_t>> receiver;  // message -> (rank, index) of its receive
+    std::map<Key, std::pair<int, size_t>> sender, receiver;  // message -> (rank, index) of each end
     for (int r = 0; r < shape.ranks; ++r) {
-      const auto groups = CommunicationGroups(schedule, r);
-      group_of_.push_back({});
-      for (size_t i = 0; i < groups.size(); ++i) {
-        if (groups[i] < 0) {
-          group_of_[r].push_back(-1);
-          continue;
-        }
-        if (i == 0 || groups[i - 1] != groups[i]) groups_.push_back({r, PeerOf(shape, schedule.ranks[r][i]), {}, {}});
-        group_of_[r].push_back(static_cast<int>(groups_.size()) - 1);
-        groups_.back().members.push_back(i);
-        if (schedule.ranks[r][i].IsRecv()) receiver[MessageOf(schedule.ranks[r][i])] = {r, i};
+      start_.emplace_back(schedule.ranks[r].size(), std::nullopt);
+      done_.emplace_back(schedule.ranks[r].size(), std::nullopt);
+      other_end_.emplace_back(schedule.ranks[r].size(), std::make_pair(-1, size_t{0}));
+      for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+        const Action& a = schedule.ranks[r][i];
+        if (a.IsSend()) sender[MessageOf(a)] = {r, i};
+        if (a.IsRecv()) receiver[MessageOf(a)] = {r, i};
       }
     }
-    for (auto& group : groups_) {
-      for (size_t i : group.members) {
-        const Action& a = schedule.ranks[group.rank][i];
-        if (!a.IsSend()) continue;
-        const auto& [rank, index] = receiver.at(MessageOf(a));
-        const int theirs = group_of_[rank][index];
-        group.partners.push_back(theirs);
-        groups_[theirs].partners.push_back(&group - groups_.data());
-      }
+    for (const auto& [message, send] : sender) {
+      const auto receive = receiver.find(message);
+      if (receive == receiver.end()) continue;  // CheckStatically reports it
+      other_end_[send.first][send.second] = receive->second;
+      other_end_[receive->second.first][receive->second.second] = send;
     }
-    start_.assign(groups_.size(), std::nullopt);
-    done_.assign(groups_.size(), std::nullopt);
-    for (int r = 0; r < shape.ranks; ++r) compute_start_.emplace_back(schedule.ranks[r].size(), std::nullopt);
   }
 
   SimulationResult Run() {
@@ -340,30 +329,28 @@ class DeviceStreams {
       bool reported = false;
       for (size_t i = 0; i < actions.size(); ++i) {
         const Action& a = actions[i];
-        const int g = group_of_[r][i];
-        const bool known = a.IsCompute() ? compute_start_[r][i].has_value() : done_[g].has_value();
-        if (!known) {
+        if (!start_[r][i] || (!a.IsCompute() && !done_[r][i])) {
           if (!reported) stuck.push_back(Waiting(r, i));
           reported = true;
           continue;
         }
+        result.start_times[r][i] = *start_[r][i];
         if (!a.IsCompute()) {
-          result.start_times[r][i] = *start_[g];
-          result.finish[r] = std::max(result.finish[r], *done_[g]);
+          result.finish[r] = std::max(result.finish[r], *done_[r][i]);
           continue;
         }
         const double cost = CostOf(r, i);
-        result.start_times[r][i] = *compute_start_[r][i];
         result.busy[r] += cost;
-        result.finish[r] = std::max(result.finish[r], *compute_start_[r][i] + cost);
+        result.finish[r] = std::max(result.finish[r], *start_[r][i] + cost);
         if (a.kind == ActionKind::kForward) ++in_flight;
         if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --in_flight;
         result.peak_in_flight[r] = std::max(result.peak_in_flight[r], in_flight);
       }
     }
     if (!stuck.empty()) {
-      result.error = fmt::format("deadlock on the device streams (NCCL: a receive blocks its peer's stream until its "
-                                 "message comes): {}", fmt::join(stuck, "; "));
+      result.error = fmt::format("deadlock on the device streams (NCCL: a send or receive holds its channel's stream "
+                                 "until the other end has started): {}",
+                                 fmt::join(stuck, "; "));
       return result;
     }
     result.ok = true;
@@ -375,12 +362,6 @@ class DeviceStreams {
   }
 
  private:
-  struct Group {
-    int rank = 0, peer = 0;
-    std::vector<size_t> members;  // indices in the rank's list
-    std::vector<int> partners;    // groups holding the other end of a member's message
-  };
-
   double CostOf(int r, size_t i) const {
     return costs_.per_action.empty() ? pipeline::CostOf(schedule_.ranks[r][i], costs_) : costs_.per_action.at(r).at(i);
   }
@@ -389,70 +370,68 @@ class DeviceStreams {
   bool Pass() {
     bool changed = false;
     const auto& shape = schedule_.shape;
+    const auto learn = [&changed](std::optional<double>& slot, double value) {
+      if (slot) return;
+      slot = value;
+      changed = true;
+    };
     for (int r = 0; r < shape.ranks; ++r) {
       const auto& actions = schedule_.ranks[r];
-      double frontier = 0.0;                     // the compute stream is done with everything issued so far
-      std::map<int, int> previous_on_stream;     // peer -> the last group issued to it
-      std::map<std::pair<int, bool>, int> last_send_group;  // (peer, forward?) -> group of the last send
+      double frontier = 0.0;  // the compute stream is done with everything issued so far
+      std::map<std::pair<int, bool>, size_t> channel_last;    // (peer, sends?) -> its last message so far
+      std::map<std::pair<int, bool>, size_t> last_send;       // (peer, forward?) -> the last send
       for (size_t i = 0; i < actions.size(); ++i) {
         const Action& a = actions[i];
         if (a.IsCompute()) {
-          std::optional<double> ready = frontier;
-          const int g = InputGroup(r, i);
-          if (g >= 0) ready = done_[g] ? std::optional<double>(std::max(frontier, *done_[g])) : std::nullopt;
-          if (!ready) break;  // the compute stream stops here, and everything after it on this rank
-          if (!compute_start_[r][i]) {
-            compute_start_[r][i] = *ready;
-            changed = true;
+          double ready = frontier;
+          const auto input = InputOf(r, i);
+          if (input) {
+            if (!done_[r][*input]) break;  // the compute stream stops here, and everything after it
+            ready = std::max(ready, *done_[r][*input]);
           }
-          frontier = *ready + CostOf(r, i);
+          learn(start_[r][i], ready);
+          frontier = ready + CostOf(r, i);
           continue;
         }
-        const int g = group_of_[r][i];
-        const int peer = groups_[g].peer;
+        const int peer = PeerOf(shape, a);
         if (a.IsSend()) {
+          // The executor waits for the previous message to the same peer and direction before it
+          // sends the next: on a GPU the compute stream waits for that send's end.
           const std::pair<int, bool> key{peer, a.kind == ActionKind::kSendForward};
-          auto previous = last_send_group.find(key);
-          if (previous != last_send_group.end() && previous->second != g) {
-            if (!done_[previous->second]) break;  // the compute stream waits for the earlier send
-            frontier = std::max(frontier, *done_[previous->second]);
+          const auto previous = last_send.find(key);
+          if (previous != last_send.end()) {
+            if (!done_[r][previous->second]) break;
+            frontier = std::max(frontier, *done_[r][previous->second]);
           }
-          last_send_group[key] = g;
+          last_send[key] = i;
         }
-        if (i != groups_[g].members.back()) continue;  // the group is issued with its last member
-        // It starts after the group before it on its stream (if that one is done at all).
-        auto before = previous_on_stream.find(peer);
-        const bool first = before == previous_on_stream.end();
-        const bool startable = first || done_[before->second].has_value();
-        const double start = first ? frontier : std::max(frontier, done_[before->second].value_or(0.0));
-        previous_on_stream[peer] = g;
-        if (startable && !start_[g]) {
-          start_[g] = start;
-          changed = true;
+        // Issued now: its channel's stream takes it once the compute stream has done everything
+        // issued before it and the channel's previous message is done.
+        double start = frontier;
+        const std::pair<int, bool> channel{peer, a.IsSend()};
+        const auto last = channel_last.find(channel);
+        const std::optional<size_t> before =
+            last == channel_last.end() ? std::nullopt : std::optional<size_t>(last->second);
+        channel_last[channel] = i;
+        if (before) {
+          if (!done_[r][*before]) continue;  // later messages on this channel wait; others do not
+          start = std::max(start, *done_[r][*before]);
         }
+        learn(start_[r][i], start);
       }
     }
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      if (done_[g] || !start_[g]) continue;
-      double done = *start_[g];
-      bool all = true;
-      for (int partner : groups_[g].partners) {
-        if (!start_[partner]) {
-          all = false;
-          break;
-        }
-        done = std::max(done, *start_[partner]);
-      }
-      if (all) {
-        done_[g] = done;
-        changed = true;
+    for (int r = 0; r < shape.ranks; ++r) {
+      for (size_t i = 0; i < schedule_.ranks[r].size(); ++i) {
+        const auto& [peer, index] = other_end_[r][i];
+        if (peer < 0 || done_[r][i] || !start_[r][i] || !start_[peer][index]) continue;
+        learn(done_[r][i], std::max(*start_[r][i], *start_[peer][index]));
       }
     }
     return changed;
   }
 
-  // The group whose receive compute action (r, i) takes its input from; -1 when none.
-  int InputGroup(int r, size_t i) const {
+  // The index of the receive whose message compute action (r, i) takes; none for a local input.
+  std::optional<size_t> InputOf(int r, size_t i) const {
     const Action& a = schedule_.ranks[r][i];
     const auto& shape = schedule_.shape;
     Action receive{};
@@ -462,39 +441,49 @@ class DeviceStreams {
                a.stage + 1 < shape.stages() && shape.RankOfStage(a.stage + 1) != r) {
       receive = {ActionKind::kRecvBackward, a.stage, a.microbatch};
     } else {
-      return -1;
+      return std::nullopt;
     }
     const auto& actions = schedule_.ranks[r];
     const auto found = std::find(actions.begin(), actions.end(), receive);
-    return found == actions.end() ? -1 : group_of_[r][static_cast<size_t>(found - actions.begin())];
+    if (found == actions.end()) return std::nullopt;
+    return static_cast<size_t>(found - actions.begin());
   }
 
   // What rank r's first unfinished action (index i) waits for.
   std::string Waiting(int r, size_t i) const {
     const Action& a = schedule_.ranks[r][i];
-    const int g = a.IsCompute() ? InputGroup(r, i) : group_of_[r][i];
-    if (g < 0) return fmt::format("{} behind its rank's stream", At(r, i, a));
-    std::vector<std::string> members;
-    for (size_t m : groups_[g].members) members.push_back(schedule_.ranks[r][m].ToString());
-    std::string why = fmt::format("{} waits for its group [{}] with rank {}", At(r, i, a), fmt::join(members, " "),
-                                  groups_[g].peer);
-    if (!start_[g]) return why + ", not started (the stream before it is blocked)";
-    for (int partner : groups_[g].partners) {
-      if (start_[partner]) continue;
-      std::vector<std::string> theirs;
-      for (size_t m : groups_[partner].members) theirs.push_back(schedule_.ranks[groups_[partner].rank][m].ToString());
-      return why + fmt::format(", whose messages need rank {}'s group [{}], not started", groups_[partner].rank,
-                               fmt::join(theirs, " "));
+    if (a.IsCompute()) {
+      const auto input = InputOf(r, i);
+      if (!start_[r][i] && input && !done_[r][*input]) {
+        return fmt::format("{} waits for {}", At(r, i, a), At(r, *input, schedule_.ranks[r][*input]));
+      }
+      return fmt::format("{} waits behind its rank's compute stream", At(r, i, a));
     }
-    return why;
+    if (!start_[r][i]) {
+      // The latest earlier send to the same peer and direction (the executor waits for it), else
+      // the message before it on its channel.
+      const auto& actions = schedule_.ranks[r];
+      const int peer = PeerOf(schedule_.shape, a);
+      for (size_t j = i; j-- > 0;) {
+        const Action& b = actions[j];
+        if (a.IsSend() && b.kind == a.kind && PeerOf(schedule_.shape, b) == peer && !done_[r][j]) {
+          return fmt::format("{} waits for the send before it, {}, to end", At(r, i, a), At(r, j, b));
+        }
+        if (!b.IsCompute() && b.IsSend() == a.IsSend() && PeerOf(schedule_.shape, b) == peer) {
+          return fmt::format("{} waits for {} before it on its channel", At(r, i, a), At(r, j, b));
+        }
+      }
+      return fmt::format("{} waits behind its rank's compute stream", At(r, i, a));
+    }
+    const auto& [peer, index] = other_end_[r][i];
+    return fmt::format("{} has started; its other end {} has not", At(r, i, a),
+                       At(peer, index, schedule_.ranks[peer][index]));
   }
 
   const Schedule& schedule_;
   CostModel costs_;
-  std::vector<Group> groups_;
-  std::vector<std::vector<int>> group_of_;  // [rank][index]: group, -1 for compute
-  std::vector<std::optional<double>> start_, done_;
-  std::vector<std::vector<std::optional<double>>> compute_start_;
+  std::vector<std::vector<std::optional<double>>> start_, done_;  // [rank][index]
+  std::vector<std::vector<std::pair<int, size_t>>> other_end_;    // [rank][index]: (rank, index), -1 for compute
 };
 
 }  // namespace
@@ -507,18 +496,6 @@ int PeerOf(const PipelineShape& shape, const Action& action) {
     case ActionKind::kSendForward: return shape.RankOfStage(action.stage + 1);
     default: return -1;
   }
-}
-
-std::vector<int> CommunicationGroups(const Schedule& schedule, int rank) {
-  std::vector<int> groups;
-  int group = -1, open_peer = -1;
-  for (const Action& action : schedule.ranks.at(rank)) {
-    const int peer = PeerOf(schedule.shape, action);
-    if (peer >= 0 && peer != open_peer) ++group;
-    open_peer = peer;
-    groups.push_back(peer >= 0 ? group : -1);
-  }
-  return groups;
 }
 
 SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, const CostModel& costs) {
@@ -646,21 +623,9 @@ std::string MessageOrderProblem(const Schedule& schedule) {
   return "";
 }
 
-Schedule LowerSchedule(const Schedule& compute, bool post_receives_first, CommunicationModel model) {
+Schedule LowerSchedule(const Schedule& compute, bool post_receives_first) {
   if (!post_receives_first) return AddCommunication(compute, false);
-  if (model == CommunicationModel::kHost) {
-    return OrderReceivesAsSent(PostReceivesWhereNeeded(AddCommunication(compute, true)));
-  }
-  // Device streams: each receive where its message is needed, ahead of the sends just before it
-  // (no further: ahead of a compute action it would be a group of its own, queued before them).
-  Schedule lowered = AddCommunication(compute, false);
-  for (auto& actions : lowered.ranks) {
-    for (size_t i = 1; i < actions.size(); ++i) {
-      if (!actions[i].IsRecv()) continue;
-      for (size_t j = i; j > 0 && actions[j - 1].IsSend(); --j) std::swap(actions[j], actions[j - 1]);
-    }
-  }
-  return OrderReceivesAsSent(std::move(lowered));
+  return OrderReceivesAsSent(PostReceivesWhereNeeded(AddCommunication(compute, true)));
 }
 
 SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs, CommunicationModel model) {
@@ -668,11 +633,8 @@ SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& cos
     return ScheduleError(fmt::format("schedule {} ({} ranks, {} microbatches) is invalid{}: {}", schedule.name,
                                      schedule.shape.ranks, schedule.shape.microbatches, how, why));
   };
-  // On device streams the host never waits in a send, so the rendezvous run does not apply there.
-  if (model == CommunicationModel::kHost) {
-    const auto rendezvous = Simulate(schedule, SendSemantics::kRendezvous, costs);
-    if (!rendezvous.ok) throw invalid(" when sends wait for receives", rendezvous.error);
-  }
+  const auto rendezvous = Simulate(schedule, SendSemantics::kRendezvous, costs);
+  if (!rendezvous.ok) throw invalid(" when sends wait for receives", rendezvous.error);
   auto result = Simulate(schedule, SendSemantics::kBuffered, costs);
   if (!result.ok) throw invalid("", result.error);
   const std::string order = MessageOrderProblem(schedule);

@@ -26,16 +26,18 @@ struct CostModel {
 enum class SendSemantics {
   kBuffered,    // a send completes at once (the message waits at the receiver)
   kRendezvous,  // a send completes only once the receiver has posted the matching receive
-  // NCCL on GPUs (c10d's ProcessGroupNCCL): the host never blocks. Each rank has a compute stream
-  // (its compute actions, in order) and one communication stream per peer, on which the rank's
-  // groups with that peer (CommunicationGroups) run in order. A group starts once the compute
-  // stream has done everything issued before it and the group before it on that stream is
-  // done; it is done once every group holding a matching send or receive has started (a
-  // receive blocks its stream until its message comes). A compute action that takes a received
-  // message waits for the receive's group, and a send whose previous message to the same peer
-  // and direction went in an earlier group makes the compute stream wait for that group
-  // (the executor's IssueSend). A receive posted on the stream before a send the peer needs
-  // first deadlocks here while the host models accept it.
+  // NCCL on GPUs (the nccl transport): the host never blocks. Each rank has a compute stream
+  // (its compute actions, in order), and each ordered pair of ranks that exchanges messages has a
+  // channel of its own (a two-rank NCCL communicator on which one rank only sends and the other
+  // only receives, with a stream on each side). A message's send or receive starts on its side's
+  // channel stream once the compute stream has done everything issued before it (c10d makes the
+  // communication stream wait for the current one) and the channel's previous message on that
+  // side is done; both ends are done once both have started (NCCL's point-to-point transfer needs
+  // both kernels running). A compute action that takes a received message waits for that
+  // receive; a send makes the compute stream wait for the previous send to the same peer and
+  // direction (the executor's IssueSend). One shared stream per rank, which is where c10d's
+  // coalesced groups go, would instead queue a receive posted early ahead of sends its peer needs
+  // first, and deadlock 1F1B from two ranks on.
   kDeviceStreams,
 };
 
@@ -51,11 +53,6 @@ struct SimulationResult {
   std::vector<std::vector<double>> start_times;  // [rank][action index]
   std::vector<size_t> stuck_at;        // when deadlocked: each rank's next action index
 };
-
-// The executor's communication groups of rank `rank`: each maximal run of consecutive
-// communication actions with one peer is one group (c10d coalescing, one NCCL launch). Returns,
-// per action, its group's number on this rank, or -1 for a compute action.
-std::vector<int> CommunicationGroups(const Schedule& schedule, int rank);
 
 // The rank a communication action talks to; -1 for a compute action.
 int PeerOf(const PipelineShape& shape, const Action& action);
@@ -81,21 +78,18 @@ Schedule OrderReceivesAsSent(Schedule lowered);
 // otherwise the first pair and message where they differ.
 std::string MessageOrderProblem(const Schedule& schedule);
 
-// Where a transport's messages wait: on the host (gloo, staged: a receive posted early lets its
-// message land during the compute before it) or on device streams (nccl: kDeviceStreams).
+// Where a transport's messages wait: on the host (gloo, staged) or on device streams (nccl:
+// kDeviceStreams). Both run the same lowering: a receive posted early lets its message land
+// during the compute before it, on the host or on its channel's stream.
 enum class CommunicationModel { kHost, kDeviceStreams };
 
-// What every rank runs: AddCommunication, PostReceivesWhereNeeded, then OrderReceivesAsSent
-// (only AddCommunication when the send_before_recv fault asks for sends ahead of receives, a bug
-// the others must not repair). For device streams, receives are not posted ahead of compute:
-// each is posted where its message is needed, in one group with the sends beside it (as PyTorch
-// pipelining's batched send/recv does): a receive queued on a stream ahead of a send the peer
-// waits for deadlocks both (kDeviceStreams).
-Schedule LowerSchedule(const Schedule& compute, bool post_receives_first = true,
-                       CommunicationModel model = CommunicationModel::kHost);
+// What every rank runs, on every transport: AddCommunication, PostReceivesWhereNeeded, then
+// OrderReceivesAsSent (only AddCommunication when the send_before_recv fault asks for sends
+// ahead of receives, a bug the others must not repair).
+Schedule LowerSchedule(const Schedule& compute, bool post_receives_first = true);
 
-// Simulates under both send semantics and checks the message order (MessageOrderProblem), and
-// for device streams also simulates kDeviceStreams; throws ScheduleError with the first
+// Simulates under both host send semantics and checks the message order (MessageOrderProblem),
+// and for device streams also simulates kDeviceStreams; throws ScheduleError with the first
 // failure's report. Returns the buffered run's result.
 SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs = {},
                                   CommunicationModel model = CommunicationModel::kHost);

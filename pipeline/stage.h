@@ -27,8 +27,8 @@ struct PipelineConfig {
   std::string schedule = "1f1b";
   std::string partition = "uniform";
   Fault fault = Fault::kNone;  // a known bug to inject (faults.h); kNone in every real run
-  // How the transport's messages wait (simulator.h): kDeviceStreams on nccl, which lowers and
-  // validates the schedule for NCCL's streams.
+  // How the transport's messages wait (simulator.h): kDeviceStreams on nccl, where the schedule
+  // is also validated on NCCL's channels and streams.
   CommunicationModel communication = CommunicationModel::kHost;
 };
 

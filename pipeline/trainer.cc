@@ -19,7 +19,7 @@ Schedule BuildSchedule(const PipelineConfig& config) {
   const PipelineShape shape{config.world_size, config.virtual_stages, config.microbatches};
   const Faults faults(config.fault, config.microbatches);
   Schedule lowered =
-      LowerSchedule(ScheduleByName(config.schedule, shape), faults.PostReceivesFirst(), config.communication);
+      LowerSchedule(ScheduleByName(config.schedule, shape), faults.PostReceivesFirst());
   ValidateSchedule(lowered, {}, config.communication);
   return lowered;
 }
@@ -133,6 +133,14 @@ RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankRe
   RankResult result;
   result.rank = transport_.rank();
   for (const auto& stage : stages_) result.stages.push_back(stage->index);
+  // Every pair that will carry a message, the same list on every rank (the transport's channels).
+  std::vector<std::pair<int, int>> channels = TiedChannels(config_, schedule_.shape);
+  for (int r = 0; r < schedule_.shape.ranks; ++r) {
+    for (const Action& action : schedule_.ranks[r]) {
+      if (action.IsSend()) channels.emplace_back(r, PeerOf(schedule_.shape, action));
+    }
+  }
+  transport_.OpenChannels(channels);
   AlignClocks();
   for (int64_t step = 0; step < config_.train.steps; ++step) {
     Step(step, result);

@@ -50,16 +50,6 @@ void CheckHeader(const MessageHeader& got, int peer, int rank, int tag, const st
               " but the plan expects ", expected ? expected->ToString() : std::string());
 }
 
-void PeerGroupCheck::Begin(int peer) {
-  TORCH_CHECK(peer_ < 0, "a group of messages to rank ", peer, " begins inside the group to rank ", peer_);
-  peer_ = peer;
-}
-
-void PeerGroupCheck::Op(int peer) const {
-  TORCH_CHECK(peer_ < 0 || peer_ == peer, "a message to or from rank ", peer, " inside the group of rank ", peer_,
-              ": a group has one peer");
-}
-
 namespace {
 
 // c10d tags of the Gloo channels: every message between two ranks goes on the same two, header
@@ -129,12 +119,9 @@ class GlooTransport : public Transport {
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
   std::string name() const override { return staged_ ? "staged" : "gloo"; }
-  void BeginGroup(int peer) override { group_check_.Begin(peer); }
-  void EndGroup() override { group_check_.End(); }
 
   std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
                                     const std::optional<MessageShape>& announced) override {
-    group_check_.Op(peer);
     TORCH_CHECK(staged_ || !tensor.is_cuda(), "the gloo transport cannot send CUDA tensors (", DescribeTag(tag),
                 "): use staged or nccl");
     std::vector<torch::Tensor> header = {
@@ -156,7 +143,6 @@ class GlooTransport : public Transport {
 
   std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
                                     const std::optional<MessageShape>& expected) override {
-    group_check_.Op(peer);
     TORCH_CHECK(staged_ || !device.is_cuda(), "the gloo transport cannot receive onto ", device.str(),
                 " (", DescribeTag(tag), "): use staged or nccl");
     return std::make_unique<GlooRecv>(group_, rank_, peer, tag, device, staged_ && device.is_cuda(), expected);
@@ -179,7 +165,6 @@ class GlooTransport : public Transport {
   compat::GlooGroup group_;
   int rank_, size_;
   bool staged_;
-  PeerGroupCheck group_check_;
 };
 
 // World size 1: no peers, so any send or receive is a bug in the caller.
@@ -188,8 +173,6 @@ class SoloTransport : public Transport {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   std::string name() const override { return "none"; }
-  void BeginGroup(int) override {}
-  void EndGroup() override {}
   std::unique_ptr<PendingSend> Send(const torch::Tensor&, int peer, int tag, const std::optional<MessageShape>&) override {
     TORCH_CHECK(false, "world size 1 has no peer to send to (peer ", peer, ", tag ", tag, ")");
   }

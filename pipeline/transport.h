@@ -6,10 +6,13 @@
 // peer's k-th receive from it, so both must post them in the same order (the simulator proves
 // a schedule does). The tag names the message (direction, stage, microbatch) and travels in the
 // header, where the receiver checks it: a message taken out of order is an error naming both,
-// never a silent mix-up. Sends and receives due together with one peer are issued as one group
-// (BeginGroup/EndGroup: NCCL's grouped launch, through c10d's coalescing), so two ranks that
-// exchange with each other cannot each wait for the other to receive first. Gloo and staged
-// follow the same discipline, so the CPU tests exercise what NCCL relies on.
+// never a silent mix-up. Sends are asynchronous and receives are posted where the plan puts
+// them (as early as it allows), so a rank waits only for a message it needs or for its previous
+// send to the same peer and direction. On nccl, each ordered pair of ranks has a one-way channel
+// of its own (a two-rank communicator and its streams), so a receive posted early holds only the
+// messages behind it from that peer, never a send; the simulator checks every schedule under this
+// (kDeviceStreams). Gloo and staged follow the same discipline, so the CPU tests exercise the
+// order and the early receives NCCL relies on.
 //
 // Transports: gloo (CPU tensors), staged (CUDA tensors through pinned host memory over Gloo,
 // for ranks that share a GPU), nccl (CUDA tensors over c10d's ProcessGroupNCCL, one GPU per
@@ -25,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pipecheck::pipeline {
@@ -77,9 +81,6 @@ class Transport {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual std::string name() const = 0;  // gloo, staged, nccl; none at world size 1
-  // Sends and receives between the two calls go to `peer` only and are issued together.
-  virtual void BeginGroup(int peer) = 0;
-  virtual void EndGroup() = 0;
   // Starts sending `tensor` to `peer`; the tensor is kept alive until the send completes. The
   // header states the tensor's own dtype and shape, or `announced` (only a fault lies so).
   virtual std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
@@ -88,24 +89,17 @@ class Transport {
   // the payload's receive is posted now as well, and a message of another shape is an error.
   virtual std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
                                             const std::optional<MessageShape>& expected) = 0;
+  // Called by every rank before the first message, with the same list everywhere: the ordered
+  // pairs (from, to) that will carry messages. nccl makes each pair's one-way channel now, in one
+  // order on every rank, so no rank waits inside a step for a peer to set a channel up. A message
+  // on a pair not listed is an error there; the other transports need nothing.
+  virtual void OpenChannels(const std::vector<std::pair<int, int>>& /*channels*/) {}
   // Every rank's `value`, indexed by rank, identical on every rank (over the device group).
   virtual std::vector<double> AllGather(double value) = 0;
   virtual void Barrier() = 0;
   // Throws if a message received since the last call broke the discipline (headers a transport
   // could only read off the device later: nccl). Called where the step's work is done.
   virtual void CheckReceived() {}
-};
-
-// Issues the sends and receives between construction and destruction as one group.
-class TransportGroup {
- public:
-  TransportGroup(Transport& transport, int peer) : transport_(transport) { transport_.BeginGroup(peer); }
-  ~TransportGroup() { transport_.EndGroup(); }
-  TransportGroup(const TransportGroup&) = delete;
-  TransportGroup& operator=(const TransportGroup&) = delete;
-
- private:
-  Transport& transport_;
 };
 
 struct RendezvousOptions {

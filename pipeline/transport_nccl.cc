@@ -1,12 +1,18 @@
 // The nccl transport (see transport.h): CUDA tensors over c10d's ProcessGroupNCCL, one GPU per
-// rank. NCCL matches a pair's messages by order on one stream per pair, and a receive it has
-// started blocks that stream until its send arrives: the discipline's groups (one peer each,
-// c10d coalescing, NCCL's grouped launch) are what keep two ranks that exchange from waiting on
-// each other. Waiting for a message makes the current stream wait for it: the host does not.
-// Headers travel ahead of payloads as on every transport; their tags and shapes are read off the
-// device where the step's work is done (CheckReceived), not per message, which would stall the
-// host on every receive. CPU tensors (the results sent to rank 0) go over a Gloo group; the
-// clipping norm's gather and the barrier go over NCCL.
+// rank. NCCL matches a pair's messages by order, and a send or receive it has started holds its
+// stream until the other end has started too. On one communicator a rank's messages to and from
+// all peers would share one stream (c10d puts every coalesced group there), where a receive
+// posted early waits ahead of sends the peer needs first: 1F1B deadlocks from two ranks on. So
+// each ordered pair of ranks that exchanges messages gets a channel of its own, a two-rank
+// ProcessGroupNCCL on which the first rank only sends and the second only receives, each with its
+// own communicator and stream: a receive posted early holds only later messages from the same
+// peer (the simulator's kDeviceStreams). Channels are made, and their communicators set up by a
+// first message, before the first step and in one order on every rank (OpenChannels). Waiting for
+// a message makes the current stream wait for it: the host does not. Headers travel ahead of
+// payloads as on every transport; their tags and shapes are read off the device where the step's
+// work is done (CheckReceived), not per message, which would stall the host on every receive.
+// CPU tensors (the results sent to rank 0) go over a Gloo group; the clipping norm's gather and
+// the barrier go over the whole group's communicator.
 #include "pipeline/transport_parts.h"
 
 #if PIPECHECK_NCCL
@@ -15,6 +21,11 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 #endif
 
@@ -26,20 +37,13 @@ bool NcclAvailable() { return true; }
 
 namespace {
 
-// A work handle that a group fills in when it is issued (ops inside a coalesced group have none
-// of their own), shared by every message of the group.
-using WorkSlot = std::shared_ptr<compat::WorkHandle>;
-
-void WaitOn(const std::vector<WorkSlot>& slots) {
-  for (const auto& slot : slots) {
-    TORCH_CHECK(slot && *slot, "an nccl message is waited for before its group was issued");
-    (*slot)->wait();  // the current stream waits for the NCCL stream; the host does not
-  }
+void WaitOn(const std::vector<compat::WorkHandle>& works) {
+  for (const auto& work : works) work->wait();  // the current stream waits for the channel's; the host does not
 }
 
 class NcclSend : public PendingSend {
  public:
-  NcclSend(std::vector<WorkSlot> works, std::vector<torch::Tensor> buffers)
+  NcclSend(std::vector<compat::WorkHandle> works, std::vector<torch::Tensor> buffers)
       : works_(std::move(works)), buffers_(std::move(buffers)) {}
   void Wait() override {
     WaitOn(works_);
@@ -47,7 +51,7 @@ class NcclSend : public PendingSend {
   }
 
  private:
-  std::vector<WorkSlot> works_;
+  std::vector<compat::WorkHandle> works_;
   std::vector<torch::Tensor> buffers_;
 };
 
@@ -59,7 +63,7 @@ struct Unchecked {
 
 class NcclRecv : public PendingRecv {
  public:
-  NcclRecv(std::vector<WorkSlot> works, torch::Tensor header, torch::Tensor payload, int peer, int tag,
+  NcclRecv(std::vector<compat::WorkHandle> works, torch::Tensor header, torch::Tensor payload, int peer, int tag,
            std::optional<MessageShape> expected, std::vector<Unchecked>& unchecked)
       : works_(std::move(works)), header_(std::move(header)), payload_(std::move(payload)), peer_(peer), tag_(tag),
         expected_(std::move(expected)), unchecked_(unchecked) {}
@@ -72,65 +76,74 @@ class NcclRecv : public PendingRecv {
   }
 
  private:
-  std::vector<WorkSlot> works_;
+  std::vector<compat::WorkHandle> works_;
   torch::Tensor header_, payload_;
   int peer_, tag_;
   std::optional<MessageShape> expected_;
   std::vector<Unchecked>& unchecked_;
 };
 
+using Channel = c10::intrusive_ptr<c10d::ProcessGroupNCCL>;
+
 class NcclTransport : public Transport {
  public:
-  NcclTransport(c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl, std::unique_ptr<Transport> host,
+  NcclTransport(Channel nccl, c10::intrusive_ptr<c10d::Store> store, std::unique_ptr<Transport> host,
                 const RendezvousOptions& options, torch::Device device)
-      : nccl_(std::move(nccl)), host_(std::move(host)), rank_(options.rank), size_(options.world_size),
-        device_(device) {}
+      : nccl_(std::move(nccl)), store_(std::move(store)), host_(std::move(host)), rank_(options.rank),
+        size_(options.world_size), timeout_(options.timeout), device_(device) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
   std::string name() const override { return "nccl"; }
 
-  void BeginGroup(int peer) override {
-    group_check_.Begin(peer);
-    host_->BeginGroup(peer);
-    group_slots_.clear();
-    grouped_ = false;
-  }
-
-  void EndGroup() override {
-    group_check_.End();
-    host_->EndGroup();
-    if (grouped_) {
-      auto work = nccl_->endCoalescing();
-      for (auto& slot : group_slots_) *slot = work;
+  void OpenChannels(const std::vector<std::pair<int, int>>& channels) override {
+    host_->OpenChannels(channels);
+    std::vector<std::pair<int, int>> ordered(channels.begin(), channels.end());
+    std::sort(ordered.begin(), ordered.end());
+    ordered.erase(std::unique(ordered.begin(), ordered.end()), ordered.end());
+    // In one order on every rank, each channel's ends meet once (NCCL sets up a communicator
+    // with both ends present): the first channel not yet set up always has both ends at it.
+    for (const auto& [from, to] : ordered) {
+      TORCH_CHECK(from != to && from >= 0 && to >= 0 && from < size_ && to < size_, "rank ", rank_,
+                  ": no nccl channel from rank ", from, " to rank ", to, " in a group of ", size_);
+      if (rank_ != from && rank_ != to) continue;
+      if (channels_.count({from, to}) > 0) continue;
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = timeout_;
+      const std::string prefix = "nccl-channel-" + std::to_string(from) + "-" + std::to_string(to);
+      auto channel = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>(prefix, store_),
+                                                                 rank_ == from ? 0 : 1, 2, options);
+      std::vector<at::Tensor> token = {torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt32).device(device_))};
+      auto work = rank_ == from ? channel->send(token, 1, 0) : channel->recv(token, 0, 0);
+      work->wait();
+      channels_.emplace(std::make_pair(from, to), std::move(channel));
     }
-    group_slots_.clear();
-    grouped_ = false;
+    c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
   }
 
   std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
                                     const std::optional<MessageShape>& announced) override {
-    group_check_.Op(peer);
     if (!tensor.is_cuda()) return host_->Send(tensor, peer, tag, announced);
     auto header =
         MakeHeader(tag, announced ? *announced : MessageShape{tensor.scalar_type(), tensor.sizes().vec()}).to(device_);
     auto payload = tensor.detach().contiguous();
-    std::vector<WorkSlot> works = {Issue(header, peer, /*send=*/true)};
-    if (payload.numel() > 0) works.push_back(Issue(payload, peer, /*send=*/true));
+    auto& channel = ChannelOf(rank_, peer, tag);
+    std::vector<compat::WorkHandle> works = {Issue(channel, header, /*send=*/true)};
+    if (payload.numel() > 0) works.push_back(Issue(channel, payload, /*send=*/true));
     return std::make_unique<NcclSend>(std::move(works), std::vector<torch::Tensor>{header, payload});
   }
 
   std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
                                     const std::optional<MessageShape>& expected) override {
-    group_check_.Op(peer);
     if (!device.is_cuda()) return host_->Recv(peer, tag, device, expected);
     // The payload is posted with the header, so its size must come from the plan: reading the
     // header first would stall the host until the message arrived.
     TORCH_CHECK(expected, "the nccl transport receives CUDA messages of planned shapes only (", DescribeTag(tag), ")");
     auto header = torch::empty({kMessageHeaderBytes / 8}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
     auto payload = torch::empty(expected->sizes, torch::TensorOptions().dtype(expected->dtype).device(device_));
-    std::vector<WorkSlot> works = {Issue(header, peer, /*send=*/false)};
-    if (payload.numel() > 0) works.push_back(Issue(payload, peer, /*send=*/false));
+    auto& channel = ChannelOf(peer, rank_, tag);
+    std::vector<compat::WorkHandle> works = {Issue(channel, header, /*send=*/false)};
+    if (payload.numel() > 0) works.push_back(Issue(channel, payload, /*send=*/false));
     return std::make_unique<NcclRecv>(std::move(works), header, payload, peer, tag, expected, unchecked_);
   }
 
@@ -160,28 +173,26 @@ class NcclTransport : public Transport {
   }
 
  private:
-  // Issues one send or receive; inside a group it joins the coalesced launch, whose work handle
-  // the group's EndGroup fills in.
-  WorkSlot Issue(torch::Tensor tensor, int peer, bool send) {
-    const bool in_group = group_check_.peer() >= 0;
-    if (in_group && !grouped_) {
-      nccl_->startCoalescing();
-      grouped_ = true;
-    }
-    std::vector<at::Tensor> tensors = {std::move(tensor)};
-    auto work = send ? nccl_->send(tensors, peer, 0) : nccl_->recv(tensors, peer, 0);
-    auto slot = std::make_shared<compat::WorkHandle>(in_group ? compat::WorkHandle() : work);
-    if (in_group) group_slots_.push_back(slot);
-    return slot;
+  Channel& ChannelOf(int from, int to, int tag) {
+    auto found = channels_.find({from, to});
+    TORCH_CHECK(found != channels_.end(), "rank ", rank_, ": ", DescribeTag(tag), " goes from rank ", from, " to rank ",
+                to, ", a pair OpenChannels was not given (every rank must list every pair that carries messages)");
+    return found->second;
   }
 
-  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl_;
+  // One send (to the channel's rank 1) or receive (from its rank 0), in the channel's order.
+  static compat::WorkHandle Issue(Channel& channel, torch::Tensor tensor, bool send) {
+    std::vector<at::Tensor> tensors = {std::move(tensor)};
+    return send ? channel->send(tensors, 1, 0) : channel->recv(tensors, 0, 0);
+  }
+
+  Channel nccl_;  // the whole group: collectives
+  c10::intrusive_ptr<c10d::Store> store_;
   std::unique_ptr<Transport> host_;  // gloo, for CPU tensors
   int rank_, size_;
+  std::chrono::milliseconds timeout_;
   torch::Device device_;
-  PeerGroupCheck group_check_;
-  bool grouped_ = false;
-  std::vector<WorkSlot> group_slots_;
+  std::map<std::pair<int, int>, Channel> channels_;  // (from, to) -> its one-way channel
   std::vector<Unchecked> unchecked_;
 };
 
@@ -197,7 +208,7 @@ std::unique_ptr<Transport> MakeNcclTransport(const c10::intrusive_ptr<c10d::Stor
                                                           options.rank, options.world_size, nccl_options);
   auto gloo_store = c10::make_intrusive<c10d::PrefixStore>("gloo", store);
   auto host = MakeGlooTransport(gloo_store, MakeGloo(gloo_store, options), options, /*staged=*/false);
-  return std::make_unique<NcclTransport>(std::move(nccl), std::move(host), options, device);
+  return std::make_unique<NcclTransport>(std::move(nccl), store, std::move(host), options, device);
 }
 
 #else  // no NCCL in this build

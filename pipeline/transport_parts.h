@@ -27,18 +27,6 @@ MessageHeader ReadHeader(const torch::Tensor& header, int peer);
 // check) and, where the plan knows it, of the `expected` shape.
 void CheckHeader(const MessageHeader& got, int peer, int rank, int tag, const std::optional<MessageShape>& expected);
 
-// Enforces that a group's messages all have one peer.
-class PeerGroupCheck {
- public:
-  void Begin(int peer);
-  void End() { peer_ = -1; }
-  void Op(int peer) const;
-  int peer() const { return peer_; }
-
- private:
-  int peer_ = -1;
-};
-
 // A Gloo process group over `store` for this rank, facing the rendezvous host.
 compat::GlooGroup MakeGloo(const c10::intrusive_ptr<c10d::Store>& store, const RendezvousOptions& options);
 // The gloo (or, with `staged`, staged) transport over `group`.

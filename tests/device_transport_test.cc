@@ -113,33 +113,16 @@ TEST(TransportDiscipline, MessagesAreMatchedByOrderAndTheHeaderNamesThem) {
   send_b->Wait();
 }
 
-TEST(TransportDiscipline, AGroupHasOnePeer) {
-  auto pair = ConnectPair();
-  pipeline::TransportGroup group(*pair.ranks[0], 1);
-  EXPECT_THROW(pair.ranks[0]->Recv(0, 0, torch::kCPU, std::nullopt), c10::Error);  // rank 0 in rank 1's group
-  EXPECT_THROW(pair.ranks[0]->BeginGroup(1), c10::Error);                         // no nesting
-}
-
-// nccl runs a schedule only where it runs on NCCL's device streams (simulator.h): a suite that
-// names nccl with interleaved is refused at load, naming the row and the deadlock; on gloo the
-// same row loads.
-TEST(TransportChoice, NcclRefusesASchedulesThatWouldDeadlockItsStreams) {
+// nccl validates every schedule on its channels' streams (simulator.h: kDeviceStreams):
+// interleaved and ZB-V load for nccl; cpu stays on the host model.
+TEST(TransportChoice, NcclChecksSchedulesOnItsDeviceStreams) {
   const std::string header = "name,world_size,device,transport,schedule,virtual_stages,microbatches\n";
-  try {
-    harness::ParseSuite(header + "x,2,cuda,nccl,interleaved,2,4\n", "inline.csv");
-    FAIL() << "an interleaved nccl scenario was accepted";
-  } catch (const scenarios::ScenarioError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("inline.csv"), std::string::npos) << message;
-    EXPECT_NE(message.find("is invalid on device streams: deadlock on the device streams"), std::string::npos)
-        << message;
-  }
+  EXPECT_NO_THROW(harness::ParseSuite(header + "x,4,cuda,nccl,interleaved,2,8\n", "inline.csv"));
+  EXPECT_NO_THROW(harness::ParseSuite(header + "x,2,cuda,nccl,zbv,,4\n", "inline.csv"));
   EXPECT_NO_THROW(harness::ParseSuite(header + "x,2,cuda,staged,interleaved,2,4\n", "inline.csv"));
-  EXPECT_NO_THROW(harness::ParseSuite(header + "x,2,cuda,nccl,1f1b,1,4\n", "inline.csv"));
   const auto config = harness::ToPipelineConfig(harness::ParseSuite(header + "x,2,cpu,auto,1f1b,1,4\n", "inline")[0]);
   EXPECT_EQ(config.communication, pipeline::CommunicationModel::kHost);
 }
-
 TEST(TransportChoice, CpuIsGlooAndNcclNeedsAGpuPerRank) {
   const auto cpu = harness::ParseSuite("name,world_size\nx,2\n", "inline")[0];
   EXPECT_EQ(harness::ResolveTransport(cpu), "gloo");
@@ -221,7 +204,7 @@ TEST(Device, ClockMarksAreOrderedOnTheDevice_CUDA) {
   EXPECT_GT(clock.Microseconds(end), 0.0);  // the products' time on the GPU, read without a sync per mark
 }
 
-TEST(Nccl, GroupCollectivesAndTheDisciplineAtWorldSizeOne_CUDA) {
+TEST(Nccl, CollectivesAtWorldSizeOneAndChannelsOnlyBetweenPairsOfRanks_CUDA) {
   SKIP_WITHOUT_CUDA();
   ASSERT_TRUE(pipeline::NcclAvailable()) << "a CUDA build without the nccl transport";
   const torch::Device device(torch::kCUDA, 0);
@@ -230,28 +213,18 @@ TEST(Nccl, GroupCollectivesAndTheDisciplineAtWorldSizeOne_CUDA) {
   EXPECT_EQ(transport->name(), "nccl");
   EXPECT_EQ(transport->AllGather(2.5), std::vector<double>{2.5});
   transport->Barrier();
+  transport->OpenChannels({});  // nothing to carry: nothing made
+  // A channel joins two ranks; a message on a pair never opened is an error naming it.
+  EXPECT_THROW(transport->OpenChannels({{0, 0}}), c10::Error);
   const auto a = torch::randn({4, 8}, torch::TensorOptions().device(device));
-  const int tag_a = pipeline::MessageTag(pipeline::Direction::kGradient, 0, 3);
-  const int tag_b = pipeline::MessageTag(pipeline::Direction::kGradient, 0, 4);
-  const pipeline::MessageShape shape{torch::kFloat32, {4, 8}};
-  std::unique_ptr<pipeline::PendingRecv> received;
-  std::unique_ptr<pipeline::PendingSend> sent;
-  {
-    const pipeline::TransportGroup group(*transport, 0);  // to itself, as one NCCL group
-    received = transport->Recv(0, tag_a, device, shape);
-    sent = transport->Send(a, 0, tag_a, std::nullopt);
+  const int tag = pipeline::MessageTag(pipeline::Direction::kGradient, 0, 3);
+  try {
+    transport->Send(a, 0, tag, std::nullopt);
+    FAIL() << "a message on a pair without a channel was sent";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what_without_backtrace()).find("a pair OpenChannels was not given"), std::string::npos)
+        << error.what_without_backtrace();
   }
-  EXPECT_TRUE(torch::equal(received->Wait(), a));
-  sent->Wait();
-  transport->CheckReceived();
-  {
-    const pipeline::TransportGroup group(*transport, 0);
-    received = transport->Recv(0, tag_b, device, shape);  // the next message is tag_a's
-    sent = transport->Send(a, 0, tag_a, std::nullopt);
-  }
-  received->Wait();
-  sent->Wait();
-  EXPECT_THROW(transport->CheckReceived(), c10::Error);
 }
 
 // Every row of scenarios/gpu.csv but the throughput rows (those `pipecheck run` times), as real

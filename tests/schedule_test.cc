@@ -400,83 +400,77 @@ TEST(Simulator, RejectsSendsBeforeReceivesOnlyWhenSendsWaitForReceives) {
   EXPECT_NE(RejectionOf(schedule).find("when sends wait for receives"), std::string::npos);
 }
 
-// NCCL's device streams (SendSemantics::kDeviceStreams). The crossing case, by hand: each rank
-// queues a receive on the pair's stream, then computes, then sends what the other's receive
-// waits for. The host models accept it (posting early never blocks the host); on the streams
-// each receive blocks the send queued behind it.
-TEST(DeviceStreams, AReceiveQueuedAheadOfTheSendItsPeerWaitsForDeadlocks) {
-  // 1F1B at p=2, m=2 as the host lowering writes it: rank 1 posts RECV_F1 ahead of 1B0.
-  auto rank0 = std::vector<std::string>{"0F0", "0SEND_F0", "0RECV_B0", "0F1", "0SEND_F1", "0B0", "0RECV_B1", "0B1"};
-  auto rank1 = std::vector<std::string>{"1RECV_F0", "1F0", "1RECV_F1", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1"};
+// NCCL's device streams (SendSemantics::kDeviceStreams): one channel per ordered pair of ranks.
+// The host lowering's crossing exchange (1F1B at p=2: each rank posts its receive from the other
+// before its own send) runs there, since a receive holds only its own channel; on one stream per
+// rank shared by both directions it would not.
+TEST(DeviceStreams, AReceivePostedEarlyHoldsOnlyItsOwnChannel) {
+  const auto rank0 = std::vector<std::string>{"0F0", "0SEND_F0", "0RECV_B0", "0F1", "0SEND_F1", "0B0", "0RECV_B1", "0B1"};
+  const auto rank1 = std::vector<std::string>{"1RECV_F0", "1F0", "1RECV_F1", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1"};
   const Schedule crossing = TwoRankGPipe(rank0, rank1);
-  EXPECT_TRUE(pipeline::Simulate(crossing, pipeline::SendSemantics::kBuffered).ok);
-  EXPECT_TRUE(pipeline::Simulate(crossing, pipeline::SendSemantics::kRendezvous).ok);
+  const auto host = pipeline::Simulate(crossing, pipeline::SendSemantics::kBuffered);
   const auto streams = pipeline::Simulate(crossing, pipeline::SendSemantics::kDeviceStreams);
+  ASSERT_TRUE(host.ok) << host.error;
+  ASSERT_TRUE(streams.ok) << streams.error;
+  EXPECT_EQ(streams.makespan, host.makespan);
+  EXPECT_EQ(streams.start_times, host.start_times);
+  EXPECT_NO_THROW(pipeline::ValidateSchedule(crossing, {}, pipeline::CommunicationModel::kDeviceStreams));
+  EXPECT_EQ(pipeline::PeerOf(crossing.shape, pipeline::ParseAction("1SEND_B0")), 0);
+  EXPECT_EQ(pipeline::PeerOf(crossing.shape, pipeline::ParseAction("0RECV_B0")), 1);
+  EXPECT_EQ(pipeline::PeerOf(crossing.shape, pipeline::ParseAction("1F0")), -1);
+}
+
+// A channel carries its messages in order: a receive posted ahead of the one before it on the
+// same channel waits for a send that waits for that earlier receive (NCCL would hand over the
+// wrong tensor; the order check names it first).
+TEST(DeviceStreams, ReceivesOutOfTheirChannelsOrderDeadlock) {
+  const auto rank0 = std::vector<std::string>{"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"};
+  const auto rank1 = std::vector<std::string>{"1RECV_F1", "1RECV_F0", "1F0", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1"};
+  const Schedule swapped = TwoRankGPipe(rank0, rank1);
+  const auto streams = pipeline::Simulate(swapped, pipeline::SendSemantics::kDeviceStreams);
   ASSERT_FALSE(streams.ok);
   EXPECT_NE(streams.error.find("deadlock on the device streams"), std::string::npos) << streams.error;
-  EXPECT_NE(streams.error.find("rank 1 step 2 (1RECV_F1) waits for its group [1RECV_F1] with rank 0, whose messages "
-                               "need rank 0's group [0SEND_F1], not started"),
+  EXPECT_NE(streams.error.find("rank 1 step 0 (1RECV_F1) has started; its other end rank 0 step 3 (0SEND_F1) has not"),
             std::string::npos)
       << streams.error;
-  EXPECT_EQ(RejectionOf(crossing), "");  // the host transports run it
-  EXPECT_THROW(pipeline::ValidateSchedule(crossing, {}, pipeline::CommunicationModel::kDeviceStreams),
-               pipeline::ScheduleError);
-  // The same exchange issued as one group per rank (send and receive together) runs.
-  rank0 = {"0F0", "0SEND_F0", "0F1", "0RECV_B0", "0SEND_F1", "0B0", "0RECV_B1", "0B1"};
-  rank1 = {"1RECV_F0", "1F0", "1B0", "1RECV_F1", "1SEND_B0", "1F1", "1B1", "1SEND_B1"};
-  const auto grouped = pipeline::Simulate(TwoRankGPipe(rank0, rank1), pipeline::SendSemantics::kDeviceStreams);
-  EXPECT_TRUE(grouped.ok) << grouped.error;
-  EXPECT_EQ(grouped.makespan, 6.0);  // F0 | F1 and F0 | B0 ... : 2 (m + p - 1) with unit costs
+  try {
+    pipeline::ValidateSchedule(swapped, {}, pipeline::CommunicationModel::kDeviceStreams);
+    FAIL() << "receives out of order were accepted";
+  } catch (const pipeline::ScheduleError& error) {
+    EXPECT_NE(std::string(error.what()).find("matched by order"), std::string::npos) << error.what();
+  }
 }
 
-TEST(DeviceStreams, GroupsAreRunsOfCommunicationWithOnePeer) {
-  const Schedule schedule{"hand", {3, 1, 1},
-                          {Parse({"0F0", "0SEND_F0", "0RECV_B0", "0B0"}),
-                           Parse({"1RECV_F0", "1F0", "1SEND_F0", "1RECV_B0", "1B0", "1SEND_B0"}),
-                           Parse({"2RECV_F0", "2F0", "2B0", "2SEND_B0"})}};
-  EXPECT_EQ(pipeline::CommunicationGroups(schedule, 0), (std::vector<int>{-1, 0, 0, -1}));
-  EXPECT_EQ(pipeline::CommunicationGroups(schedule, 1), (std::vector<int>{0, -1, 1, 1, -1, 2}));
-  EXPECT_EQ(pipeline::PeerOf(schedule.shape, pipeline::ParseAction("1SEND_B0")), 0);
-  EXPECT_EQ(pipeline::PeerOf(schedule.shape, pipeline::ParseAction("1RECV_B0")), 2);
-  EXPECT_EQ(pipeline::PeerOf(schedule.shape, pipeline::ParseAction("1F0")), -1);
-}
-
-// The host lowering (receives ahead of compute) would hang NCCL on 1F1B from two ranks on; the
-// device-stream lowering runs GPipe, 1F1B and ZB-H1 on every shape. Interleaved and ZB-V do not
-// run on device streams yet (refused for nccl at load; auto takes staged for them).
-TEST(DeviceStreams, TheStreamLoweringRunsGPipe1F1BAndZeroBubbleH1AndTheHostOneWouldNot) {
-  EXPECT_FALSE(pipeline::Simulate(pipeline::LowerSchedule(pipeline::OneFOneBSchedule({2, 1, 4})),
-                                  pipeline::SendSemantics::kDeviceStreams).ok);
-  EXPECT_THROW(pipeline::ValidateSchedule(pipeline::LowerSchedule(pipeline::InterleavedSchedule({2, 2, 4}), true,
-                                                                  pipeline::CommunicationModel::kDeviceStreams),
-                                          {}, pipeline::CommunicationModel::kDeviceStreams),
-               pipeline::ScheduleError);
+// Every generated schedule, lowered once for every transport, runs on NCCL's channels in the
+// time the host model gives it (communication free in both), on every shape.
+TEST(DeviceStreams, EveryScheduleRunsOnChannelsInTheHostModelsTime) {
   const pipeline::CostModel split = SplitBackwardCosts();
-  for (const std::string name : {"gpipe", "1f1b", "zbh1"}) {
+  int shapes = 0;
+  for (const std::string& name : pipeline::ScheduleNames()) {
     for (int p = 1; p <= 6; ++p) {
       for (int v : {1, 2}) {
         for (int m = 1; m <= 12; ++m) {
-          const PipelineShape shape{p, v, m};
           Schedule compute;
           try {
-            compute = pipeline::MakeSchedule(name, shape);
+            compute = pipeline::MakeSchedule(name, {p, v, m});
           } catch (const pipeline::ScheduleError&) {
             continue;  // a shape this generator does not serve
           }
           SCOPED_TRACE(name + " p=" + std::to_string(p) + " v=" + std::to_string(v) + " m=" + std::to_string(m));
-          const Schedule lowered =
-              pipeline::LowerSchedule(compute, true, pipeline::CommunicationModel::kDeviceStreams);
+          ++shapes;
+          const Schedule lowered = pipeline::LowerSchedule(compute);
           ASSERT_NO_THROW(pipeline::ValidateSchedule(lowered, split, pipeline::CommunicationModel::kDeviceStreams));
           const auto streams = pipeline::Simulate(lowered, pipeline::SendSemantics::kDeviceStreams, split);
           ASSERT_TRUE(streams.ok) << streams.error;
-          // Communication is free in both models: the streams take no longer than the host.
           const auto host = pipeline::Simulate(lowered, pipeline::SendSemantics::kBuffered, split);
           EXPECT_NEAR(streams.makespan, host.makespan, 1e-9);
         }
       }
     }
   }
+  EXPECT_EQ(shapes, 389);
 }
 
 }  // namespace
 }  // namespace pipecheck
+
