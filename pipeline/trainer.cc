@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <functional>
@@ -22,6 +23,18 @@ Schedule BuildSchedule(const PipelineConfig& config) {
       LowerSchedule(ScheduleByName(config.schedule, shape), faults.PostReceivesFirst());
   ValidateSchedule(lowered, {}, config.communication);
   return lowered;
+}
+
+std::vector<std::pair<int, int>> MessageChannels(const PipelineConfig& config, const Schedule& schedule) {
+  std::vector<std::pair<int, int>> channels = TiedChannels(config, schedule.shape);
+  for (int r = 0; r < schedule.shape.ranks; ++r) {
+    for (const Action& action : schedule.ranks[r]) {
+      if (action.IsSend()) channels.emplace_back(r, PeerOf(schedule.shape, action));
+    }
+  }
+  std::sort(channels.begin(), channels.end());
+  channels.erase(std::unique(channels.begin(), channels.end()), channels.end());
+  return channels;
 }
 
 PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport)
@@ -133,14 +146,7 @@ RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankRe
   RankResult result;
   result.rank = transport_.rank();
   for (const auto& stage : stages_) result.stages.push_back(stage->index);
-  // Every pair that will carry a message, the same list on every rank (the transport's channels).
-  std::vector<std::pair<int, int>> channels = TiedChannels(config_, schedule_.shape);
-  for (int r = 0; r < schedule_.shape.ranks; ++r) {
-    for (const Action& action : schedule_.ranks[r]) {
-      if (action.IsSend()) channels.emplace_back(r, PeerOf(schedule_.shape, action));
-    }
-  }
-  transport_.OpenChannels(channels);
+  transport_.OpenChannels(MessageChannels(config_, schedule_));
   AlignClocks();
   for (int64_t step = 0; step < config_.train.steps; ++step) {
     Step(step, result);

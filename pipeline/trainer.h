@@ -27,6 +27,11 @@ namespace pipecheck::pipeline {
 // The validated, lowered schedule every rank of this configuration runs.
 Schedule BuildSchedule(const PipelineConfig& config);
 
+// Every ordered pair of ranks (from, to) that carries a message in a step of `schedule` (its
+// sends, and the tied sum's exchange), sorted, each once: the same list on every rank, handed to
+// Transport::OpenChannels before the first step.
+std::vector<std::pair<int, int>> MessageChannels(const PipelineConfig& config, const Schedule& schedule);
+
 class PipelineTrainer {
  public:
   PipelineTrainer(const PipelineConfig& config, Transport& transport);

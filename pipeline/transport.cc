@@ -9,6 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "pipeline/c10d_compat.h"
 #include "pipeline/transport_parts.h"
 
@@ -48,6 +50,19 @@ void CheckHeader(const MessageHeader& got, int peer, int rank, int tag, const st
   TORCH_CHECK(!expected || (got.shape.dtype == expected->dtype && got.shape.sizes == expected->sizes),
               "message from rank ", peer, " (", DescribeTag(tag), ") is ", got.shape.ToString(),
               " but the plan expects ", expected ? expected->ToString() : std::string());
+}
+
+std::vector<std::pair<int, int>> ChannelsOfRank(const std::vector<std::pair<int, int>>& channels, int rank,
+                                                int world_size) {
+  std::vector<std::pair<int, int>> mine;
+  for (const auto& [from, to] : channels) {
+    TORCH_CHECK(from != to && from >= 0 && to >= 0 && from < world_size && to < world_size,
+                "no channel can run from rank ", from, " to rank ", to, " in a group of ", world_size);
+    if (from == rank || to == rank) mine.emplace_back(from, to);
+  }
+  std::sort(mine.begin(), mine.end());
+  mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+  return mine;
 }
 
 namespace {

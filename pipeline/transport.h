@@ -35,6 +35,13 @@ namespace pipecheck::pipeline {
 
 enum class Direction { kActivation = 0, kGradient = 1, kTiedGradient = 2, kResult = 3 };
 
+// Of the ordered pairs (from, to) every rank was given, those `rank` is an end of, sorted and each
+// once: the order in which the nccl transport sets up its channels, the same relative order on
+// both ends of each, so the first channel not yet set up always has both ends at it. Throws on
+// a pair that is no pair of two ranks of `world_size`.
+std::vector<std::pair<int, int>> ChannelsOfRank(const std::vector<std::pair<int, int>>& channels, int rank,
+                                                int world_size);
+
 // A tag unique per (direction, stage, microbatch); stages < 1024, microbatches < 65536.
 int MessageTag(Direction direction, int stage, int microbatch);
 

@@ -98,15 +98,9 @@ class NcclTransport : public Transport {
 
   void OpenChannels(const std::vector<std::pair<int, int>>& channels) override {
     host_->OpenChannels(channels);
-    std::vector<std::pair<int, int>> ordered(channels.begin(), channels.end());
-    std::sort(ordered.begin(), ordered.end());
-    ordered.erase(std::unique(ordered.begin(), ordered.end()), ordered.end());
     // In one order on every rank, each channel's ends meet once (NCCL sets up a communicator
     // with both ends present): the first channel not yet set up always has both ends at it.
-    for (const auto& [from, to] : ordered) {
-      TORCH_CHECK(from != to && from >= 0 && to >= 0 && from < size_ && to < size_, "rank ", rank_,
-                  ": no nccl channel from rank ", from, " to rank ", to, " in a group of ", size_);
-      if (rank_ != from && rank_ != to) continue;
+    for (const auto& [from, to] : ChannelsOfRank(channels, rank_, size_)) {
       if (channels_.count({from, to}) > 0) continue;
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = timeout_;

@@ -9,6 +9,7 @@
 
 #include "harness/launcher.h"
 #include "harness/scenario_model.h"
+#include "pipeline/trainer.h"
 #include "pipeline/transport.h"
 #include "pipeline/transport_parts.h"
 #include "reference/device.h"
@@ -111,6 +112,54 @@ TEST(TransportDiscipline, MessagesAreMatchedByOrderAndTheHeaderNamesThem) {
   EXPECT_THROW(wrong_a->Wait(), c10::Error);
   send_a->Wait();
   send_b->Wait();
+}
+
+// The pairs that carry messages, from the schedule's sends and the tied sum: 1F1B on 3 ranks
+// talks to neighbours both ways; interleaved wraps from the last rank to the first; a tied
+// embedding adds the exchange between the first and last stage's ranks.
+TEST(NcclChannels, EveryPairThatCarriesAMessageAndNoOther) {
+  using Pairs = std::vector<std::pair<int, int>>;
+  pipeline::PipelineConfig config;
+  config.world_size = 3;
+  config.microbatches = 4;
+  config.schedule = "1f1b";
+  EXPECT_EQ(pipeline::MessageChannels(config, pipeline::BuildSchedule(config)), (Pairs{{0, 1}, {1, 0}, {1, 2}, {2, 1}}));
+  config.schedule = "interleaved";
+  config.virtual_stages = 2;
+  config.microbatches = 6;
+  EXPECT_EQ(pipeline::MessageChannels(config, pipeline::BuildSchedule(config)),
+            (Pairs{{0, 1}, {0, 2}, {1, 0}, {1, 2}, {2, 0}, {2, 1}}));
+  config.schedule = "1f1b";
+  config.virtual_stages = 1;
+  config.world_size = 4;
+  config.train.model.tied = true;
+  EXPECT_EQ(pipeline::MessageChannels(config, pipeline::BuildSchedule(config)),
+            (Pairs{{0, 1}, {0, 3}, {1, 0}, {1, 2}, {2, 1}, {2, 3}, {3, 0}, {3, 2}}));
+  config.world_size = 1;
+  EXPECT_EQ(pipeline::MessageChannels(config, pipeline::BuildSchedule(config)), Pairs{});
+}
+
+// Each rank sets up its channels in one global order: any two ranks list the channels they share
+// in the same order, so the first one not yet set up has both its ends at it.
+TEST(NcclChannels, EachRankSetsUpItsShareInOneGlobalOrder) {
+  using Pairs = std::vector<std::pair<int, int>>;
+  const Pairs given = {{2, 0}, {0, 1}, {1, 2}, {0, 1}, {2, 1}, {1, 0}, {0, 2}};
+  EXPECT_EQ(pipeline::ChannelsOfRank(given, 0, 3), (Pairs{{0, 1}, {0, 2}, {1, 0}, {2, 0}}));
+  for (int a = 0; a < 3; ++a) {
+    for (int b = 0; b < 3; ++b) {
+      if (a == b) continue;
+      Pairs shared_a, shared_b;
+      for (const auto& pair : pipeline::ChannelsOfRank(given, a, 3)) {
+        if (pair.first == b || pair.second == b) shared_a.push_back(pair);
+      }
+      for (const auto& pair : pipeline::ChannelsOfRank(given, b, 3)) {
+        if (pair.first == a || pair.second == a) shared_b.push_back(pair);
+      }
+      EXPECT_EQ(shared_a, shared_b) << a << " " << b;
+    }
+  }
+  EXPECT_THROW(pipeline::ChannelsOfRank({{1, 1}}, 0, 3), c10::Error);
+  EXPECT_THROW(pipeline::ChannelsOfRank({{0, 3}}, 0, 3), c10::Error);
 }
 
 // nccl validates every schedule on its channels' streams (simulator.h: kDeviceStreams):
