@@ -8,7 +8,6 @@
 #include <map>
 #include <tuple>
 
-#include "pipeline/simulator.h"
 #include "reference/loss.h"
 #include "reference/model.h"
 

@@ -29,6 +29,20 @@ double CostOf(const Action& action, const CostModel& costs) {
   }
 }
 
+// The duration of action `index` of rank `rank`: measured when `costs` has per-action times.
+double CostAt(const Schedule& schedule, const CostModel& costs, int rank, size_t index) {
+  return costs.per_action.empty() ? CostOf(schedule.ranks[rank][index], costs) : costs.per_action.at(rank).at(index);
+}
+
+// A finished run's makespan (the latest rank's finish) and bubble (1 - busy / (ranks * makespan)).
+void SetMakespanAndBubble(SimulationResult& result) {
+  double busy = 0.0;
+  for (double finish : result.finish) result.makespan = std::max(result.makespan, finish);
+  for (double b : result.busy) busy += b;
+  const auto ranks = static_cast<double>(result.finish.size());
+  result.bubble = result.makespan > 0 ? 1.0 - busy / (ranks * result.makespan) : 0.0;
+}
+
 // The message a send produces or a receive consumes: (direction, receiving stage, microbatch).
 Key MessageOf(const Action& action) {
   switch (action.kind) {
@@ -142,13 +156,9 @@ class Lockstep {
       }
       for (int r : ready) Execute(r);
     }
-    double makespan = 0.0, busy = 0.0;
-    for (int r = 0; r < shape_.ranks; ++r) makespan = std::max(makespan, clock_[r]);
-    for (double b : result_.busy) busy += b;
     result_.ok = true;
-    result_.makespan = makespan;
     result_.finish.assign(clock_.begin(), clock_.end());
-    result_.bubble = makespan > 0 ? 1.0 - busy / (shape_.ranks * makespan) : 0.0;
+    SetMakespanAndBubble(result_);
     result_.grid = Grid(-1);
     return result_;
   }
@@ -215,8 +225,7 @@ class Lockstep {
   void Execute(int r) {
     const Action& a = schedule_.ranks[r][next_[r]];
     const double start = *ReadyTime(r, a);
-    const double end =
-        start + (costs_.per_action.empty() ? CostOf(a, costs_) : costs_.per_action.at(r).at(next_[r]));
+    const double end = start + CostAt(schedule_, costs_, r, next_[r]);
     result_.start_times[r][next_[r]] = start;
     clock_[r] = end;
     if (a.IsCompute()) {
@@ -304,6 +313,16 @@ class DeviceStreams {
         if (a.IsRecv()) receiver[MessageOf(a)] = {r, i};
       }
     }
+    // Each compute action's receive, found once: Pass runs over the lists many times.
+    for (int r = 0; r < shape.ranks; ++r) {
+      input_of_.emplace_back(schedule.ranks[r].size(), std::nullopt);
+      for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
+        const auto message = InputMessage(r, schedule.ranks[r][i]);
+        if (!message) continue;
+        const auto found = receiver.find(*message);
+        if (found != receiver.end() && found->second.first == r) input_of_[r][i] = found->second.second;
+      }
+    }
     for (const auto& [message, send] : sender) {
       const auto receive = receiver.find(message);
       if (receive == receiver.end()) continue;  // CheckStatically reports it
@@ -339,7 +358,7 @@ class DeviceStreams {
           result.finish[r] = std::max(result.finish[r], *done_[r][i]);
           continue;
         }
-        const double cost = CostOf(r, i);
+        const double cost = CostAt(schedule_, costs_, r, i);
         result.busy[r] += cost;
         result.finish[r] = std::max(result.finish[r], *start_[r][i] + cost);
         if (a.kind == ActionKind::kForward) ++in_flight;
@@ -354,18 +373,11 @@ class DeviceStreams {
       return result;
     }
     result.ok = true;
-    for (double finish : result.finish) result.makespan = std::max(result.makespan, finish);
-    double busy = 0.0;
-    for (double b : result.busy) busy += b;
-    result.bubble = result.makespan > 0 ? 1.0 - busy / (shape.ranks * result.makespan) : 0.0;
+    SetMakespanAndBubble(result);
     return result;
   }
 
  private:
-  double CostOf(int r, size_t i) const {
-    return costs_.per_action.empty() ? pipeline::CostOf(schedule_.ranks[r][i], costs_) : costs_.per_action.at(r).at(i);
-  }
-
   // One pass over every rank's list in order; true when some time became known.
   bool Pass() {
     bool changed = false;
@@ -390,7 +402,7 @@ class DeviceStreams {
             ready = std::max(ready, *done_[r][*input]);
           }
           learn(start_[r][i], ready);
-          frontier = ready + CostOf(r, i);
+          frontier = ready + CostAt(schedule_, costs_, r, i);
           continue;
         }
         const int peer = PeerOf(shape, a);
@@ -430,24 +442,21 @@ class DeviceStreams {
     return changed;
   }
 
-  // The index of the receive whose message compute action (r, i) takes; none for a local input.
-  std::optional<size_t> InputOf(int r, size_t i) const {
-    const Action& a = schedule_.ranks[r][i];
+  // The message compute action `a` of rank r takes from another rank; none for a local input.
+  std::optional<Key> InputMessage(int r, const Action& a) const {
     const auto& shape = schedule_.shape;
-    Action receive{};
     if (a.kind == ActionKind::kForward && a.stage > 0 && shape.RankOfStage(a.stage - 1) != r) {
-      receive = {ActionKind::kRecvForward, a.stage, a.microbatch};
-    } else if ((a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) &&
-               a.stage + 1 < shape.stages() && shape.RankOfStage(a.stage + 1) != r) {
-      receive = {ActionKind::kRecvBackward, a.stage, a.microbatch};
-    } else {
-      return std::nullopt;
+      return MessageOf({ActionKind::kRecvForward, a.stage, a.microbatch});
     }
-    const auto& actions = schedule_.ranks[r];
-    const auto found = std::find(actions.begin(), actions.end(), receive);
-    if (found == actions.end()) return std::nullopt;
-    return static_cast<size_t>(found - actions.begin());
+    if ((a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) && a.stage + 1 < shape.stages() &&
+        shape.RankOfStage(a.stage + 1) != r) {
+      return MessageOf({ActionKind::kRecvBackward, a.stage, a.microbatch});
+    }
+    return std::nullopt;
   }
+
+  // The index of the receive whose message compute action (r, i) takes; none for a local input.
+  std::optional<size_t> InputOf(int r, size_t i) const { return input_of_[r][i]; }
 
   // What rank r's first unfinished action (index i) waits for.
   std::string Waiting(int r, size_t i) const {
@@ -484,6 +493,7 @@ class DeviceStreams {
   CostModel costs_;
   std::vector<std::vector<std::optional<double>>> start_, done_;  // [rank][index]
   std::vector<std::vector<std::pair<int, size_t>>> other_end_;    // [rank][index]: (rank, index), -1 for compute
+  std::vector<std::vector<std::optional<size_t>>> input_of_;      // [rank][index]: its receive's index
 };
 
 }  // namespace
@@ -624,8 +634,8 @@ std::string MessageOrderProblem(const Schedule& schedule) {
 }
 
 Schedule LowerSchedule(const Schedule& compute, bool post_receives_first) {
-  if (!post_receives_first) return AddCommunication(compute, false);
-  return OrderReceivesAsSent(PostReceivesWhereNeeded(AddCommunication(compute, true)));
+  Schedule lowered = AddCommunication(compute, post_receives_first);
+  return post_receives_first ? OrderReceivesAsSent(PostReceivesWhereNeeded(std::move(lowered))) : lowered;
 }
 
 SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs, CommunicationModel model) {

@@ -19,8 +19,7 @@ namespace pipecheck::pipeline {
 Schedule BuildSchedule(const PipelineConfig& config) {
   const PipelineShape shape{config.world_size, config.virtual_stages, config.microbatches};
   const Faults faults(config.fault, config.microbatches);
-  Schedule lowered =
-      LowerSchedule(ScheduleByName(config.schedule, shape), faults.PostReceivesFirst());
+  Schedule lowered = LowerSchedule(ScheduleByName(config.schedule, shape), faults.PostReceivesFirst());
   ValidateSchedule(lowered, {}, config.communication);
   return lowered;
 }
