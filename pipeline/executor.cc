@@ -8,6 +8,7 @@
 #include <map>
 #include <tuple>
 
+#include "reference/device.h"
 #include "reference/loss.h"
 #include "reference/model.h"
 
@@ -90,7 +91,7 @@ void Executor::Forward(const Action& action, StepState& state) {
   Stage& stage = StageAt(stages_, s, transport_.rank());
   torch::Tensor input;
   if (s == 0) {
-    input = part.tokens.to(device);  // (b, t) int64
+    input = reference::ToDevice(part.tokens, device);  // (b, t) int64
   } else if (OnThisRank(s - 1)) {
     input = state.outputs.at({s - 1, mb}).detach().requires_grad_(true);  // (b, t, hidden)
     state.inputs[{s, mb}] = input;
@@ -109,7 +110,7 @@ void Executor::Forward(const Action& action, StepState& state) {
     return;
   }
   // Summed token loss over the *whole batch's* token count: microbatch terms add up exactly.
-  auto loss = reference::TokenLossSum(output, part.labels.to(device)) /
+  auto loss = reference::TokenLossSum(output, reference::ToDevice(part.labels, device)) /
               faults_.LossDenominator(part.valid_tokens, state.batch.valid_tokens);
   // Accumulated on the device: reading it per microbatch would sync the host with the device.
   auto term = loss.detach().to(torch::kFloat64);
@@ -364,15 +365,20 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
   clock_.Clear();
   const int origin = clock_.Mark();
   const size_t first_timing = timeline.size();
-  for (size_t index = 0; index < actions.size(); ++index) {
-    const Action& action = actions[index];
-    faults_.BeforeAction(rank, transport_.world_size(), step, config_.train.steps, index, actions.size());
-    const int wait = clock_.Mark();
-    AwaitInput(action, state);
-    const int action_start = clock_.Mark();
-    Dispatch(action, state);
-    marks.push_back({wait, action_start, clock_.Mark()});
-    timeline.push_back({step, action, 0.0, 0.0, window.HeldBytes(), 0.0, step_start});
+  {
+    // Under check_host_syncs (world size 1, nccl) the actions only queue work on a GPU: nothing
+    // here may wait for it. staged copies through host memory, and waits for that by design.
+    const reference::HostSyncCheck no_host_syncs(config_.train.check_host_syncs, config_.train.device);
+    for (size_t index = 0; index < actions.size(); ++index) {
+      const Action& action = actions[index];
+      faults_.BeforeAction(rank, transport_.world_size(), step, config_.train.steps, index, actions.size());
+      const int wait = clock_.Mark();
+      AwaitInput(action, state);
+      const int action_start = clock_.Mark();
+      Dispatch(action, state);
+      marks.push_back({wait, action_start, clock_.Mark()});
+      timeline.push_back({step, action, 0.0, 0.0, window.HeldBytes(), 0.0, step_start});
+    }
   }
   for (auto& [peer_direction, send] : state.sends) send->Wait();
   state.sends.clear();

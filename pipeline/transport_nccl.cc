@@ -27,6 +27,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "reference/device.h"
 #endif
 
 namespace pipecheck::pipeline {
@@ -118,8 +120,9 @@ class NcclTransport : public Transport {
   std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
                                     const std::optional<MessageShape>& announced) override {
     if (!tensor.is_cuda()) return host_->Send(tensor, peer, tag, announced);
-    auto header =
-        MakeHeader(tag, announced ? *announced : MessageShape{tensor.scalar_type(), tensor.sizes().vec()}).to(device_);
+    // Queued behind the work before it, not waited for (a blocking copy would stall the host).
+    auto header = reference::ToDevice(
+        MakeHeader(tag, announced ? *announced : MessageShape{tensor.scalar_type(), tensor.sizes().vec()}), device_);
     auto payload = tensor.detach().contiguous();
     auto& channel = ChannelOf(rank_, peer, tag);
     std::vector<compat::WorkHandle> works = {Issue(channel, header, /*send=*/true)};

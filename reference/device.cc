@@ -35,6 +35,23 @@ void Synchronize(torch::Device device) {
   if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
 }
 
+torch::Tensor ToDevice(const torch::Tensor& tensor, torch::Device device) {
+  if (!device.is_cuda() || !tensor.device().is_cpu()) return tensor.to(device);
+  // Contiguous first: a strided pinned source would be copied again, into pageable memory.
+  return tensor.contiguous().pin_memory().to(device, /*non_blocking=*/true);
+}
+
+HostSyncCheck::HostSyncCheck(bool active, torch::Device device) {
+  if (!active || !device.is_cuda()) return;
+  auto& state = c10::cuda::warning_state();
+  previous_ = static_cast<int>(state.get_sync_debug_mode());
+  state.set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+}
+
+HostSyncCheck::~HostSyncCheck() {
+  if (previous_ >= 0) c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(previous_));
+}
+
 namespace {
 
 // Index 0 of a statistic array is the aggregate over the allocator's pools in every LibTorch
@@ -107,6 +124,14 @@ void MakeCurrent(torch::Device /*device*/) {}
 void WarmUpDevice(torch::Device /*device*/) {}
 
 void Synchronize(torch::Device /*device*/) {}
+
+torch::Tensor ToDevice(const torch::Tensor& tensor, torch::Device device) { return tensor.to(device); }
+
+HostSyncCheck::HostSyncCheck(bool /*active*/, torch::Device device) {
+  TORCH_CHECK(!device.is_cuda(), "this build has no CUDA: no host synchronisation check for ", device.str());
+}
+
+HostSyncCheck::~HostSyncCheck() = default;
 
 int64_t DeviceAllocatedBytes(torch::Device device) {
   TORCH_CHECK(false, "this build has no CUDA: no allocator statistics for ", device.str());

@@ -32,6 +32,27 @@ void WarmUpDevice(torch::Device device);
 // Blocks until the device has finished the work queued on its current stream (no-op on CPU).
 void Synchronize(torch::Device device);
 
+// `tensor` (on the host) on `device`, with the same values, without making the host wait: to a
+// CUDA device through pinned memory, queued on the current stream (a plain .to() from pageable
+// memory waits until everything queued before it has run: one stall per microbatch, where the
+// executor moves each microbatch's tokens, labels and tables). Elsewhere tensor.to(device).
+torch::Tensor ToDevice(const torch::Tensor& tensor, torch::Device device);
+
+// While one is alive and active, any operation that makes the host wait for a CUDA device (a
+// blocking copy, .item(), a stream synchronisation) throws: LibTorch's sync debug mode, as
+// torch.cuda.set_sync_debug_mode("error"). For checking that work which should only queue on the
+// device does so. Not active on the CPU or in builds without CUDA; not nestable across threads.
+class HostSyncCheck {
+ public:
+  HostSyncCheck(bool active, torch::Device device);
+  ~HostSyncCheck();
+  HostSyncCheck(const HostSyncCheck&) = delete;
+  HostSyncCheck& operator=(const HostSyncCheck&) = delete;
+
+ private:
+  int previous_ = -1;  // the mode to restore; -1 when this check did not set one
+};
+
 // The device allocator's view of one device: bytes held by live tensors now, and their peak
 // since the last ResetDevicePeak. Only for CUDA devices.
 int64_t DeviceAllocatedBytes(torch::Device device);

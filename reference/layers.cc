@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "reference/device.h"
+
 namespace pipecheck::reference {
 namespace {
 
@@ -32,7 +34,7 @@ AttentionContext MakeAttentionContext(const ModelConfig& config, const torch::Te
   auto index_options = torch::TensorOptions().dtype(torch::kInt64).device(device);
   auto positions = torch::arange(time, index_options);                     // (T)
   auto causal = positions.unsqueeze(1) >= positions.unsqueeze(0);          // (T, T) [t, s]
-  auto key_valid = positions.unsqueeze(0) < lengths.to(device).unsqueeze(1);  // (B, T) [b, s]
+  auto key_valid = positions.unsqueeze(0) < ToDevice(lengths, device).unsqueeze(1);  // (B, T) [b, s]
   context.keep = (causal.unsqueeze(0) & key_valid.unsqueeze(1)).unsqueeze(1);  // (B, 1, T, T)
   if (config.flavor == Flavor::kLlama) {
     // Tables in float64, then cast: the angles are exact to the model's precision.
@@ -42,8 +44,9 @@ AttentionContext MakeAttentionContext(const ModelConfig& config, const torch::Te
     auto inv_freq = 1.0 / torch::pow(kRopeTheta, exponents);              // (head_dim / 2)
     auto angles = torch::outer(torch::arange(time, f64), inv_freq);        // (T, head_dim / 2)
     auto table = torch::cat({angles, angles}, -1);                         // (T, head_dim)
-    context.cos = table.cos().to(device, dtype);
-    context.sin = table.sin().to(device, dtype);
+    // Rounded to the model's dtype on the host, as a blocking .to(device, dtype) did.
+    context.cos = ToDevice(table.cos().to(dtype), device);
+    context.sin = ToDevice(table.sin().to(dtype), device);
   }
   return context;
 }

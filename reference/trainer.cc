@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "reference/device.h"
 #include "reference/host_memory.h"
 #include "reference/loss.h"
 
@@ -70,9 +71,10 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch) { return For
 
 torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, int64_t normalising_tokens) {
   const auto device = config_.device;
+  const HostSyncCheck no_host_syncs(config_.check_host_syncs, device);
   auto context = MakeAttentionContext(config_.model, batch.lengths, batch.time(), config_.dtype, device);
-  auto logits = model_->forward(batch.tokens.to(device), context);  // (B, T, vocab)
-  auto loss = TokenLossSum(logits, batch.labels.to(device)) / static_cast<double>(normalising_tokens);
+  auto logits = model_->forward(ToDevice(batch.tokens, device), context);  // (B, T, vocab)
+  auto loss = TokenLossSum(logits, ToDevice(batch.labels, device)) / static_cast<double>(normalising_tokens);
   loss.backward();
   return loss.detach();
 }

@@ -42,6 +42,10 @@ struct TrainConfig {
   // Layers whose incoming hidden state (and its gradient) each whole-batch step keeps in
   // StepRecord::boundaries: a pipeline's stage boundaries, for fingerprint comparisons.
   std::vector<int64_t> boundary_layers;
+  // On a CUDA device: a step's forward and backward work must only queue on the device, never
+  // make the host wait for it (HostSyncCheck: such a wait throws). Off in real runs; tests turn
+  // it on to prove the trainers keep the host ahead of the GPU. No effect on the CPU.
+  bool check_host_syncs = false;
 };
 
 // The hidden state entering one layer over the whole batch, and the loss's gradient there.

@@ -6,6 +6,7 @@
 
 #include "reference/init.h"
 #include "reference/loss.h"
+#include "reference/optimizer.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -230,6 +231,24 @@ TEST(Trainer, SgdStepIsWeightMinusLrTimesClippedGradient) {
     auto expected = item.value() - 0.5 * record.gradients[item.key()];
     EXPECT_LT(testing::MaxAbsDiff(after[item.key()], expected), 1e-15) << item.key();
   }
+}
+
+// The global norm's squared sum is read off the device once, but added up as before: each
+// parameter's float64 square sum, in parameter order, on the host. Bitwise, so the pipeline's
+// per-rank sums still add up to the reference's.
+TEST(Trainer, GradSquaredSumAddsParametersInOrderOnTheHost) {
+  std::vector<torch::Tensor> parameters;
+  for (int64_t i = 0; i < 6; ++i) {
+    auto parameter = torch::randn({7, 5}, torch::dtype(torch::kFloat32).requires_grad(true));
+    if (i != 3) parameter.mutable_grad() = torch::randn({7, 5}, torch::kFloat32) * std::pow(10.0, i - 3);
+    parameters.push_back(parameter);  // the fourth has no gradient and counts for nothing
+  }
+  double expected = 0.0;
+  for (const auto& parameter : parameters) {
+    if (parameter.grad().defined()) expected += parameter.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  EXPECT_EQ(reference::GradSquaredSum(parameters), expected);
+  EXPECT_EQ(reference::GradSquaredSum({}), 0.0);
 }
 
 TEST(Trainer, AdamWTrainsSeveralStepsWithFiniteLosses) {
