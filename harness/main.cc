@@ -40,6 +40,7 @@ struct Options {
   std::string scenarios = kDefaultSuite;
   std::vector<std::string> only;  // globs; each may hold several, comma-separated
   bool list = false;
+  bool microbatched = false;  // reference: accumulate over each scenario's microbatches
   std::string scenario;
   std::string out = kDefaultOut;
   std::string device;
@@ -149,7 +150,7 @@ int Reference(const Options& options) {
     return kExitBadInput;
   }
   ApplyThreads(options.threads);
-  return pipecheck::harness::RunReferenceSuite(selected, std::cout);
+  return pipecheck::harness::RunReferenceSuite(selected, options.microbatched, std::cout);
 }
 
 // The baseline a command compares with: --baseline-dir/--runner, else the one given; a missing or
@@ -357,6 +358,9 @@ int main(int argc, char** argv) {
       ->take_all();
   reference->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
       ->check(ThreadCount());
+  reference->add_flag("--microbatched", options.microbatched,
+                      "Accumulate over each scenario's microbatches, one after another on one device (world size "
+                      "1's arithmetic): what the microbatch size costs, without a pipeline");
 
   auto* dump = app.add_subcommand("dump", "Write the reference's first step as torch.load-able files");
   dump->add_option("--scenario", options.scenario, "Scenario name")->required();

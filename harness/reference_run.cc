@@ -16,9 +16,10 @@ namespace pipecheck::harness {
 namespace {
 
 // Trains one scenario; returns "" on success or what went wrong.
-std::string RunOne(const scenarios::Scenario& scenario, std::ostream& out) {
+std::string RunOne(const scenarios::Scenario& scenario, bool microbatched, std::ostream& out) {
   auto config = ToTrainConfig(scenario);
   config.record_gradients = false;
+  if (microbatched) config.microbatches = scenario.microbatches;
   reference::ReferenceTrainer trainer(config);
   const auto result = trainer.Train();
   std::vector<std::string> losses;
@@ -35,14 +36,15 @@ std::string RunOne(const scenarios::Scenario& scenario, std::ostream& out) {
 
 }  // namespace
 
-int RunReferenceSuite(const std::vector<scenarios::Scenario>& scenarios, std::ostream& out) {
+int RunReferenceSuite(const std::vector<scenarios::Scenario>& scenarios, bool microbatched, std::ostream& out) {
+  if (microbatched) fmt::print(out, "each batch as its scenario's microbatches, one after another\n");
   fmt::print(out, "{:<32} {:>8} {:>12}  {}\n", "scenario", "step_ms", "tokens/s", "loss per step");
   int failures = 0;
   const auto start = std::chrono::steady_clock::now();
   for (const auto& scenario : scenarios) {
     std::string problem;
     try {
-      problem = RunOne(scenario, out);
+      problem = RunOne(scenario, microbatched, out);
     } catch (const std::exception& error) {
       problem = ErrorMessage(error);
     }

@@ -11,6 +11,8 @@
 namespace pipecheck::harness {
 
 // Returns the exit code: 0 when every scenario trained to finite losses, 1 otherwise.
-int RunReferenceSuite(const std::vector<scenarios::Scenario>& scenarios, std::ostream& out);
+// `microbatched`: each scenario's batch as its microbatches one after another, gradients
+// accumulated (TrainConfig::microbatches), instead of in one piece.
+int RunReferenceSuite(const std::vector<scenarios::Scenario>& scenarios, bool microbatched, std::ostream& out);
 
 }  // namespace pipecheck::harness

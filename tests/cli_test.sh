@@ -46,6 +46,9 @@ expect 0 "wrote" "$pipecheck" dump --scenarios "$work/good.csv" --scenario ok --
 touch "$work/file"
 expect 2 "$work/file" "$pipecheck" dump --scenarios "$work/good.csv" --scenario ok --out "$work/file/sub"
 expect 0 "ws1_gpipe_llama" "$pipecheck" reference --scenarios "$source_dir/scenarios/core.csv" --only 'ws1_gpipe*'
+printf 'name,layers,hidden,batch,microbatches,seq_len\nmb4,1,16,4,4,8\n' >"$work/mb.csv"
+expect 0 "^each batch as its scenario's microbatches" "$pipecheck" reference --microbatched --scenarios "$work/mb.csv"
+expect 0 "^mb4 +[0-9.]+ +[0-9]+ +[0-9]+\.[0-9]+" "$pipecheck" reference --microbatched --scenarios "$work/mb.csv"
 
 # run: bad input is 2 before anything runs; a good suite writes the reports and exits 0.
 expect 2 "unknown.csv:1:3: unknown column 'colour'" "$pipecheck" run --scenarios "$work/unknown.csv" --out "$work/r"
