@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -58,8 +59,51 @@ struct Rank {
   std::string log;
 };
 
+// The CPU binding of a rank, made before fork (the child only makes system calls): its CPUs,
+// and the line its log starts with. None when not binding, or when this process's CPUs cannot
+// be read.
+struct Binding {
+  bool bind = false;
+  cpu_set_t cpus;
+  std::string line;
+};
+
+Binding BindingOf(const scenarios::Scenario& scenario, const LaunchOptions& options, int rank) {
+  Binding binding;
+  const std::string device = options.device.empty() ? scenario.device : options.device;
+  if (!options.bind_cpus || device != "cpu") return binding;
+  cpu_set_t allowed_set;
+  CPU_ZERO(&allowed_set);
+  if (sched_getaffinity(0, sizeof(allowed_set), &allowed_set) != 0) return binding;
+  std::vector<int> allowed;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed_set)) allowed.push_back(cpu);
+  }
+  const auto mine = CpusOfRank(allowed, rank, static_cast<int>(scenario.world_size));
+  if (mine.empty()) return binding;
+  CPU_ZERO(&binding.cpus);
+  for (int cpu : mine) CPU_SET(cpu, &binding.cpus);
+  binding.bind = true;
+  binding.line = fmt::format("pipecheck: rank {} bound to CPUs {} of {}\n", rank, fmt::join(mine, ","),
+                             fmt::join(allowed, ","));
+  return binding;
+}
+
+}  // namespace
+
+std::vector<int> CpusOfRank(const std::vector<int>& allowed, int rank, int ranks) {
+  const int count = static_cast<int>(allowed.size());
+  if (ranks < 1 || rank < 0 || rank >= ranks || count < ranks) return allowed;
+  const int base = count / ranks, extra = count % ranks;
+  const int first = rank * base + std::min(rank, extra);
+  return std::vector<int>(allowed.begin() + first, allowed.begin() + first + base + (rank < extra ? 1 : 0));
+}
+
+namespace {
+
 pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& options, const std::string& directory,
                 int rank, int port, const std::string& log) {
+  const Binding binding = BindingOf(scenario, options, rank);
   const std::vector<std::string> args = {options.executable, "worker", "--scenarios", options.scenarios_path,
                                          "--scenario", scenario.name, "--out", directory, "--threads",
                                          std::to_string(options.threads_per_rank)};
@@ -76,6 +120,10 @@ pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& option
     dup2(fd, STDOUT_FILENO);
     dup2(fd, STDERR_FILENO);
     close(fd);
+  }
+  // Inherited by the worker's threads and kept across exec.
+  if (binding.bind && sched_setaffinity(0, sizeof(binding.cpus), &binding.cpus) == 0) {
+    (void)!write(STDERR_FILENO, binding.line.data(), binding.line.size());
   }
   setenv("RANK", std::to_string(rank).c_str(), 1);
   setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);

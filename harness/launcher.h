@@ -27,7 +27,18 @@ struct LaunchOptions {
   // its ranks ("step 3/24 loss 5.41"); none when empty.
   std::function<void(const std::string&)> progress;
   double progress_seconds = 5.0;
+  // CPU scenarios: each rank bound to its own share of the CPUs this process may use
+  // (CpusOfRank), so that ranks neither wander between cores nor crowd onto one while another
+  // idles. Off by default: two runs side by side (ctest -j) would bind their ranks to the same
+  // shares. CUDA ranks stay unbound: their best cores depend on where their GPU sits.
+  bool bind_cpus = false;
 };
+
+// The CPUs rank `rank` of `ranks` on one host is bound to: a contiguous share of `allowed`, in
+// its order, shares differing by at most one CPU; all of `allowed` when it holds fewer CPUs than
+// there are ranks (they share cores whatever is done, and binding would only stop the kernel
+// from balancing them).
+std::vector<int> CpusOfRank(const std::vector<int>& allowed, int rank, int ranks);
 
 // Thrown when SIGINT or SIGTERM arrived (see InstallInterruptHandlers) while a scenario ran:
 // its ranks have been killed and reaped.

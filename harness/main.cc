@@ -41,6 +41,7 @@ struct Options {
   std::vector<std::string> only;  // globs; each may hold several, comma-separated
   bool list = false;
   bool microbatched = false;  // reference: accumulate over each scenario's microbatches
+  bool bind_cpus = false;  // run: bind CPU ranks to their own cores
   std::string scenario;
   std::string out = kDefaultOut;
   std::string device;
@@ -212,6 +213,7 @@ int Run(Options options) {
   run.timeout_seconds = options.timeout;
   run.threads_per_rank = options.threads;
   run.device = options.device;
+  run.bind_cpus = options.bind_cpus;
   return pipecheck::harness::RunSuite(selected, run, std::cout);
 }
 
@@ -395,6 +397,8 @@ int main(int argc, char** argv) {
       ->check(FiniteIn(0.001, 86400, "seconds from 0.001 to 86400 (a day)"));
   run->add_option("--threads", options.threads, "Intra-op threads per rank (0: cores / world_size)")
       ->check(ThreadCount());
+  run->add_flag("--bind-cpus", options.bind_cpus,
+                "Bind each CPU rank to its own contiguous share of this process's CPUs (not with runs side by side)");
 
   auto* worker = app.add_subcommand("worker", "One rank of one scenario (environment: RANK, WORLD_SIZE, "
                                               "MASTER_ADDR, MASTER_PORT, as torchrun and SLURM set them)");

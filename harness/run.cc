@@ -69,6 +69,7 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
   launch.scenarios_path = std::filesystem::absolute(options.scenarios_path).string();
   launch.work_directory = (std::filesystem::path(options.out) / "work").string();
   launch.device = options.device;
+  launch.bind_cpus = options.bind_cpus;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::string> names;
   for (const auto& scenario : scenarios) names.push_back(scenario.name);

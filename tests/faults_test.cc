@@ -3,6 +3,7 @@
 // a scenario, and the run survives interrupts, busy ports and bad output directories.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -151,6 +152,63 @@ TEST(Launcher, ABusyPortIsReplacedByAFreeOne) {
   const auto report = harness::LaunchScenario(harness::LoadSuite(suite)[0], options);
   close(listener);
   EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
+}
+
+TEST(Launcher, CpuSharesAreContiguousDisjointAndEven) {
+  using harness::CpusOfRank;
+  EXPECT_EQ(CpusOfRank({0, 1}, 0, 2), (std::vector<int>{0}));
+  EXPECT_EQ(CpusOfRank({0, 1}, 1, 2), (std::vector<int>{1}));
+  EXPECT_EQ(CpusOfRank({0, 1, 2, 3, 4}, 0, 2), (std::vector<int>{0, 1, 2}));  // the first shares get the extra
+  EXPECT_EQ(CpusOfRank({0, 1, 2, 3, 4}, 1, 2), (std::vector<int>{3, 4}));
+  EXPECT_EQ(CpusOfRank({4, 6, 9}, 1, 3), (std::vector<int>{6}));  // the allowed CPUs, not 0..n-1
+  EXPECT_EQ(CpusOfRank({0, 1}, 3, 4), (std::vector<int>{0, 1}));  // fewer CPUs than ranks: all of them
+  EXPECT_EQ(CpusOfRank({7}, 0, 1), (std::vector<int>{7}));
+  for (int ranks = 1; ranks <= 7; ++ranks) {
+    std::vector<int> allowed(16);
+    for (int i = 0; i < 16; ++i) allowed[i] = 2 * i;
+    std::vector<int> joined;
+    for (int r = 0; r < ranks; ++r) {
+      const auto share = CpusOfRank(allowed, r, ranks);
+      const size_t base = 16 / static_cast<size_t>(ranks);
+      EXPECT_TRUE(share.size() == base || share.size() == base + 1) << ranks << " ranks, rank " << r;
+      joined.insert(joined.end(), share.begin(), share.end());
+    }
+    EXPECT_EQ(joined, allowed) << ranks << " ranks: every CPU once, in order";
+  }
+}
+
+// With bind_cpus (run --bind-cpus) each CPU rank is bound to its share, which its log's first
+// line names; without, the ranks are left as they were.
+TEST(Launcher, CpuRanksAreBoundToTheirShares) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> allowed;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) allowed.push_back(cpu);
+  }
+  const std::string suite = testing::ScratchDirectory("cpu_binding") + "/suite.csv";
+  std::ofstream(suite) << "name,world_size,layers,hidden,batch,microbatches,seq_len\nbound,2,2,16,4,2,8\n";
+  for (const bool bind : {true, false}) {
+    auto options = testing::TestLaunchOptions(suite, bind ? "cpu_binding_on" : "cpu_binding_off");
+    options.bind_cpus = bind;
+    const auto report = harness::LaunchScenario(harness::LoadSuite(suite)[0], options);
+    EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
+    for (int rank = 0; rank < 2; ++rank) {
+      std::ifstream log(options.work_directory + "/bound/rank" + std::to_string(rank) + ".log");
+      std::string first;
+      std::getline(log, first);
+      const auto share = harness::CpusOfRank(allowed, rank, 2);
+      std::string cpus;
+      for (int cpu : share) cpus += (cpus.empty() ? "" : ",") + std::to_string(cpu);
+      if (bind) {
+        EXPECT_EQ(first.rfind("pipecheck: rank " + std::to_string(rank) + " bound to CPUs " + cpus + " of ", 0), 0u)
+            << first;
+      } else {
+        EXPECT_EQ(first.find("bound to CPUs"), std::string::npos) << first;
+      }
+    }
+  }
 }
 
 TEST(Run, SigintEndsEveryRankAndKeepsFinishedReports) {
