@@ -13,6 +13,7 @@
 #           the same microbatches (pipecheck reference --microbatched)
 #   peer    benchmarks/peer_pipelining.py on benchmarks/peer.csv, 2 and 4 ranks on the machine's
 #           CPU, pipecheck and torch.distributed.pipelining alternated over 3 rounds each
+#           (PEER_SCENARIOS="peer_2ranks_1f1b_m8" runs one: each takes a few minutes)
 #
 # A stage's failure is recorded in $OUT/status and the next stage still runs; the exit status is
 # that of the first failure.
@@ -62,7 +63,7 @@ stage_ws1() {
 }
 stage_peer() {
   local rc=0
-  for scenario in peer_2ranks_1f1b_m8 peer_4ranks_1f1b_m8; do
+  for scenario in ${PEER_SCENARIOS:-peer_2ranks_1f1b_m8 peer_4ranks_1f1b_m8}; do
     python3 benchmarks/peer_pipelining.py --pipecheck "$pipecheck" --scenarios benchmarks/peer.csv \
       --scenario "$scenario" --rounds 3 --threads 1 || rc=1
   done
