@@ -23,6 +23,7 @@ OUT="${OUT:-build-gpu/checks}"
 BUILD_DIR="${BUILD_DIR:-build-gpu}"
 JOBS="${JOBS:-$(nproc)}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"  # absolute: the test stage writes it from inside the build directory
 [ $# -gt 0 ] || { echo "usage: $0 build|test|suite|ws1|peer ..." >&2; exit 2; }
 
 prefix_path=""
@@ -41,9 +42,11 @@ stage_build() {
   make build "${make_args[@]}"  # -Werror: a warning fails it; configure prints "pipecheck: CUDA 1, nccl transport 1"
 }
 stage_test() {
-  (cd "$BUILD_DIR" && ctest --output-on-failure -j"$JOBS" -LE long --output-junit "$PWD/../$OUT/ctest.xml")
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j"$JOBS" -LE long --output-junit "$OUT/ctest.xml")
   local rc=$?
-  grep -ho 'name="[^"]*_CUDA[^"]*" status="[a-z]*"' "$OUT/ctest.xml" 2>/dev/null | sort | uniq -c | head -50
+  # Each _CUDA test and its JUnit status (run, fail, skipped, ...): none may be skipped on a GPU.
+  grep -o '<testcase name="[^"]*_CUDA[^"]*"[^>]*status="[a-z]*"' "$OUT/ctest.xml" 2>/dev/null |
+    sed -E 's/<testcase name="([^"]*)".*status="([a-z]*)"/\2 \1/' | sort
   return $rc
 }
 stage_suite() { "$pipecheck" run --scenarios scenarios/gpu.csv --out "$OUT/gpu-suite"; }
