@@ -273,11 +273,43 @@ TEST(Device, HostSyncCheckCatchesWaitsAndToDeviceDoesNotWait_CUDA) {
   EXPECT_TRUE(torch::equal(moved.cpu(), strided));
 }
 
+// World size 1 with 8 microbatches in `schedule` (interleaved: two stages on the one rank,
+// handing over through fingerprints, tied), two steps on `device`: the losses.
+std::vector<double> WorldSizeOneLosses(torch::Device device, torch::Dtype dtype, const std::string& schedule,
+                                       bool check_host_syncs) {
+  pipeline::PipelineConfig config;
+  config.train = SmallCudaConfig();
+  config.train.device = device;
+  config.train.dtype = dtype;
+  config.train.data.batch = 8;
+  config.train.model.tied = schedule == "interleaved";
+  config.train.check_host_syncs = check_host_syncs;
+  config.microbatches = 8;
+  config.schedule = schedule;
+  config.virtual_stages = schedule == "interleaved" ? 2 : 1;
+  auto transport = pipeline::Connect(pipeline::RendezvousOptions{}, "gloo", device);  // world size 1: no peers
+  pipeline::PipelineTrainer trainer(config, *transport);
+  pipeline::RankResult result;
+  for (int64_t step = 0; step < 2; ++step) trainer.Step(step, result);
+  return result.losses;
+}
+
+// The reference accumulating over the same 8 microbatches, one step on `device`: its loss.
+double MicrobatchedReferenceLoss(torch::Device device, torch::Dtype dtype, bool check_host_syncs) {
+  auto train = SmallCudaConfig();
+  train.device = device;
+  train.dtype = dtype;
+  train.data.batch = 8;
+  train.microbatches = 8;
+  train.check_host_syncs = check_host_syncs;
+  reference::ReferenceTrainer reference(train);
+  return reference.Step(0).loss;
+}
+
 // A GPU step's forwards and backwards only queue work: the host never waits for the device
 // inside them, so it runs ahead of the GPU across microbatches (a wait per microbatch made world
 // size 1 with 8 microbatches 2.7x its reference in bf16 on an H100). World size 1 in 1F1B and
-// interleaved (two stages handing over on one rank, fingerprinted on the device, tied), and the
-// reference accumulating over the same 8 microbatches, in fp32 and bf16.
+// interleaved, and the reference accumulating over the same 8 microbatches, in fp32 and bf16.
 TEST(Device, StepsQueueOnTheGpuWithoutHostWaits_CUDA) {
   SKIP_WITHOUT_CUDA();
   const torch::Device device(torch::kCUDA, 0);
@@ -285,39 +317,34 @@ TEST(Device, StepsQueueOnTheGpuWithoutHostWaits_CUDA) {
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const std::string schedule : {"1f1b", "interleaved"}) {
       SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + schedule);
-      pipeline::PipelineConfig config;
-      config.train = SmallCudaConfig();
-      config.train.dtype = dtype;
-      config.train.data.batch = 8;
-      config.train.model.tied = schedule == "interleaved";
-      config.train.check_host_syncs = true;
-      config.microbatches = 8;
-      config.schedule = schedule;
-      config.virtual_stages = schedule == "interleaved" ? 2 : 1;
-      auto transport = pipeline::Connect(pipeline::RendezvousOptions{}, "nccl", device);  // world size 1: no peers
-      pipeline::PipelineTrainer trainer(config, *transport);
-      pipeline::RankResult result;
-      for (int64_t step = 0; step < 2; ++step) {
-        try {
-          trainer.Step(step, result);
-        } catch (const c10::Error& error) {
-          FAIL() << "step " << step << ": " << error.what_without_backtrace();
-        }
+      try {
+        const auto losses = WorldSizeOneLosses(device, dtype, schedule, /*check_host_syncs=*/true);
+        ASSERT_EQ(losses.size(), 2U);
+        for (double loss : losses) EXPECT_TRUE(std::isfinite(loss)) << loss;
+      } catch (const c10::Error& error) {
+        FAIL() << error.what_without_backtrace();
       }
-      ASSERT_EQ(result.losses.size(), 2U);
-      for (double loss : result.losses) EXPECT_TRUE(std::isfinite(loss)) << loss;
     }
-    auto train = SmallCudaConfig();
-    train.dtype = dtype;
-    train.data.batch = 8;
-    train.microbatches = 8;
-    train.check_host_syncs = true;
-    reference::ReferenceTrainer reference(train);
     try {
-      EXPECT_TRUE(std::isfinite(reference.Step(0).loss));
+      EXPECT_TRUE(std::isfinite(MicrobatchedReferenceLoss(device, dtype, /*check_host_syncs=*/true)));
     } catch (const c10::Error& error) {
       FAIL() << "reference, " << c10::toString(dtype) << ": " << error.what_without_backtrace();
     }
+  }
+}
+
+// The check only watches: on the CPU (where it is inert) the same runs give the same losses,
+// bitwise, with it as without it. (Also runs the GPU test's set-up everywhere.)
+TEST(Device, HostSyncCheckChangesNoResult) {
+  for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    for (const std::string schedule : {"1f1b", "interleaved"}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + schedule);
+      const auto checked = WorldSizeOneLosses(torch::kCPU, dtype, schedule, true);
+      EXPECT_EQ(checked, WorldSizeOneLosses(torch::kCPU, dtype, schedule, false));
+      ASSERT_EQ(checked.size(), 2U);
+      EXPECT_TRUE(std::isfinite(checked[1])) << checked[1];
+    }
+    EXPECT_EQ(MicrobatchedReferenceLoss(torch::kCPU, dtype, true), MicrobatchedReferenceLoss(torch::kCPU, dtype, false));
   }
 }
 
