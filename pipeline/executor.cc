@@ -373,9 +373,17 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
       const Action& action = actions[index];
       faults_.BeforeAction(rank, transport_.world_size(), step, config_.train.steps, index, actions.size());
       const int wait = clock_.Mark();
-      AwaitInput(action, state);
-      const int action_start = clock_.Mark();
-      Dispatch(action, state);
+      int action_start = 0;
+      try {
+        AwaitInput(action, state);
+        action_start = clock_.Mark();
+        Dispatch(action, state);
+      } catch (const c10::Error& error) {
+        if (!config_.train.check_host_syncs) throw;
+        // Which action waited: LibTorch's own message names only the operation.
+        TORCH_CHECK(false, "rank ", rank, " step ", step, ": ", action.ToString(), " (check_host_syncs): ",
+                    error.what_without_backtrace());
+      }
       marks.push_back({wait, action_start, clock_.Mark()});
       timeline.push_back({step, action, 0.0, 0.0, window.HeldBytes(), 0.0, step_start});
     }
