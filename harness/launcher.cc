@@ -72,13 +72,7 @@ Binding BindingOf(const scenarios::Scenario& scenario, const LaunchOptions& opti
   Binding binding;
   const std::string device = options.device.empty() ? scenario.device : options.device;
   if (!options.bind_cpus || device != "cpu") return binding;
-  cpu_set_t allowed_set;
-  CPU_ZERO(&allowed_set);
-  if (sched_getaffinity(0, sizeof(allowed_set), &allowed_set) != 0) return binding;
-  std::vector<int> allowed;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &allowed_set)) allowed.push_back(cpu);
-  }
+  const auto allowed = AllowedCpus();
   const auto mine = CpusOfRank(allowed, rank, static_cast<int>(scenario.world_size));
   if (mine.empty()) return binding;
   CPU_ZERO(&binding.cpus);
@@ -90,6 +84,17 @@ Binding BindingOf(const scenarios::Scenario& scenario, const LaunchOptions& opti
 }
 
 }  // namespace
+
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return {};
+  std::vector<int> allowed;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) allowed.push_back(cpu);
+  }
+  return allowed;
+}
 
 std::vector<int> CpusOfRank(const std::vector<int>& allowed, int rank, int ranks) {
   const int count = static_cast<int>(allowed.size());

@@ -40,6 +40,9 @@ struct LaunchOptions {
 // from balancing them).
 std::vector<int> CpusOfRank(const std::vector<int>& allowed, int rank, int ranks);
 
+// The CPUs this process may run on (its affinity mask), ascending; empty when it cannot be read.
+std::vector<int> AllowedCpus();
+
 // Thrown when SIGINT or SIGTERM arrived (see InstallInterruptHandlers) while a scenario ran:
 // its ranks have been killed and reaped.
 struct Interrupted {

@@ -3,7 +3,6 @@
 // a scenario, and the run survives interrupts, busy ports and bad output directories.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -180,13 +179,8 @@ TEST(Launcher, CpuSharesAreContiguousDisjointAndEven) {
 // With bind_cpus (run --bind-cpus) each CPU rank is bound to its share, which its log's first
 // line names; without, the ranks are left as they were.
 TEST(Launcher, CpuRanksAreBoundToTheirShares) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
-  std::vector<int> allowed;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) allowed.push_back(cpu);
-  }
+  const auto allowed = harness::AllowedCpus();
+  ASSERT_FALSE(allowed.empty()) << "this process's CPUs could not be read";
   const std::string suite = testing::ScratchDirectory("cpu_binding") + "/suite.csv";
   std::ofstream(suite) << "name,world_size,layers,hidden,batch,microbatches,seq_len\nbound,2,2,16,4,2,8\n";
   for (const bool bind : {true, false}) {
