@@ -41,19 +41,21 @@ void TimelineRows(const MeasurementInput& input, reports::ScenarioReport& report
     std::map<int64_t, size_t> index_in_step;
     for (const auto& t : rank.timeline) {
       const size_t index = index_in_step[t.step]++;
-      int64_t predicted = -1;
-      const auto& held = input.memory.held_after;
-      if (t.step >= 0 && static_cast<size_t>(t.step) < held.size() && static_cast<size_t>(rank.rank) < held[t.step].size() &&
-          index < held[t.step][rank.rank].size()) {
-        predicted = held[t.step][rank.rank][index];
-      }
+      // The model's figure for this action, -1 where it has none (a schedule it did not see).
+      auto predicted = [&](const std::vector<std::vector<std::vector<int64_t>>>& per_action) -> int64_t {
+        if (t.step < 0 || static_cast<size_t>(t.step) >= per_action.size()) return -1;
+        const auto& ranks = per_action[t.step];
+        if (static_cast<size_t>(rank.rank) >= ranks.size() || index >= ranks[rank.rank].size()) return -1;
+        return ranks[rank.rank][index];
+      };
       const std::string stage = std::to_string(t.action.stage), microbatch = std::to_string(t.action.microbatch);
       const std::string action = t.action.ToString();
       report.timeline.push_back({input.scenario.name, std::to_string(rank.rank), std::to_string(t.step),
                                  action.substr(stage.size(), action.size() - stage.size() - microbatch.size()), stage,
                                  microbatch, FormatNumber(std::round(t.start_us)), FormatNumber(std::round(t.end_us)),
-                                 BytesCell(t.held_bytes), BytesCell(predicted), FormatNumber(std::round(t.wait_start_us)),
-                                 FormatNumber(std::round(t.step_start_us))});
+                                 BytesCell(t.held_bytes), BytesCell(predicted(input.memory.held_after)),
+                                 FormatNumber(std::round(t.wait_start_us)), FormatNumber(std::round(t.step_start_us)),
+                                 BytesCell(t.peak_bytes), BytesCell(predicted(input.memory.peak_during))});
     }
   }
 }

@@ -344,7 +344,7 @@ void Executor::ReadProbes(StepState& state, std::vector<BoundaryRecord>& boundar
   }
 }
 
-torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const reference::StepWindow& window,
+torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, reference::StepWindow& window,
                             std::vector<ActionTiming>& timeline, std::vector<BoundaryRecord>& boundaries) {
   StepState state;
   state.step = step;
@@ -365,6 +365,7 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
   clock_.Clear();
   const int origin = clock_.Mark();
   const size_t first_timing = timeline.size();
+  window.PeakSinceLastCall();  // each action's peak counts from what is held when it starts
   {
     // Under check_host_syncs (world size 1, nccl) the actions only queue work on a GPU: nothing
     // here may wait for it. staged copies through host memory, and waits for that by design.
@@ -385,7 +386,8 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, const r
                     error.what_without_backtrace());
       }
       marks.push_back({wait, action_start, clock_.Mark()});
-      timeline.push_back({step, action, 0.0, 0.0, window.HeldBytes(), 0.0, step_start});
+      const int64_t held = window.HeldBytes();
+      timeline.push_back({step, action, 0.0, 0.0, held, window.PeakSinceLastCall(), 0.0, step_start});
     }
   }
   for (auto& [peer_direction, send] : state.sends) send->Wait();

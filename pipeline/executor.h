@@ -44,7 +44,7 @@ class Executor {
   // tensor it sent, received or handed over across a stage boundary to `boundaries`. Returns
   // the step's loss as a 0-dim float64 tensor on the device, read by nobody here (undefined
   // without the head).
-  torch::Tensor Run(int64_t step, const reference::Batch& batch, const reference::StepWindow& window,
+  torch::Tensor Run(int64_t step, const reference::Batch& batch, reference::StepWindow& window,
                     std::vector<ActionTiming>& timeline, std::vector<BoundaryRecord>& boundaries);
 
   // Where the run's clock starts: each step's start (ActionTiming::step_start_us) is timed from

@@ -42,6 +42,14 @@ bool IsLlama(const Sizes& z) { return z.model.flavor == reference::Flavor::kLlam
 // Bytes one microbatch (b sequences, t positions) leaves saved on a stage until its backward.
 enum class Input { kTokens, kReceived, kLocal };  // stage 0; from another rank; from this rank's previous stage
 
+// What the head (final norm, projection, loss) keeps for a microbatch of n tokens.
+int64_t HeadRetained(const Sizes& z, int64_t n) {
+  const int64_t h = z.model.hidden;
+  const int64_t norm_extra = (1 - compat::kNormExtraSaved) * z.s * n * h;
+  return (IsLlama(z) ? 2 * z.e + 2 * z.s : 2 * z.e + 3 * z.s) * n * h + z.loss * n * z.model.vocab + z.s * n + 8 -
+         norm_extra;
+}
+
 int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input, int64_t b, int64_t t) {
   const int64_t n = b * t, h = z.model.hidden, f = z.model.FfnSize(), heads = z.model.heads;
   const int64_t layers = slice.end_layer - slice.first_layer;
@@ -56,9 +64,7 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input,
     if (llama) bytes += 2 * t * z.model.HeadDim() * z.e;  // rotary cos and sin tables
   }
   if (slice.has_embedding && !llama) bytes += t * 8;  // position indices
-  if (slice.has_head) {
-    bytes += (llama ? 2 * z.e + 2 * z.s : 2 * z.e + 3 * z.s) * n * h + z.loss * n * z.model.vocab + z.s * n + 8 - norm_extra;
-  }
+  if (slice.has_head) bytes += HeadRetained(z, n);
   // A received input is held as the stage's leaf. The first norm saves its input itself when it
   // computes in the input's own precision (then it is already counted above); under bfloat16 it
   // saves an fp32 copy instead, and the input is extra.
@@ -80,22 +86,49 @@ int64_t ForwardTransient(const Sizes& z, const reference::SliceSpec& slice, int6
   return bytes;
 }
 
-int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t) {
+// `keeps_graph`: an input-gradient pass (I) keeps every saved tensor for W, so nothing it passes
+// is freed before it reaches the attention, where two score-sized gradients are alive at once
+// (the softmax's incoming and outgoing ones). B frees as it goes, and by the time it gets there
+// has released about one score's worth: its estimate counts one.
+// `accumulates`: the parameters' gradients exist already (a later backward, in their own dtype),
+// so each fresh one is a temporary beside the activation gradients of its op until it is added
+// in place: the largest weight of each part counts once. (A first backward's gradients become
+// the .grad themselves; under bfloat16 each backward's do, before they go into the fp32 sums.)
+// The embedding table's gradient comes last, once the layers' saved tensors (`retained`, all
+// this microbatch keeps on the stage) are released.
+int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t, bool keeps_graph,
+                          bool accumulates, int64_t retained) {
+  const int64_t n = b * t, h = z.model.hidden, f = z.model.FfnSize(), vocab = z.model.vocab;
+  const int64_t fresh = accumulates ? z.e : 0;  // per element of a fresh parameter gradient
   int64_t bytes = 0;
   if (slice.end_layer > slice.first_layer) {
     // The larger of the attention's (score gradients) and the MLP's (two hidden-sized gradients).
-    const int64_t n = b * t;
-    bytes = std::max(z.e * b * z.model.heads * t * t + 2 * n * z.model.hidden * z.e, 2 * n * z.model.FfnSize() * z.e);
+    // A fresh weight gradient comes once the head's saved tensors are released.
+    const int64_t scores = z.e * b * z.model.heads * t * t, head = slice.has_head ? HeadRetained(z, n) : 0;
+    const int64_t attention_weight = std::max<int64_t>(0, fresh * h * h - head);
+    const int64_t mlp_weight = std::max<int64_t>(0, fresh * h * f - head);
+    bytes = std::max((keeps_graph ? 2 : 1) * scores + 2 * n * h * z.e + attention_weight, 2 * n * f * z.e + mlp_weight);
   }
-  if (slice.has_head) bytes = std::max(bytes, 2 * z.loss * b * t * z.model.vocab);  // the log-softmax's and logits' gradients
+  // The log-softmax's and the logits' gradients. (The output projection's fresh gradient is not
+  // seen beside them on LibTorch 1.13: measured, not derived.)
+  if (slice.has_head) bytes = std::max(bytes, 2 * z.loss * n * vocab);
+  if (slice.has_embedding && accumulates) {
+    const int64_t released = slice.end_layer > slice.first_layer || slice.has_head ? retained : 0;
+    bytes = std::max(bytes, fresh * vocab * h + n * h * z.e - released);
+  }
   return bytes;
 }
 
 // The largest single parameter of a stage (optimizer and clipping temporaries are per parameter).
-int64_t LargestParameter(const reference::ModelConfig& model, const reference::SliceSpec& slice) {
-  int64_t largest = 0;
+// Clipping does not square the last stage's copy of a tied weight (its owner on stage 0 does):
+// `clipped` leaves that copy out.
+int64_t LargestParameter(const reference::ModelConfig& model, const reference::SliceSpec& slice, bool clipped = false) {
+  int64_t largest = slice.has_head ? model.hidden : 0;  // the final norm
   if (slice.end_layer > slice.first_layer) largest = std::max(model.hidden * model.hidden, model.hidden * model.FfnSize());
-  if (slice.has_embedding || slice.has_head) largest = std::max(largest, model.vocab * model.hidden);
+  const bool tied_copy = model.tied && slice.has_head && !slice.has_embedding;
+  if (slice.has_embedding || (slice.has_head && !(clipped && tied_copy))) {
+    largest = std::max(largest, model.vocab * model.hidden);
+  }
   if (slice.has_embedding && model.flavor == reference::Flavor::kGpt2) largest = std::max(largest, model.max_seq_len * model.hidden);
   return largest;
 }
@@ -122,11 +155,14 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
   MemoryPrediction prediction;
   prediction.peak_bytes.assign(shape.ranks, 0);
   prediction.held_after.resize(config.train.steps);
+  prediction.peak_during.resize(config.train.steps);
 
-  std::vector<int64_t> params(shape.ranks, 0), largest(shape.ranks, 0);
+  std::vector<int64_t> params(shape.ranks, 0), largest(shape.ranks, 0), largest_clipped(shape.ranks, 0);
   for (int s = 0; s < shape.stages(); ++s) {
-    params[shape.RankOfStage(s)] += StageParameterCount(z.model, slices[s]);
-    largest[shape.RankOfStage(s)] = std::max(largest[shape.RankOfStage(s)], LargestParameter(z.model, slices[s]));
+    const int r = shape.RankOfStage(s);
+    params[r] += StageParameterCount(z.model, slices[s]);
+    largest[r] = std::max(largest[r], LargestParameter(z.model, slices[s]));
+    largest_clipped[r] = std::max(largest_clipped[r], LargestParameter(z.model, slices[s], /*clipped=*/true));
   }
   const int64_t h = z.model.hidden;
   for (int64_t step = 0; step < config.train.steps; ++step) {
@@ -135,6 +171,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
     const int64_t batch_bytes = BatchBytes(batch, parts);
     auto& held_after = prediction.held_after[step];
     held_after.resize(shape.ranks);
+    prediction.peak_during[step].resize(shape.ranks);
     for (int rank = 0; rank < shape.ranks; ++rank) {
       const int64_t param_bytes = params[rank] * z.e;
       const int64_t state_bytes = z.adamw ? 2 * param_bytes : 0;
@@ -146,7 +183,10 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
       std::map<std::pair<int, int>, int64_t> held_for_weight;  // I done: output gradients kept for W
       std::map<std::pair<int, int>, int64_t> in_flight;     // (peer, direction) -> send buffer bytes
       auto message = [&](int mb) { return parts[mb].tokens.size(0) * parts[mb].time() * h * z.e; };
+      auto& peak_during = prediction.peak_during[step][rank];
       for (const Action& a : schedule.ranks[rank]) {
+        int64_t action_peak = held;
+        auto reach = [&](int64_t bytes) { action_peak = std::max(action_peak, bytes); };
         const auto& slice = slices[a.stage];
         const int mb = a.microbatch;
         const int64_t b = parts[mb].tokens.size(0), t = parts[mb].time();
@@ -157,7 +197,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
           case ActionKind::kRecvForward:
           case ActionKind::kRecvBackward:
             held += message(mb) + kMessageHeaderBytes;  // posted with its payload buffer
-            peak = std::max(peak, held);
+            reach(held);
             break;
           case ActionKind::kForward: {
             // The received buffer (counted at RECV) becomes the stage's input; its header goes.
@@ -165,7 +205,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             const int64_t kept = Retained(z, slice, input, b, t);
             const int64_t output = slice.has_head || passthrough ? 0 : message(mb);
             held += kept + output - (remote_input ? message(mb) + kMessageHeaderBytes : 0);
-            peak = std::max(peak, held + ForwardTransient(z, slice, b, t));
+            reach(held + ForwardTransient(z, slice, b, t));
             retained[{a.stage, mb}] = kept + output;
             break;
           }
@@ -184,7 +224,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             } else {
               pending_grad.erase({a.stage, mb});
             }
-            peak = std::max(peak, held);
+            reach(held);
             break;
           }
           case ActionKind::kBackward:
@@ -199,7 +239,13 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             const int64_t gradient_in = remote_gradient ? message(mb) + kMessageHeaderBytes : 0;
             // A passthrough hands its output gradient on as its input gradient.
             const int64_t input_gradient = a.stage == 0 ? 0 : passthrough ? -kMessageHeaderBytes : message(mb);
-            peak = std::max(peak, held + BackwardTransient(z, slice, b, t));
+            // Stage 0's I has no input gradient to compute: it runs nothing.
+            const bool runs = a.kind != ActionKind::kBackwardInput || a.stage > 0;
+            const bool accumulates = z.grad == z.e && has_gradients.count(a.stage) > 0;
+            if (runs) {
+              reach(held + BackwardTransient(z, slice, b, t, !weight_part, weight_part && accumulates,
+                                             retained[{a.stage, mb}]));
+            }
             if (input_part) {
               held += input_gradient;
               if (a.stage > 0) pending_grad[{a.stage, mb}] = passthrough ? gradient_in - kMessageHeaderBytes : input_gradient;
@@ -223,7 +269,8 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
                                          : first_backward ? largest_here * z.e
                                                           : stage_params * z.e + largest_here * z.grad;
               if (a.kind == ActionKind::kBackwardWeight) {
-                peak = std::max(peak, held + BackwardTransient(z, slice, b, t) + (a.stage > 0 ? message(mb) : 0));
+                reach(held + BackwardTransient(z, slice, b, t, false, accumulates, retained[{a.stage, mb}]) +
+                      (a.stage > 0 ? message(mb) : 0));
                 held -= held_for_weight[{a.stage, mb}];
                 held_for_weight.erase({a.stage, mb});
               } else {
@@ -235,7 +282,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
               }
               held += grads - retained[{a.stage, mb}];
               retained.erase({a.stage, mb});
-              peak = std::max(peak, held + conversion);
+              reach(held + conversion);
             }
             break;
           }
@@ -243,11 +290,13 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             break;
         }
         held_after[rank].push_back(held);
+        peak_during.push_back(std::max(action_peak, held));
+        peak = std::max(peak, peak_during.back());
       }
       for (auto& [key, bytes] : in_flight) held -= bytes;  // every send completes by step end
       // Clipping takes each gradient's squared sum in float64; AdamW makes two temporaries per
       // parameter; the first step also creates its state.
-      int64_t clip = largest[rank] * (z.e == 8 ? 8 : 16);
+      int64_t clip = largest_clipped[rank] * (z.e == 8 ? 8 : 16);
       // Summing a tied weight's two gradients: the peer's copy arrives and the sum is formed.
       const int last = shape.stages() - 1;
       const bool owns_tied = z.model.tied && last > 0 && (shape.RankOfStage(0) == rank || shape.RankOfStage(last) == rank);

@@ -13,7 +13,10 @@
 //   head:        (2e + 2s)·N·hidden (gpt2: 2e + 3s) + N·vocab in the loss dtype + s·N
 // checked against the counting allocator on LibTorch 1.13 (exact on every flavour and dtype).
 // Transient peaks inside an action (attention scores, logits gradients, optimizer temporaries)
-// are estimated, not exact. Not a measurement: nothing here allocates a tensor of the model.
+// are estimated, and reported per action beside the allocator's (timeline.csv): a zero-bubble
+// I keeps the whole graph for W, so two score-sized gradients come on top of everything the
+// forward saved (exact on the CPU); stage 0's I computes nothing; the clip squares no copy of a
+// tied weight. Not a measurement: nothing here allocates a tensor of the model.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +30,7 @@ namespace pipecheck::pipeline {
 struct MemoryPrediction {
   std::vector<int64_t> peak_bytes;                          // per rank, over every step
   std::vector<std::vector<std::vector<int64_t>>> held_after;  // [step][rank][action]: after each action
+  std::vector<std::vector<std::vector<int64_t>>> peak_during; // [step][rank][action]: the most held during it
 };
 
 // `schedule` is the lowered schedule the ranks run (BuildSchedule).

@@ -84,8 +84,8 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   for (const auto& t : result.timeline) {
     timeline.insert(timeline.end(), {static_cast<double>(t.step), static_cast<double>(t.action.kind),
                                      static_cast<double>(t.action.stage), static_cast<double>(t.action.microbatch),
-                                     t.start_us, t.end_us, static_cast<double>(t.held_bytes), t.wait_start_us,
-                                     t.step_start_us});
+                                     t.start_us, t.end_us, static_cast<double>(t.held_bytes),
+                                     static_cast<double>(t.peak_bytes), t.wait_start_us, t.step_start_us});
   }
   dict.insert("timeline", Doubles(timeline));
   std::vector<double> boundaries;
@@ -132,12 +132,13 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   result.final_weights = Zip(c10::impl::toTypedList<std::string>(dict.at("weight_names").toList()),
                              c10::impl::toTypedList<torch::Tensor>(dict.at("weights").toList()));
   const auto timeline = ToDoubles(dict.at("timeline").toTensor());
-  constexpr size_t kFields = 9;
+  constexpr size_t kFields = 10;
   for (size_t i = 0; i + kFields <= timeline.size(); i += kFields) {
     Action action{static_cast<ActionKind>(static_cast<int>(timeline[i + 1])), static_cast<int>(timeline[i + 2]),
                   static_cast<int>(timeline[i + 3])};
     result.timeline.push_back({static_cast<int64_t>(timeline[i]), action, timeline[i + 4], timeline[i + 5],
-                               static_cast<int64_t>(timeline[i + 6]), timeline[i + 7], timeline[i + 8]});
+                               static_cast<int64_t>(timeline[i + 6]), static_cast<int64_t>(timeline[i + 7]),
+                               timeline[i + 8], timeline[i + 9]});
   }
   const auto boundaries = ToDoubles(dict.at("boundaries").toTensor());
   const auto hashes = dict.at("boundary_hashes").toIntVector();

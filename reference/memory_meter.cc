@@ -95,6 +95,14 @@ void StepWindow::ResumeAfterCopies() {
   ResetPeak();
 }
 
+int64_t StepWindow::PeakSinceLastCall() {
+  if (!Metered(device_)) return -1;
+  const int64_t peak = PeakSinceReset() - baseline_;
+  peak_ = std::max(peak_, peak);
+  ResetPeak();
+  return peak;
+}
+
 int64_t StepWindow::HeldBytes() const { return Metered(device_) ? HeldTensorBytes(device_) - baseline_ : -1; }
 
 double StepWindow::ElapsedMs() const {

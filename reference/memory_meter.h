@@ -37,6 +37,9 @@ class StepWindow {
   void PauseForCopies();                                    // before copying gradients out
   void ResumeAfterCopies();
   int64_t HeldBytes() const;  // what the trainer holds now, -1 when the meter is off
+  // The most the trainer held since the previous call (or since the window started, or resumed);
+  // the next call counts from what it holds now. -1 when the meter is off. For per-action peaks.
+  int64_t PeakSinceLastCall();
   double ElapsedMs() const;   // the window's time so far, pauses excluded
 
   struct Measured {

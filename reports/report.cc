@@ -38,7 +38,7 @@ const std::vector<std::string>& TimelineColumns() {
   static const std::vector<std::string> columns = {"scenario", "rank",         "step",     "action",
                                                    "stage",    "microbatch",   "start_us", "end_us",
                                                    "held_bytes", "held_bytes_predicted", "wait_start_us",
-                                                   "step_start_us"};
+                                                   "step_start_us", "peak_bytes", "peak_bytes_predicted"};
   return columns;
 }
 

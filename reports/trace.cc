@@ -20,7 +20,7 @@ struct Event {
   std::string kind;  // F, B, I, W, SEND_F, ...
   int stage = 0, microbatch = 0;
   double wait_start = 0, start = 0, end = 0;
-  std::string held_bytes;
+  std::string held_bytes, held_bytes_predicted, peak_bytes, peak_bytes_predicted;
 
   std::string Name() const { return fmt::format("{}{}{}", stage, kind, microbatch); }
 };
@@ -43,6 +43,9 @@ std::vector<Event> EventsOf(const ScenarioReport& report) {
     e.start = step_start + number("start_us");
     e.end = step_start + number("end_us");
     e.held_bytes = cell("held_bytes");
+    e.held_bytes_predicted = cell("held_bytes_predicted");
+    e.peak_bytes = cell("peak_bytes");
+    e.peak_bytes_predicted = cell("peak_bytes_predicted");
     events.push_back(e);
   }
   return events;
@@ -109,7 +112,8 @@ std::string ChromeTrace(const ScenarioReport& report) {
     trace_events.push_back({{"name", e.Name()}, {"cat", IsCompute(e.kind) ? e.kind : "comm"}, {"ph", "X"},
                             {"ts", e.start}, {"dur", std::max(0.0, e.end - e.start)}, {"pid", 0}, {"tid", e.rank},
                             {"args", {{"step", e.step}, {"stage", e.stage}, {"microbatch", e.microbatch},
-                                      {"held_bytes", e.held_bytes}}}});
+                                      {"held_bytes", e.held_bytes}, {"held_bytes_predicted", e.held_bytes_predicted},
+                                      {"peak_bytes", e.peak_bytes}, {"peak_bytes_predicted", e.peak_bytes_predicted}}}});
   }
   nlohmann::json trace = {{"traceEvents", trace_events}, {"displayTimeUnit", "ms"},
                           {"otherData", {{"scenario", scenario}, {"clock", "µs since the ranks' rendezvous"}}}};

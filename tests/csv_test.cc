@@ -73,7 +73,7 @@ TEST(Reports, ColumnsAreExactlyTheDesigns) {
             "step_ms_predicted");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::TimelineColumns(), ",")),
             "scenario,rank,step,action,stage,microbatch,start_us,end_us,held_bytes,held_bytes_predicted,wait_start_us,"
-            "step_start_us");
+            "step_start_us,peak_bytes,peak_bytes_predicted");
 }
 
 TEST(Reports, AFailedScenarioKeepsEveryColumnAndSurvivesJson) {
