@@ -242,9 +242,11 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             // Stage 0's I has no input gradient to compute: it runs nothing.
             const bool runs = a.kind != ActionKind::kBackwardInput || a.stage > 0;
             const bool accumulates = z.grad == z.e && has_gradients.count(a.stage) > 0;
+            // W also recomputes the input's gradient where its weights need it.
+            const int64_t recomputed = a.kind == ActionKind::kBackwardWeight && a.stage > 0 ? message(mb) : 0;
             if (runs) {
-              reach(held + BackwardTransient(z, slice, b, t, !weight_part, weight_part && accumulates,
-                                             retained[{a.stage, mb}]));
+              reach(held + recomputed +
+                    BackwardTransient(z, slice, b, t, !weight_part, weight_part && accumulates, retained[{a.stage, mb}]));
             }
             if (input_part) {
               held += input_gradient;
@@ -269,8 +271,6 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
                                          : first_backward ? largest_here * z.e
                                                           : stage_params * z.e + largest_here * z.grad;
               if (a.kind == ActionKind::kBackwardWeight) {
-                reach(held + BackwardTransient(z, slice, b, t, false, accumulates, retained[{a.stage, mb}]) +
-                      (a.stage > 0 ? message(mb) : 0));
                 held -= held_for_weight[{a.stage, mb}];
                 held_for_weight.erase({a.stage, mb});
               } else {

@@ -83,9 +83,15 @@ void StepWindow::ResetPeak() {
   }
 }
 
+int64_t StepWindow::FoldPeak() {
+  const int64_t peak = PeakSinceReset() - baseline_;
+  peak_ = std::max(peak_, peak);
+  return peak;
+}
+
 void StepWindow::PauseForCopies() {
   Synchronize(device_);
-  peak_ = std::max(peak_, PeakSinceReset() - baseline_);
+  FoldPeak();
   pause_start_ = Clock::now();
 }
 
@@ -97,8 +103,7 @@ void StepWindow::ResumeAfterCopies() {
 
 int64_t StepWindow::PeakSinceLastCall() {
   if (!Metered(device_)) return -1;
-  const int64_t peak = PeakSinceReset() - baseline_;
-  peak_ = std::max(peak_, peak);
+  const int64_t peak = FoldPeak();
   ResetPeak();
   return peak;
 }
@@ -113,7 +118,10 @@ StepWindow::Measured StepWindow::End() {
   Synchronize(device_);  // a GPU step ends when its work has, not when the host has queued it
   Measured measured;
   measured.step_ms = ElapsedMs();
-  if (Metered(device_)) measured.peak_bytes = std::max(peak_, PeakSinceReset() - baseline_);
+  if (Metered(device_)) {
+    FoldPeak();
+    measured.peak_bytes = peak_;
+  }
   return measured;
 }
 

@@ -51,6 +51,7 @@ class StepWindow {
  private:
   using Clock = std::chrono::steady_clock;
   int64_t PeakSinceReset() const;
+  int64_t FoldPeak();  // the trainer's peak since the last reset, kept in peak_ too
   void ResetPeak();
 
   int64_t baseline_ = 0;
