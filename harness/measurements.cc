@@ -62,40 +62,54 @@ void TimelineRows(const MeasurementInput& input, reports::ScenarioReport& report
 
 }  // namespace
 
-std::vector<double> PredictStepMs(const pipeline::Schedule& schedule, const std::vector<pipeline::RankResult>& ranks,
-                                  size_t steps) {
-  const size_t first = reference::FirstTimedStep(steps);
-  pipeline::CostModel costs;
-  std::vector<double> outside_ms;  // per rank: median time of a step outside its action list
+StepPrediction PredictStepMs(const pipeline::Schedule& schedule, const std::vector<pipeline::RankResult>& ranks,
+                             size_t steps) {
+  const auto first = static_cast<int64_t>(reference::FirstTimedStep(steps));
+  if (ranks.size() != schedule.ranks.size()) return {};
+  // [step][rank]: each action's measured duration, in list order, and the time after the last.
+  std::map<int64_t, std::vector<std::vector<double>>> durations;
+  std::map<int64_t, std::vector<double>> outside_ms;
   for (const auto& rank : ranks) {
-    const size_t actions = schedule.ranks.at(rank.rank).size();
-    std::vector<std::vector<double>> durations(actions);
-    std::map<int64_t, std::pair<size_t, double>> per_step;  // step -> (actions seen, last end)
+    const auto r = static_cast<size_t>(rank.rank);
+    if (r >= ranks.size()) return {};
+    std::map<int64_t, double> last_end;
     for (const auto& t : rank.timeline) {
-      if (t.step < static_cast<int64_t>(first)) continue;
-      auto& [seen, end] = per_step[t.step];
-      if (seen >= actions) return {};
-      durations[seen++].push_back(t.end_us - t.start_us);
-      end = std::max(end, t.end_us);
+      if (t.step < first) continue;
+      auto& step = durations[t.step];
+      step.resize(ranks.size());
+      step[r].push_back(t.end_us - t.start_us);
+      last_end[t.step] = std::max(last_end[t.step], t.end_us);
     }
-    std::vector<double> median(actions, 0.0), outside;
-    for (size_t i = 0; i < actions; ++i) {
-      if (durations[i].empty()) return {};
-      median[i] = reference::Median(durations[i]);
+    for (const auto& [step, end] : last_end) {
+      if (static_cast<size_t>(step) >= rank.step_ms.size()) return {};
+      auto& outside = outside_ms[step];
+      outside.resize(ranks.size(), std::nan(""));
+      outside[r] = rank.step_ms[step] - end / 1000.0;
     }
-    for (const auto& [step, seen_end] : per_step) {
-      if (static_cast<size_t>(step) < rank.step_ms.size()) outside.push_back(rank.step_ms[step] - seen_end.second / 1000.0);
-    }
-    if (outside.empty()) return {};
-    costs.per_action.push_back(std::move(median));
-    outside_ms.push_back(reference::Median(outside));
   }
-  if (costs.per_action.size() != schedule.ranks.size()) return {};
-  const auto simulated = pipeline::Simulate(schedule, pipeline::SendSemantics::kBuffered, costs);
-  if (!simulated.ok) return {};
-  std::vector<double> predicted;
-  for (size_t r = 0; r < ranks.size(); ++r) predicted.push_back(simulated.finish[r] / 1000.0 + outside_ms[r]);
-  return predicted;
+  StepPrediction prediction;
+  std::vector<std::vector<double>> per_rank(ranks.size());  // [rank][timed step]
+  std::vector<double> slowest;
+  for (auto& [step, measured] : durations) {
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      if (measured[r].size() != schedule.ranks[r].size()) return {};  // a step that does not fit the list
+    }
+    pipeline::CostModel costs;
+    costs.per_action = std::move(measured);
+    const auto simulated = pipeline::Simulate(schedule, pipeline::SendSemantics::kBuffered, costs);
+    if (!simulated.ok) return {};
+    double step_ms = 0.0;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const double rank_ms = simulated.finish[r] / 1000.0 + outside_ms[step][r];
+      per_rank[r].push_back(rank_ms);
+      step_ms = std::max(step_ms, rank_ms);
+    }
+    slowest.push_back(step_ms);
+  }
+  if (slowest.empty()) return {};
+  for (const auto& rank_ms : per_rank) prediction.rank_ms.push_back(reference::Median(rank_ms));
+  prediction.step_ms = reference::Median(slowest);
+  return prediction;
 }
 
 void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainResult& reference,
@@ -111,7 +125,7 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
     pp_rate.push_back(static_cast<double>(reference.steps[k].tokens) / (slowest / 1000.0));
   }
   TimelineRows(input, report);
-  const std::vector<double> predicted_ms = PredictStepMs(input.schedule, input.ranks, steps);
+  const StepPrediction predicted = PredictStepMs(input.schedule, input.ranks, steps);
   auto& row = report.summary;
   row["ref_step_ms"] = FormatNumber(reference.MedianStepMs());
   row["pp_step_ms"] = FormatNumber(reference::Median(pp_ms));
@@ -124,8 +138,7 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
   }
   row["pp_tokens_per_s_runs"] = "1";
   row["bubble_theory"] = FormatNumber(input.simulation.bubble);
-  row["pp_step_ms_predicted"] =
-      predicted_ms.empty() ? "" : FormatNumber(*std::max_element(predicted_ms.begin(), predicted_ms.end()));
+  row["pp_step_ms_predicted"] = predicted.ok() ? FormatNumber(predicted.step_ms) : "";
   double busy = 0.0, wall = 0.0;
   int64_t pp_peak = -1, pp_peak_predicted = -1;
   for (const auto& rank : input.ranks) {
@@ -150,7 +163,7 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
                             FormatNumber((time.wall_us - time.busy_us - time.comm_us) * per_step_ms),
                             FormatNumber(time.comm_us * per_step_ms), BytesCell(predicted_peak),
                             rank_ms.empty() ? "" : FormatNumber(reference::Median(rank_ms)),
-                            r < predicted_ms.size() ? FormatNumber(predicted_ms[r]) : ""});
+                            r < predicted.rank_ms.size() ? FormatNumber(predicted.rank_ms[r]) : ""});
   }
   const int64_t ref_peak = reference.PeakBytes();
   row["ref_peak_bytes"] = BytesCell(ref_peak);

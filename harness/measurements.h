@@ -1,7 +1,7 @@
 // Speed and memory of one scenario, measured beside predicted: the summary's timing, memory and
 // bubble columns, ranks.csv and timeline.csv. Predicted memory comes from the memory model
-// (pipeline/memory_model.h); predicted step time from the simulator run on each action's
-// measured duration, plus each rank's measured time outside its action list (tied sums,
+// (pipeline/memory_model.h); predicted step time from the simulator run on each step's
+// measured action durations, plus each rank's measured time outside its action list (tied sums,
 // clipping, optimizer). Measured above predicted is time or memory the schedule does not
 // explain: waiting on communication, executor overhead, a buffer held too long.
 // Not a judge: nothing here decides PASS or FAIL.
@@ -29,9 +29,22 @@ struct MeasurementInput {
 void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainResult& reference,
                         reports::ScenarioReport& report);
 
-// Each rank's predicted step time in ms (see the header comment) over the timed steps; empty
-// when the ranks' timelines do not fit the schedule.
-std::vector<double> PredictStepMs(const pipeline::Schedule& schedule, const std::vector<pipeline::RankResult>& ranks,
-                                  size_t steps);
+// Step time predicted from the measured action costs, in ms. Each timed step is simulated on its
+// own actions' durations (plus each rank's time after its last action), and the medians are
+// taken over those simulated steps, the way the measured columns take them over measured steps.
+// Not the simulation of each action's median duration: which actions run slow changes from step
+// to step (ranks sharing cores, a shared host), and a path through per-action medians is
+// shorter than any step's real critical path (on scenarios/cpu-large.csv's 4-rank scenarios on
+// 2 cores, 13-32% shorter than measured).
+struct StepPrediction {
+  std::vector<double> rank_ms;  // per rank: the median of its simulated step times
+  double step_ms = 0.0;         // the median of each simulated step's slowest rank
+  bool ok() const { return !rank_ms.empty(); }
+};
+
+// Empty (not ok) when the ranks' timelines do not fit the schedule: a timed step with another
+// number of actions than a rank's list, or one the simulator cannot run.
+StepPrediction PredictStepMs(const pipeline::Schedule& schedule, const std::vector<pipeline::RankResult>& ranks,
+                             size_t steps);
 
 }  // namespace pipecheck::harness
