@@ -75,10 +75,26 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input,
   return bytes;
 }
 
+// What a layer saves after its attention's scores are gone (a lower bound): the MLP's saved
+// activations, the hidden-sized inputs of the output projection and of the MLP, and the second
+// norm's statistics-precision and output tensors (large beside the rest under bfloat16, where
+// the statistics are fp32). On a stage's
+// last layer, a forward saves these (and the head's, when the stage has the head) only after the
+// score transient has passed; a backward frees them before it reaches the scores.
+int64_t SavedAfterScores(const Sizes& z, const reference::SliceSpec& slice, int64_t n) {
+  const int64_t h = z.model.hidden, f = z.model.FfnSize();
+  return ((IsLlama(z) ? 4 : 2) * f + 2 * h) * n * z.e + (z.s + z.e) * n * h + (slice.has_head ? HeadRetained(z, n) : 0);
+}
+
 // Extra bytes alive for a moment inside a forward or backward (above what it leaves behind).
+// A forward's attention holds two score-sized tensors at once (the scaled scores and the masked
+// ones, before the softmax), of which the softmax's output stays saved: one score above what the
+// forward has saved so far, which is all it leaves behind but the last layer's SavedAfterScores.
 int64_t ForwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t) {
   int64_t bytes = 0;
-  if (slice.end_layer > slice.first_layer) bytes = z.e * b * z.model.heads * t * t + b * t * t;
+  if (slice.end_layer > slice.first_layer) {
+    bytes = std::max<int64_t>(0, z.e * b * z.model.heads * t * t - SavedAfterScores(z, slice, b * t));
+  }
   if (slice.has_head) {
     const int64_t logits = b * t * z.model.vocab * (z.e + (z.loss != z.e ? z.loss : 0));
     bytes = std::max(bytes, logits);
@@ -86,10 +102,10 @@ int64_t ForwardTransient(const Sizes& z, const reference::SliceSpec& slice, int6
   return bytes;
 }
 
-// `keeps_graph`: an input-gradient pass (I) keeps every saved tensor for W, so nothing it passes
-// is freed before it reaches the attention, where two score-sized gradients are alive at once
-// (the softmax's incoming and outgoing ones). B frees as it goes, and by the time it gets there
-// has released about one score's worth: its estimate counts one.
+// At the attention, two score-sized gradients are alive at once (the softmax's incoming and
+// outgoing ones), with the value's and the residual's gradients. `keeps_graph`: an
+// input-gradient pass (I) keeps every saved tensor for W, so nothing it passes is freed before
+// it gets there. B and W free as they go: by then the last layer's SavedAfterScores is gone.
 // `accumulates`: the parameters' gradients exist already (a later backward, in their own dtype),
 // so each fresh one is a temporary beside the activation gradients of its op until it is added
 // in place: the largest weight of each part counts once. (A first backward's gradients become
@@ -102,12 +118,15 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
   const int64_t fresh = accumulates ? z.e : 0;  // per element of a fresh parameter gradient
   int64_t bytes = 0;
   if (slice.end_layer > slice.first_layer) {
-    // The larger of the attention's (score gradients) and the MLP's (two hidden-sized gradients).
+    // The larger of the attention's (score gradients) and the MLP's (two ffn-sized gradients).
     // A fresh weight gradient comes once the head's saved tensors are released.
     const int64_t scores = z.e * b * z.model.heads * t * t, head = slice.has_head ? HeadRetained(z, n) : 0;
     const int64_t attention_weight = std::max<int64_t>(0, fresh * h * h - head);
-    const int64_t mlp_weight = std::max<int64_t>(0, fresh * h * f - head);
-    bytes = std::max((keeps_graph ? 2 : 1) * scores + 2 * n * h * z.e + attention_weight, 2 * n * f * z.e + mlp_weight);
+    // The MLP's two ffn-sized gradients likewise come once the head's saved tensors are gone.
+    const int64_t at_mlp = std::max<int64_t>(0, 2 * n * f * z.e + fresh * h * f - head);
+    const int64_t freed = keeps_graph ? 0 : SavedAfterScores(z, slice, n);
+    const int64_t at_scores = std::max<int64_t>(0, 2 * scores + 2 * n * h * z.e - freed);
+    bytes = std::max(at_scores + attention_weight, at_mlp);
   }
   // The log-softmax's and the logits' gradients. (The output projection's fresh gradient is not
   // seen beside them on LibTorch 1.13: measured, not derived.)
