@@ -78,9 +78,9 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input,
 // What a layer saves after its attention's scores are gone (a lower bound): the MLP's saved
 // activations, the hidden-sized inputs of the output projection and of the MLP, and the second
 // norm's statistics-precision and output tensors (large beside the rest under bfloat16, where
-// the statistics are fp32). On a stage's
-// last layer, a forward saves these (and the head's, when the stage has the head) only after the
-// score transient has passed; a backward frees them before it reaches the scores.
+// the statistics are fp32). On a stage's last layer, a forward saves these (and the head's, when
+// the stage has the head) only after the score transient has passed; a backward frees them
+// before it reaches the scores.
 int64_t SavedAfterScores(const Sizes& z, const reference::SliceSpec& slice, int64_t n) {
   const int64_t h = z.model.hidden, f = z.model.FfnSize();
   return ((IsLlama(z) ? 4 : 2) * f + 2 * h) * n * z.e + (z.s + z.e) * n * h + (slice.has_head ? HeadRetained(z, n) : 0);

@@ -11,6 +11,7 @@
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
+#include "reference/trainer.h"
 
 namespace pipecheck {
 namespace {
@@ -66,11 +67,6 @@ std::vector<pipeline::RankResult> RanksThatRan(const pipeline::Schedule& schedul
   return ranks;
 }
 
-double Median3(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[1];
-}
-
 TEST(StepPrediction, ReproducesStepsWhoseWaitsTheScheduleExplains) {
   const auto schedule = TwoRankGPipe();
   auto uniform = [](double forward_us) {
@@ -85,7 +81,7 @@ TEST(StepPrediction, ReproducesStepsWhoseWaitsTheScheduleExplains) {
   ASSERT_TRUE(predicted.ok());
   ASSERT_EQ(predicted.rank_ms.size(), 2u);
   for (size_t r = 0; r < 2; ++r) {
-    const double measured = Median3({ranks[r].step_ms[1], ranks[r].step_ms[2], ranks[r].step_ms[3]});
+    const double measured = reference::Median({ranks[r].step_ms[1], ranks[r].step_ms[2], ranks[r].step_ms[3]});
     EXPECT_NEAR(predicted.rank_ms[r], measured, 1e-9) << "rank " << r;
   }
   // The median step has F = 1.05 ms and B = 2.1 ms: GPipe's (m + p - 1) (F + B), the communication
@@ -142,7 +138,7 @@ TEST(StepPrediction, FollowsEachStepsSlowActionsNotAPathThroughMedians) {
   for (size_t step = 1; step < steps.size(); ++step) {
     slowest.push_back(std::max(ranks[0].step_ms[step], ranks[1].step_ms[step]));
   }
-  EXPECT_NEAR(predicted.step_ms, Median3(slowest), 1e-9);
+  EXPECT_NEAR(predicted.step_ms, reference::Median(slowest), 1e-9);
 
   pipeline::CostModel medians;
   medians.per_action = Durations(schedule, slow(-1, -1));
