@@ -102,8 +102,12 @@ void Executor::Forward(const Action& action, StepState& state) {
     state.inputs[{s, mb}] = input;
     Probe(input, Direction::kActivation, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s - 1), state);
   }
-  auto context = reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(), config_.train.dtype,
-                                                 device);
+  // The mask (and llama's rotary tables) only where the stage has layers to use them: a stage of
+  // an embedding or a head alone would build them for nothing, every microbatch.
+  const bool has_layers = stage.slice.end_layer > stage.slice.first_layer;
+  auto context = has_layers ? reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(),
+                                                              config_.train.dtype, device)
+                            : reference::AttentionContext{};
   auto output = stage.module->forward(input, context);
   if (!stage.slice.has_head) {
     state.outputs[{s, mb}] = output;

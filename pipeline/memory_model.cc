@@ -50,17 +50,23 @@ int64_t HeadRetained(const Sizes& z, int64_t n) {
          norm_extra;
 }
 
-int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input, int64_t b, int64_t t) {
+// What one layer keeps for its backward. The counts are LibTorch 1.13's; each norm keeps one
+// (n, h) statistics tensor less on 2.x.
+int64_t PerLayerRetained(const Sizes& z, int64_t b, int64_t t) {
   const int64_t n = b * t, h = z.model.hidden, f = z.model.FfnSize(), heads = z.model.heads;
+  const bool llama = IsLlama(z);
+  const int64_t norm_extra = (1 - compat::kNormExtraSaved) * z.s * n * h;
+  return (llama ? 8 * z.e + 4 * z.s : 8 * z.e + 6 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f +
+         z.e * b * heads * t * t + b * t * t + 2 * z.s * n - 2 * norm_extra;
+}
+
+int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input, int64_t b, int64_t t) {
+  const int64_t n = b * t, h = z.model.hidden;
   const int64_t layers = slice.end_layer - slice.first_layer;
   const bool llama = IsLlama(z);
   int64_t bytes = 0;
-  // The counts below are LibTorch 1.13's; each norm keeps one (n, h) statistics tensor less on 2.x.
-  const int64_t norm_extra = (1 - compat::kNormExtraSaved) * z.s * n * h;
   if (layers > 0) {
-    const int64_t per_layer = (llama ? 8 * z.e + 4 * z.s : 8 * z.e + 6 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f +
-                              z.e * b * heads * t * t + b * t * t + 2 * z.s * n - 2 * norm_extra;
-    bytes += layers * per_layer;
+    bytes += layers * PerLayerRetained(z, b, t);
     if (llama) bytes += 2 * t * z.model.HeadDim() * z.e;  // rotary cos and sin tables
   }
   if (slice.has_embedding && !llama) bytes += t * 8;  // position indices
@@ -96,41 +102,90 @@ int64_t ForwardTransient(const Sizes& z, const reference::SliceSpec& slice, int6
     bytes = std::max<int64_t>(0, z.e * b * z.model.heads * t * t - SavedAfterScores(z, slice, b * t));
   }
   if (slice.has_head) {
-    const int64_t logits = b * t * z.model.vocab * (z.e + (z.loss != z.e ? z.loss : 0));
-    bytes = std::max(bytes, logits);
+    const int64_t n = b * t, h = z.model.hidden;
+    const int64_t logits = n * z.model.vocab * (z.e + (z.loss != z.e ? z.loss : 0));
+    // gpt2's final LayerNorm, composed of elementwise ops in statistics precision, passes about
+    // three quarters of an (n, h) statistics tensor above what it keeps (and the cast back under
+    // bfloat16); llama's RMSNorm stays below its logits (measured on head-only stages).
+    const int64_t norm = IsLlama(z) ? 0 : 3 * z.s * n * h / 4 + (z.e != z.s ? z.e * n * h : 0);
+    bytes = std::max({bytes, logits, norm});
   }
   return bytes;
 }
 
+// Which part of a backward an action runs: both (B), the input's gradient (I), the weights' (W).
+enum class Pass { kFull, kInput, kWeight };
+
 // At the attention, two score-sized gradients are alive at once (the softmax's incoming and
-// outgoing ones), with the value's and the residual's gradients. `keeps_graph`: an
-// input-gradient pass (I) keeps every saved tensor for W, so nothing it passes is freed before
-// it gets there. B and W free as they go: by then the last layer's SavedAfterScores is gone.
+// outgoing ones), with the value's and the residual's gradients. An input-gradient pass (I)
+// keeps every saved tensor for W, so nothing it passes is freed. B and W free as they go: the
+// head's saved tensors before the layers, the last layer's SavedAfterScores before its scores.
 // `accumulates`: the parameters' gradients exist already (a later backward, in their own dtype),
 // so each fresh one is a temporary beside the activation gradients of its op until it is added
-// in place: the largest weight of each part counts once. (A first backward's gradients become
-// the .grad themselves; under bfloat16 each backward's do, before they go into the fp32 sums.)
+// in place: the largest weight of each part counts once. Otherwise (a first backward; under
+// bfloat16 every backward, before the fp32 sums) each gradient B or W makes stays, so the
+// gradients made so far stand beside each op's: the head's at the last layer's MLP, which holds
+// its second weight's beside one ffn-sized gradient (two for llama's gated product; the gradient
+// of gpt2's GELU replaces its input's, freed, where an I keeps both), and the MLP's and the
+// attention's at the attention's end, where what the MLP saved is gone. A stage of many layers
+// whose gradients outweigh what each layer saved (few tokens beside a wide hidden) grows layer
+// by layer and peaks at its first layer.
 // The embedding table's gradient comes last, once the layers' saved tensors (`retained`, all
 // this microbatch keeps on the stage) are released.
-int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t, bool keeps_graph,
-                          bool accumulates, int64_t retained) {
+int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t, Pass pass,
+                          bool accumulates, int64_t retained, int64_t recomputed) {
   const int64_t n = b * t, h = z.model.hidden, f = z.model.FfnSize(), vocab = z.model.vocab;
-  const int64_t fresh = accumulates ? z.e : 0;  // per element of a fresh parameter gradient
+  const bool llama = IsLlama(z), keeps_graph = pass == Pass::kInput;
+  const bool creates = !keeps_graph && !accumulates;  // gradients made now stay until the step ends
+  const int64_t fresh = accumulates ? z.e : 0;       // per element of a fresh parameter gradient
+  const int64_t layers = slice.end_layer - slice.first_layer;
   int64_t bytes = 0;
-  if (slice.end_layer > slice.first_layer) {
-    // The larger of the attention's (score gradients) and the MLP's (two ffn-sized gradients).
-    // A fresh weight gradient comes once the head's saved tensors are released.
-    const int64_t scores = z.e * b * z.model.heads * t * t, head = slice.has_head ? HeadRetained(z, n) : 0;
-    const int64_t attention_weight = std::max<int64_t>(0, fresh * h * h - head);
-    // The MLP's two ffn-sized gradients likewise come once the head's saved tensors are gone.
-    const int64_t at_mlp = std::max<int64_t>(0, 2 * n * f * z.e + fresh * h * f - head);
-    const int64_t freed = keeps_graph ? 0 : SavedAfterScores(z, slice, n);
-    const int64_t at_scores = std::max<int64_t>(0, 2 * scores + 2 * n * h * z.e - freed);
-    bytes = std::max(at_scores + attention_weight, at_mlp);
+  if (layers > 0) {
+    const int64_t scores = z.e * b * z.model.heads * t * t;
+    // Before the layers, B and W free the head's saved tensors and make its gradients.
+    const int64_t head_saved = slice.has_head ? HeadRetained(z, n) : 0;
+    const int64_t head = keeps_graph ? 0 : head_saved;
+    const int64_t head_grads = creates && slice.has_head ? z.model.HeadParameterCount() * z.e : 0;
+    const int64_t mlp_params = llama ? 3 * h * f : 2 * h * f + f + h;
+    // The head's output gradient flows past the MLP on the residual path while it runs.
+    const int64_t residual = slice.has_head ? n * h * z.e : 0;
+    const int64_t at_mlp =
+        keeps_graph ? 2 * n * f * z.e + residual
+        : creates   ? head_grads - head + residual + h * f * z.e + (llama ? 2 : 1) * n * f * z.e
+        : llama     ? residual - head + std::max(fresh * h * f + n * f * z.e, 2 * n * f * z.e)
+                    : residual - head + fresh * h * f + n * f * z.e;
+    const int64_t mlp_freed = keeps_graph ? 0 : SavedAfterScores(z, slice, n) - head_saved;
+    const int64_t attention_weight = creates ? head_grads + (mlp_params + h * h) * z.e : fresh * h * h;
+    const int64_t at_scores = 2 * scores + 2 * n * h * z.e - mlp_freed - head + attention_weight;
+    bytes = std::max({int64_t{0}, at_mlp, at_scores});
+    if (creates) {
+      const int64_t layer_grads = z.model.LayerParameterCount() * z.e;
+      const int64_t growth = std::max<int64_t>(0, layer_grads - PerLayerRetained(z, b, t)) * (layers - 1);
+      bytes = std::max(bytes, head_grads - head + layer_grads - mlp_freed + growth);
+    }
   }
-  // The log-softmax's and the logits' gradients. (The output projection's fresh gradient is not
-  // seen beside them on LibTorch 1.13: measured, not derived.)
-  if (slice.has_head) bytes = std::max(bytes, 2 * z.loss * n * vocab);
+  // W recomputes the input's gradient first; what the layers add comes on top of it.
+  bytes += recomputed;
+  if (slice.has_head) {
+    // Three moments, measured on head-only stages (vocab 32..512, hidden 64..256, 8..128 tokens):
+    // the log-softmax's and the logits' gradients; the output projection's backward, its
+    // weight's gradient (fresh, or made now and staying) beside its input's, the largest where
+    // few tokens meet a wide vocabulary; the final norm's backward, a chain of elementwise ops in
+    // statistics precision. I keeps every tensor those ops saved and holds five (n, h) gradients
+    // at its height; B has freed the logits' by then but holds two, a third under reduced
+    // precision (the cast's), and, where the cast is none, the loss's (n, vocab) gradient still;
+    // W recomputes the input's gradient and needs a quarter of an (n, h) beside it. The norm's
+    // own weights' gradients, where a first backward makes them, stand beside its peak; the
+    // projection's were not seen there.
+    const int64_t logits = 2 * z.loss * n * vocab;
+    const int64_t norm_made = creates ? (z.model.HeadParameterCount() - vocab * h) * z.e : 0;
+    const int64_t projection = (keeps_graph ? 0 : vocab * h * z.e) + n * h * z.e;
+    const int64_t norm = pass == Pass::kInput ? 5 * z.s * n * h
+                         : pass == Pass::kFull
+                             ? norm_made + (z.e != z.s ? 3 * z.s * n * h : 2 * z.s * n * h + z.loss * n * vocab)
+                             : norm_made + recomputed + n * h * z.e / 4;
+    bytes = std::max({bytes, logits, projection, norm});
+  }
   if (slice.has_embedding && accumulates) {
     const int64_t released = slice.end_layer > slice.first_layer || slice.has_head ? retained : 0;
     bytes = std::max(bytes, fresh * vocab * h + n * h * z.e - released);
@@ -258,14 +313,16 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             const int64_t gradient_in = remote_gradient ? message(mb) + kMessageHeaderBytes : 0;
             // A passthrough hands its output gradient on as its input gradient.
             const int64_t input_gradient = a.stage == 0 ? 0 : passthrough ? -kMessageHeaderBytes : message(mb);
-            // Stage 0's I has no input gradient to compute: it runs nothing.
-            const bool runs = a.kind != ActionKind::kBackwardInput || a.stage > 0;
+            // Stage 0's I has no input gradient to compute, and an empty stage nothing at all
+            // (its W recomputes nothing either): they run nothing.
+            const bool runs = !passthrough && (a.kind != ActionKind::kBackwardInput || a.stage > 0);
             const bool accumulates = z.grad == z.e && has_gradients.count(a.stage) > 0;
             // W also recomputes the input's gradient where its weights need it.
             const int64_t recomputed = a.kind == ActionKind::kBackwardWeight && a.stage > 0 ? message(mb) : 0;
             if (runs) {
-              reach(held + recomputed +
-                    BackwardTransient(z, slice, b, t, !weight_part, weight_part && accumulates, retained[{a.stage, mb}]));
+              const Pass pass = !weight_part ? Pass::kInput : input_part ? Pass::kFull : Pass::kWeight;
+              reach(held + BackwardTransient(z, slice, b, t, pass, weight_part && accumulates, retained[{a.stage, mb}],
+                                             recomputed));
             }
             if (input_part) {
               held += input_gradient;

@@ -16,7 +16,12 @@
 // are estimated, and reported per action beside the allocator's (timeline.csv): a zero-bubble
 // I keeps the whole graph for W, so two score-sized gradients come on top of everything the
 // forward saved (exact on the CPU); stage 0's I computes nothing; the clip squares no copy of a
-// tied weight. Not a measurement: nothing here allocates a tensor of the model.
+// tied weight. A backward that makes the parameters' gradients (the first of a step; under
+// bfloat16 every one) holds those made so far beside each op's transient, which decides its peak
+// where few tokens meet a wide hidden; a head-only stage's backward peaks in the output
+// projection's (its weight's gradient) or the final norm's (a chain of (N, hidden) gradients in
+// statistics precision) as often as in the logits'. Not a measurement: nothing here allocates a
+// tensor of the model.
 #pragma once
 
 #include <cstdint>
