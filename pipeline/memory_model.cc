@@ -86,10 +86,13 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input,
 // norm's statistics-precision and output tensors (large beside the rest under bfloat16, where
 // the statistics are fp32). On a stage's last layer, a forward saves these (and the head's, when
 // the stage has the head) only after the score transient has passed; a backward frees them
-// before it reaches the scores.
-int64_t SavedAfterScores(const Sizes& z, const reference::SliceSpec& slice, int64_t n) {
+// before it reaches the scores. SavedAfterScores adds the head's where the stage has it.
+int64_t LayerSavedAfterScores(const Sizes& z, int64_t n) {
   const int64_t h = z.model.hidden, f = z.model.FfnSize();
-  return ((IsLlama(z) ? 4 : 2) * f + 2 * h) * n * z.e + (z.s + z.e) * n * h + (slice.has_head ? HeadRetained(z, n) : 0);
+  return ((IsLlama(z) ? 4 : 2) * f + 2 * h) * n * z.e + (z.s + z.e) * n * h;
+}
+int64_t SavedAfterScores(const Sizes& z, const reference::SliceSpec& slice, int64_t n) {
+  return LayerSavedAfterScores(z, n) + (slice.has_head ? HeadRetained(z, n) : 0);
 }
 
 // Extra bytes alive for a moment inside a forward or backward (above what it leaves behind).
@@ -143,8 +146,7 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
   if (layers > 0) {
     const int64_t scores = z.e * b * z.model.heads * t * t;
     // Before the layers, B and W free the head's saved tensors and make its gradients.
-    const int64_t head_saved = slice.has_head ? HeadRetained(z, n) : 0;
-    const int64_t head = keeps_graph ? 0 : head_saved;
+    const int64_t head = slice.has_head && !keeps_graph ? HeadRetained(z, n) : 0;
     const int64_t head_grads = creates && slice.has_head ? z.model.HeadParameterCount() * z.e : 0;
     const int64_t mlp_params = llama ? 3 * h * f : 2 * h * f + f + h;
     // The head's output gradient flows past the MLP on the residual path while it runs.
@@ -154,7 +156,7 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
         : creates   ? head_grads - head + residual + h * f * z.e + (llama ? 2 : 1) * n * f * z.e
         : llama     ? residual - head + std::max(fresh * h * f + n * f * z.e, 2 * n * f * z.e)
                     : residual - head + fresh * h * f + n * f * z.e;
-    const int64_t mlp_freed = keeps_graph ? 0 : SavedAfterScores(z, slice, n) - head_saved;
+    const int64_t mlp_freed = keeps_graph ? 0 : LayerSavedAfterScores(z, n);
     const int64_t attention_weight = creates ? head_grads + (mlp_params + h * h) * z.e : fresh * h * h;
     const int64_t at_scores = 2 * scores + 2 * n * h * z.e - mlp_freed - head + attention_weight;
     bytes = std::max({int64_t{0}, at_mlp, at_scores});
