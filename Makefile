@@ -1,12 +1,15 @@
-# The two README commands: `make run` and `make test`. Each installs what is missing
-# (Debian packages, as root), configures, builds with -j2, then runs.
+# The two README commands: `make run` and `make test`. Each installs what is missing (Debian
+# packages as root; PyTorch 2.x into the project's .venv/ from requirements.txt), configures,
+# builds with -j2, then runs.
 #
-# Which LibTorch: TORCH=auto (default) builds against the CUDA PyTorch of `python3` when it has
-# one (torch.cuda.is_available()), else Debian's LibTorch; TORCH=debian, TORCH=python (python3's
-# torch, CUDA or not) or TORCH=/some/prefix choose. NO_INSTALL=1 skips the package step (deps
-# from a Conda env, Spack, an unpacked bundle); PREFIX_PATH="a;b" is added to CMake's search
-# path. A build directory remembers the LibTorch it was configured with: switching needs another
-# BUILD_DIR or `make clean`.
+# Which PyTorch: TORCH=auto (default) uses the active environment's python3 when it imports torch
+# 2.x (a GPU runner's CUDA PyTorch, an activated venv or Conda env) and installs nothing; else the
+# project's .venv, installed from requirements.txt (PyPI's CUDA wheel, pinned). TORCH=venv always
+# takes .venv; TORCH=/path/to/python takes that interpreter's torch 2.x. pipecheck builds against
+# that PyTorch's LibTorch and its tests run that Python. NO_INSTALL=1 skips every install step
+# (deps from a Conda env, Spack, an unpacked bundle); PREFIX_PATH="a;b" is added to CMake's
+# search path. A build directory remembers the PyTorch it was configured with: switching needs
+# another BUILD_DIR or `make clean`.
 BUILD_DIR ?= build
 JOBS ?= 2
 TORCH ?= auto
@@ -15,21 +18,21 @@ PREFIX_PATH ?=
 # Further arguments for `make run`, e.g. RUN_ARGS="--runner NAME --junit FILE --markdown FILE" in CI.
 RUN_ARGS ?=
 PIPECHECK := $(BUILD_DIR)/pipecheck
+# The Python the build was configured with (its torch is the LibTorch pipecheck links).
+BUILD_PYTHON = $$(sed -n 's/^PIPECHECK_PYTHON:FILEPATH=//p' $(BUILD_DIR)/CMakeCache.txt)
 
-.PHONY: all deps configure build run test test-long bench clean
+.PHONY: all deps configure build run test test-long bench bench-peer clean
 
 all: build
 
 deps:
-	@if [ "$(NO_INSTALL)" = 1 ]; then echo "deps: NO_INSTALL=1, package step skipped"; \
-	else torch="$$(scripts/torch-prefix.sh $(TORCH))" || exit 2; PIPECHECK_TORCH="$$torch" scripts/install-deps.sh; fi
+	@if [ "$(NO_INSTALL)" = 1 ]; then echo "deps: NO_INSTALL=1, install steps skipped"; \
+	else scripts/install-deps.sh && scripts/torch-python.sh --install $(TORCH) >/dev/null; fi
 
 $(BUILD_DIR)/CMakeCache.txt:
-	@torch_prefix="$$(scripts/torch-prefix.sh $(TORCH))" || exit 2; \
-	prefix="$(PREFIX_PATH)"; \
-	if [ "$$torch_prefix" != debian ]; then prefix="$$torch_prefix$${prefix:+;$$prefix}"; fi; \
-	echo "configure: LibTorch $$torch_prefix$${prefix:+ (CMAKE_PREFIX_PATH=$$prefix)}"; \
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $${prefix:+"-DCMAKE_PREFIX_PATH=$$prefix"}
+	@python="$$(scripts/torch-python.sh $(TORCH))" || exit 2; \
+	echo "configure: PyTorch $$($$python -c 'import torch; print(torch.__version__)' 2>/dev/null) of $$python$(if $(PREFIX_PATH), (CMAKE_PREFIX_PATH=$(PREFIX_PATH)))"; \
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release "-DPIPECHECK_PYTHON=$$python" $(if $(PREFIX_PATH),"-DCMAKE_PREFIX_PATH=$(PREFIX_PATH)")
 
 configure: deps $(BUILD_DIR)/CMakeCache.txt
 
@@ -53,6 +56,13 @@ bench: build
 	$(BUILD_DIR)/benchmarks/bench_reference --benchmark_min_time=2
 	$(BUILD_DIR)/benchmarks/bench_pipeline --benchmark_min_time=1
 	$(PIPECHECK) run --scenarios benchmarks/pipeline_2ranks.csv --threads 1 --out $(BUILD_DIR)/bench-2ranks
+
+# pipecheck against PyTorch's own torch.distributed.pipelining on benchmarks/peer.csv: parity of
+# PyTorch's run first, then alternating rounds; prints the table (tokens/s, spreads, ratios).
+PEER_ROUNDS ?= 3
+bench-peer: build
+	$(BUILD_PYTHON) benchmarks/peer_pipelining.py --pipecheck $(PIPECHECK) --scenarios benchmarks/peer.csv \
+	  --rounds $(PEER_ROUNDS) --threads 1 $$(sed -n 's/^\(peer_[^,]*\),.*/--scenario \1/p' benchmarks/peer.csv)
 
 clean:
 	rm -rf $(BUILD_DIR)

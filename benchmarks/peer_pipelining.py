@@ -5,7 +5,8 @@ For one scenario of a suite, this builds the model of DESIGN.md §2 with PyTorch
 it into the same stages as pipecheck (uniform partition: the first layers % stages stages get one
 more layer; embedding on the first stage, final norm, head and loss on the last), starts the same
 number of ranks (Gloo on CPU, one process each) and trains with torch.distributed.pipelining's
-ScheduleGPipe or Schedule1F1B over the scenario's microbatches:
+ScheduleGPipe, Schedule1F1B or ScheduleInterleaved1F1B (virtual_stages stages per rank, stage s
+on rank s % ranks, as pipecheck places them) over the scenario's microbatches:
 
 1. Parity: the weights and batch of step 0 come from `pipecheck dump` (weights.pt, batch.pt); the
    loss is the summed token cross entropy over the whole batch's tokens (no extra scaling, so
@@ -16,14 +17,14 @@ ScheduleGPipe or Schedule1F1B over the scenario's microbatches:
    (`pipecheck run --only NAME`), the two alternated over `--rounds` rounds as
    shared/MEASURING.md asks; medians, spreads and the ratio are printed side by side.
 
-Limits (each refused with a message, exit 2): GPipe and 1F1B only, one stage per rank, uniform
+Limits (each refused with a message, exit 2): GPipe, 1F1B and interleaved 1F1B only, uniform
 partition, batch divisible by microbatches (pipelining's microbatches share one shape), device
 cpu. Sequences keep their own lengths: every microbatch is padded to the batch's longest
 sequence, padded keys are masked and padded labels ignored, so the arithmetic matches up to
 rounding.
 
-Needs PyTorch >= 2.4 (torch.distributed.pipelining). Where it is missing the script says so and
-exits 77, which CTest reports as skipped.
+Needs PyTorch >= 2.4 (torch.distributed.pipelining); requirements.txt pins the version pipecheck
+builds against, and where pipelining is missing the script fails (exit 1).
 """
 import argparse
 import csv
@@ -36,23 +37,16 @@ import sys
 import tempfile
 import time
 
-SKIP = 77
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
 
 try:
-    import torch
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-    import torch.nn as nn
-    import torch.nn.functional as F
-except ImportError as error:  # pragma: no cover - depends on the machine
-    print(f"SKIPPED: torch is not available ({error})")
-    sys.exit(SKIP)
-
-try:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 except ImportError as error:
-    print(f"SKIPPED: torch.distributed.pipelining needs PyTorch >= 2.4; this is {torch.__version__} ({error})")
-    sys.exit(SKIP)
+    sys.exit(f"FAIL: torch.distributed.pipelining needs PyTorch >= 2.4; this is {torch.__version__} ({error})")
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 3e-2}
 # As pipecheck's judge (harness/parity.h): a gradient's error is relative to max(its norm, this
@@ -215,10 +209,8 @@ def effective_row(dump_directory):
 
 def check_supported(row):
     problems = []
-    if row["schedule"] not in ("gpipe", "1f1b"):
-        problems.append(f"schedule {row['schedule']} (gpipe and 1f1b only)")
-    if row["virtual_stages"] != "1":
-        problems.append("virtual stages")
+    if row["schedule"] not in ("gpipe", "1f1b", "interleaved"):
+        problems.append(f"schedule {row['schedule']} (gpipe, 1f1b and interleaved only)")
     if row["partition"] != "uniform":
         problems.append(f"partition {row['partition']} (uniform only)")
     if int(row["batch"]) % int(row["microbatches"]) != 0:
@@ -230,15 +222,15 @@ def check_supported(row):
         sys.exit(2)
 
 
-def schedule_class(name):
-    return ScheduleGPipe if name == "gpipe" else Schedule1F1B
+SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
 
-def make_schedule(cls, stage, microbatches, loss_fn):
+def make_schedule(name, stages, microbatches, loss_fn):
+    cls = SCHEDULE_CLASSES[name]
     kwargs = {}
     if "scale_grads" in inspect.signature(cls.__init__).parameters:
         kwargs["scale_grads"] = False  # the loss is already normalised by the whole batch's tokens
-    return cls(stage, microbatches, loss_fn=loss_fn, **kwargs)
+    return cls(stages if name == "interleaved" else stages[0], microbatches, loss_fn=loss_fn, **kwargs)
 
 
 def rank_main(rank, world, port, dump_directory, steps, threads, results):
@@ -247,44 +239,51 @@ def rank_main(rank, world, port, dump_directory, steps, threads, results):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     row = effective_row(dump_directory)
     dtype = DTYPES[row["dtype"]]
-    counts = uniform_counts(int(row["layers"]), world)
-    first = sum(counts[:rank])
-    module = StageModule(row, first, first + counts[rank], rank == 0, rank == world - 1).to(dtype)
+    stage_count = world * int(row["virtual_stages"])
+    counts = uniform_counts(int(row["layers"]), stage_count)
+    own_stages = list(range(rank, stage_count, world))  # stage s on rank s % world
     weights = torch.load(os.path.join(dump_directory, "weights.pt"), weights_only=False)
-    own = module.state_dict()
-    missing = [name for name in own if name not in weights]
-    if missing:
-        raise RuntimeError(f"weights.pt lacks {missing}")
-    module.load_state_dict({name: weights[name] for name in own})
     batch = torch.load(os.path.join(dump_directory, "batch.pt"), weights_only=False)
     tokens, labels, lengths = batch["tokens"], batch["labels"], batch["lengths"]
     microbatches = int(row["microbatches"])
     total = int((labels != -100).sum())
     b, t, hidden = tokens.shape[0] // microbatches, tokens.shape[1], int(row["hidden"])
-    example = tokens[:b] if rank == 0 else torch.zeros(b, t, hidden, dtype=dtype)
-    output_example = torch.zeros(b, t, int(row["vocab"]) if rank == world - 1 else hidden, dtype=dtype)
-    stage_kwargs = {}
-    parameters = inspect.signature(PipelineStage.__init__).parameters
-    if "input_args" in parameters:
-        stage_kwargs["input_args"] = (example,)
-    if "output_args" in parameters:
-        stage_kwargs["output_args"] = (output_example,)
-    stage = PipelineStage(module, rank, world, torch.device("cpu"), **stage_kwargs)
+    modules, stages = [], []
+    for index in own_stages:
+        first = sum(counts[:index])
+        module = StageModule(row, first, first + counts[index], index == 0, index == stage_count - 1).to(dtype)
+        own = module.state_dict()
+        missing = [name for name in own if name not in weights]
+        if missing:
+            raise RuntimeError(f"weights.pt lacks {missing}")
+        module.load_state_dict({name: weights[name] for name in own})
+        example = tokens[:b] if index == 0 else torch.zeros(b, t, hidden, dtype=dtype)
+        output_example = torch.zeros(b, t, int(row["vocab"]) if index == stage_count - 1 else hidden, dtype=dtype)
+        stage_kwargs = {}
+        parameters = inspect.signature(PipelineStage.__init__).parameters
+        if "input_args" in parameters:
+            stage_kwargs["input_args"] = (example,)
+        if "output_args" in parameters:
+            stage_kwargs["output_args"] = (output_example,)
+        modules.append(module)
+        stages.append(PipelineStage(module, index, stage_count, torch.device("cpu"), **stage_kwargs))
 
     def loss_fn(logits, target):
         as_loss = logits if logits.dtype == torch.float64 else logits.float()
         return F.cross_entropy(as_loss.reshape(-1, as_loss.shape[-1]), target.reshape(-1), ignore_index=-100,
                                reduction="sum") / total
 
-    schedule = make_schedule(schedule_class(row["schedule"]), stage, microbatches, loss_fn)
+    schedule = make_schedule(row["schedule"], stages, microbatches, loss_fn)
     tied = row["tied"] == "1" and world > 1
     tied_group = dist.new_group([0, world - 1]) if tied else None
-    optimizer = torch.optim.AdamW(module.parameters(), lr=float(row["lr"]), **ADAMW)
+    parameters = [p for module in modules for p in module.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=float(row["lr"]), **ADAMW)
     chunks = list(torch.tensor_split(lengths, microbatches))
     step_seconds, first_loss, first_grads = [], None, None
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        module.begin_step(chunks)
+        for module in modules:
+            module.begin_step(chunks)
         dist.barrier()
         start = time.perf_counter()
         losses = []
@@ -295,9 +294,11 @@ def rank_main(rank, world, port, dump_directory, steps, threads, results):
         else:
             schedule.step()
         if tied and rank in (0, world - 1):
-            dist.all_reduce(module.tok_embeddings.weight.grad, group=tied_group)
+            tied_module = modules[0] if rank == 0 else modules[-1]
+            dist.all_reduce(tied_module.tok_embeddings.weight.grad, group=tied_group)
         if step == 0:
-            first_grads = {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
+            first_grads = {n: p.grad.detach().clone() for module in modules for n, p in module.named_parameters()
+                           if p.grad is not None}
             first_loss = float(sum(l.detach().double() for l in losses)) if losses else None
         optimizer.step()
         dist.barrier()
@@ -352,11 +353,34 @@ def pipecheck_tokens_per_second(pipecheck, suite, name, threads, out):
     return float(row["pp_tokens_per_s"]) if row["pp_tokens_per_s"] else float("nan"), row["status"]
 
 
+class Contest:
+    """One scenario: its dump, its parity verdict, and the tokens/s each contender measured."""
+
+    def __init__(self, pipecheck, suite, name, scratch):
+        self.name = name
+        self.dump = os.path.join(scratch, name, "dump")
+        done = subprocess.run([pipecheck, "dump", "--scenarios", suite, "--scenario", name, "--out", self.dump])
+        if done.returncode != 0:
+            sys.exit(f"peer_pipelining: pipecheck dump of {name} failed ({done.returncode})")
+        self.row = effective_row(self.dump)
+        check_supported(self.row)
+        self.world = int(self.row["world_size"])
+        batch = torch.load(os.path.join(self.dump, "batch.pt"), weights_only=False)
+        self.tokens = int((batch["labels"] != -100).sum())  # the reference's tokens of a step, as pipecheck counts
+        self.ours, self.theirs = [], []
+
+    def label(self):
+        virtual = int(self.row["virtual_stages"])
+        return f"{self.row['schedule']}, {self.world} ranks" + (f" x {virtual} stages" if virtual > 1 else "") + \
+               f", m={self.row['microbatches']}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipecheck", required=True, help="the pipecheck binary")
     parser.add_argument("--scenarios", required=True, help="suite CSV")
-    parser.add_argument("--scenario", required=True, help="scenario name")
+    parser.add_argument("--scenario", required=True, action="append",
+                        help="scenario name (repeat it to race several in one run)")
     parser.add_argument("--steps", type=int, default=0, help="steps per round (default: the scenario's, at least 3)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, alternating pipecheck and PyTorch")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank, for both")
@@ -364,46 +388,48 @@ def main():
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="peer_pipelining_") as scratch:
-        dump = os.path.join(scratch, "dump")
-        done = subprocess.run([args.pipecheck, "dump", "--scenarios", args.scenarios, "--scenario", args.scenario,
-                               "--out", dump])
-        if done.returncode != 0:
-            sys.exit(f"peer_pipelining: pipecheck dump failed ({done.returncode})")
-        row = effective_row(dump)
-        check_supported(row)
-        world = int(row["world_size"])
-        steps = args.steps or max(3, int(row["steps"]))
-        batch = torch.load(os.path.join(dump, "batch.pt"), weights_only=False)
-        tokens = int((batch["labels"] != -100).sum())  # the reference's tokens of a step, as pipecheck counts
-
-        results = run_peer(dump, world, 1 if args.parity_only else steps, args.threads)
-        problems, reference_loss, loss, worst = check_parity(dump, row, results)
-        print(f"parity of torch {torch.__version__} pipelining ({row['schedule']}, {world} ranks, "
-              f"{row['microbatches']} microbatches, {row['dtype']}): loss {loss} vs reference {reference_loss}, "
-              f"worst gradient rel err {worst:.3g}")
-        if problems:
-            print("FAIL: " + "; ".join(problems))
-            sys.exit(1)
+        contests = [Contest(args.pipecheck, args.scenarios, name, scratch) for name in args.scenario]
+        for contest in contests:
+            steps = args.steps or max(3, int(contest.row["steps"]))
+            results = run_peer(contest.dump, contest.world, 1 if args.parity_only else steps, args.threads)
+            problems, reference_loss, loss, worst = check_parity(contest.dump, contest.row, results)
+            print(f"parity of torch {torch.__version__} pipelining ({contest.label()}, {contest.row['dtype']}): "
+                  f"loss {loss} vs reference {reference_loss}, worst gradient rel err {worst:.3g}", flush=True)
+            if problems:
+                print(f"FAIL {contest.name}: " + "; ".join(problems))
+                sys.exit(1)
         if args.parity_only:
             print("PASS")
             return
 
-        ours, theirs = [], []
+        # Rounds alternate the contenders and swap who goes first each round, so neither always
+        # runs on a machine the other has just warmed or loaded.
         for round_index in range(args.rounds):
-            rate, status = pipecheck_tokens_per_second(args.pipecheck, args.scenarios, args.scenario, args.threads,
-                                                       os.path.join(scratch, f"run{round_index}"))
-            if status != "PASS":
-                sys.exit(f"peer_pipelining: pipecheck's own run did not pass ({status})")
-            ours.append(rate)
-            step_seconds = run_peer(dump, world, steps, args.threads)[0]["step_seconds"]
-            theirs.append(tokens_per_second(step_seconds, tokens))
-        print(f"\n{'run':44} {'median tokens/s':>16} {'min':>10} {'max':>10}")
-        print(f"{'pipecheck ' + row['schedule'] + f', {world} ranks':44} {statistics.median(ours):16.0f} "
-              f"{min(ours):10.0f} {max(ours):10.0f}")
-        print(f"{'torch.distributed.pipelining ' + row['schedule'] + f', {world} ranks':44} "
-              f"{statistics.median(theirs):16.0f} {min(theirs):10.0f} {max(theirs):10.0f}")
-        print(f"ratio pipecheck / pipelining: {statistics.median(ours) / statistics.median(theirs):.3f} "
-              f"({args.rounds} alternating rounds, {args.threads} thread(s) per rank, torch {torch.__version__})")
+            for contest in contests:
+                steps = args.steps or max(3, int(contest.row["steps"]))
+                order = ("pipecheck", "torch") if round_index % 2 == 0 else ("torch", "pipecheck")
+                for contender in order:
+                    if contender == "pipecheck":
+                        rate, status = pipecheck_tokens_per_second(
+                            args.pipecheck, args.scenarios, contest.name, args.threads,
+                            os.path.join(scratch, contest.name, f"run{round_index}"))
+                        if status != "PASS":
+                            sys.exit(f"peer_pipelining: pipecheck's own run of {contest.name} did not pass ({status})")
+                        contest.ours.append(rate)
+                    else:
+                        step_seconds = run_peer(contest.dump, contest.world, steps, args.threads)[0]["step_seconds"]
+                        contest.theirs.append(tokens_per_second(step_seconds, contest.tokens))
+                print(f"round {round_index + 1}/{args.rounds} {contest.name}: pipecheck {contest.ours[-1]:.0f}, "
+                      f"torch.distributed.pipelining {contest.theirs[-1]:.0f} tokens/s", flush=True)
+
+        print(f"\n{args.rounds} alternating rounds, {args.threads} intra-op thread(s) per rank, torch {torch.__version__}, "
+              f"{os.cpu_count()} CPUs; tokens/s: median (min-max)\n")
+        print("| scenario | schedule | pipecheck | torch.distributed.pipelining | ratio |")
+        print("| --- | --- | --- | --- | --- |")
+        for contest in contests:
+            ours, theirs = statistics.median(contest.ours), statistics.median(contest.theirs)
+            print(f"| {contest.name} | {contest.label()} | {ours:.0f} ({min(contest.ours):.0f}-{max(contest.ours):.0f}) | "
+                  f"{theirs:.0f} ({min(contest.theirs):.0f}-{max(contest.theirs):.0f}) | {ours / theirs:.2f} |")
 
 
 if __name__ == "__main__":

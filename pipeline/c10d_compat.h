@@ -1,7 +1,6 @@
-// LibTorch 1.13 / 2.x differences in the c10d API we use, kept in one place. Both versions
-// build ProcessGroupGloo from (store, rank, size, options) and share send/recv/allgather
-// signatures; what differs is the base class (ProcessGroup in 1.13, Backend in 2.x) and the
-// Work handle's spelling, which the aliases below hide.
+// The c10d API we use, kept in one place: how a Gloo group and a TCP store are made and what a
+// pending operation's handle is called. c10d is not a stable API (its Options, Backend and
+// Store constructors change between 2.x releases); a version difference goes here, nowhere else.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>

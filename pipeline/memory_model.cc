@@ -9,7 +9,6 @@
 #include "pipeline/transport.h"
 #include "reference/data.h"
 #include "reference/gradient_accumulation.h"
-#include "reference/torch_compat.h"
 
 namespace pipecheck::pipeline {
 namespace {
@@ -45,19 +44,16 @@ enum class Input { kTokens, kReceived, kLocal };  // stage 0; from another rank;
 // What the head (final norm, projection, loss) keeps for a microbatch of n tokens.
 int64_t HeadRetained(const Sizes& z, int64_t n) {
   const int64_t h = z.model.hidden;
-  const int64_t norm_extra = (1 - compat::kNormExtraSaved) * z.s * n * h;
-  return (IsLlama(z) ? 2 * z.e + 2 * z.s : 2 * z.e + 3 * z.s) * n * h + z.loss * n * z.model.vocab + z.s * n + 8 -
-         norm_extra;
+  return (IsLlama(z) ? 2 * z.e + z.s : 2 * z.e + 2 * z.s) * n * h + z.loss * n * z.model.vocab + z.s * n + 8;
 }
 
-// What one layer keeps for its backward. The counts are LibTorch 1.13's; each norm keeps one
-// (n, h) statistics tensor less on 2.x.
+// What one layer keeps for its backward: each norm one (n, h) statistics-precision tensor
+// (LibTorch 1.13 kept two; counted with saved-tensor hooks).
 int64_t PerLayerRetained(const Sizes& z, int64_t b, int64_t t) {
   const int64_t n = b * t, h = z.model.hidden, f = z.model.FfnSize(), heads = z.model.heads;
   const bool llama = IsLlama(z);
-  const int64_t norm_extra = (1 - compat::kNormExtraSaved) * z.s * n * h;
-  return (llama ? 8 * z.e + 4 * z.s : 8 * z.e + 6 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f +
-         z.e * b * heads * t * t + b * t * t + 2 * z.s * n - 2 * norm_extra;
+  return (llama ? 8 * z.e + 2 * z.s : 8 * z.e + 4 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f +
+         z.e * b * heads * t * t + b * t * t + 2 * z.s * n;
 }
 
 int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input, int64_t b, int64_t t) {

@@ -8,10 +8,10 @@
 // Activations kept for backward are counted per layer as the tensors LibTorch's autograd saves
 // for this model's ops (reference/layers.cc): for a microbatch of b sequences of t positions
 // (N = b*t tokens), element size e and norm-statistics size s (float32 under bfloat16):
-//   llama layer: (8e + 4s)·N·hidden + 4e·N·ffn + e·b·heads·t² (softmax) + b·t² (mask) + 2s·N
-//   gpt2 layer:  (8e + 6s)·N·hidden + 2e·N·ffn + the same attention and norm terms
-//   head:        (2e + 2s)·N·hidden (gpt2: 2e + 3s) + N·vocab in the loss dtype + s·N
-// checked against the counting allocator on LibTorch 1.13 (exact on every flavour and dtype).
+//   llama layer: (8e + 2s)·N·hidden + 4e·N·ffn + e·b·heads·t² (softmax) + b·t² (mask) + 2s·N
+//   gpt2 layer:  (8e + 4s)·N·hidden + 2e·N·ffn + the same attention and norm terms
+//   head:        (2e + s)·N·hidden (gpt2: 2e + 2s) + N·vocab in the loss dtype + s·N
+// checked against the counting allocator (exact on every flavour and dtype).
 // Transient peaks inside an action (attention scores, logits gradients, optimizer temporaries)
 // are estimated, and reported per action beside the allocator's (timeline.csv): a zero-bubble
 // I keeps the whole graph for W, so two score-sized gradients come on top of everything the

@@ -1,21 +1,16 @@
 #!/usr/bin/env bash
-# Installs the Debian packages pipecheck builds and tests with, only those missing.
+# Installs the Debian packages pipecheck builds and tests with, only those missing. LibTorch is
+# not among them: it comes from PyPI's torch wheel (scripts/torch-python.sh). Debian supplies
+# what the wheel lacks: Gloo's headers, GoogleTest, Google Benchmark, CLI11, nlohmann-json,
+# fccp, the compiler and CMake, and python3-venv for the project's .venv.
 # Needs root (or sudo) and Debian's registry only when something is missing.
 set -euo pipefail
 
-# PIPECHECK_TORCH (from scripts/torch-prefix.sh): "debian" (the default) installs Debian's CPU
-# LibTorch and python3-torch; anything else means another LibTorch is used, so neither is.
-torch="${PIPECHECK_TORCH:-debian}"
-# python3-yaml and python3-markdown: the tests parse the CI pipelines in ci/ and render the Markdown summary.
 packages=(
-  cmake make g++ iproute2 python3-yaml python3-markdown
+  cmake make g++ iproute2 python3-venv
   libgloo-dev
-  libgtest-dev libbenchmark-dev libfccp-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  libgtest-dev libbenchmark-dev libfccp-dev libcli11-dev nlohmann-json3-dev
 )
-
-# Debian's LibTorch calls libblas.so.3, which is the slow netlib reference BLAS unless an
-# optimised one is installed: OpenBLAS (OpenMP build, sharing LibTorch's thread pool) is ~19x faster.
-if [ "$torch" = debian ]; then packages+=(libtorch-dev python3-torch libopenblas0-openmp); fi
 
 missing=()
 for package in "${packages[@]}"; do

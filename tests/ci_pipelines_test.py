@@ -7,7 +7,7 @@ that `pipecheck SUBCOMMAND --help` lists. The jobs must be the ones promised: a 
 Debian 12 container running the README's two commands, a GPU job on a self-hosted `gpu` runner
 running `make test`, the GPU suite and a compare; each keeps the reports and the JUnit files.
 
-Needs PyYAML (Debian's python3-yaml, which scripts/install-deps.sh installs); exits 77 (skipped)
+Needs PyYAML (requirements.txt installs it into .venv; an active environment may lack it); exits 77 (skipped)
 where the interpreter has none.
 Usage: ci_pipelines_test.py PIPECHECK SOURCE_DIR
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 try:
     import yaml
 except ImportError:
-    print("skipped: this python3 has no yaml module (Debian: python3-yaml)")
+    print("skipped: this python3 has no yaml module (pip install pyyaml)")
     sys.exit(77)
 
 pipecheck, source = sys.argv[1], Path(sys.argv[2])

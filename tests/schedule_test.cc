@@ -268,6 +268,33 @@ TEST(ScheduleCsv, ExportThenImportGivesTheSameLists) {
   EXPECT_EQ(pipeline::FormatActions(hand), "rank 0: 0F0 0F1 0I0 0W0 0B1\nrank 1: 1F0 1I0 1F1 1W0 1B1\n");
 }
 
+// What PyTorch's own schedules write besides F/B/I/W: DualPipeV's OVERLAP_F_B pairs run as their
+// two sub-actions in the order written, and REDUCE_GRAD (each stage's gradients final) runs
+// nothing but must follow every backward of its stage.
+TEST(ScheduleCsv, PyTorchsOverlapAndReduceGradCellsAreRead) {
+  const Schedule pairs = pipeline::ScheduleFromCsv(
+      "0F0,0F1,(0F2;0B0)OVERLAP_F_B,0B1,0B2,0REDUCE_GRAD\n1F0,1B0,1F1,1B1,1F2,1B2,1REDUCE_GRAD\n", "p.csv", {2, 1, 3});
+  EXPECT_EQ(pipeline::FormatActions(pairs), "rank 0: 0F0 0F1 0F2 0B0 0B1 0B2\nrank 1: 1F0 1B0 1F1 1B1 1F2 1B2\n");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"0F0,0F1,0B0,0REDUCE_GRAD,0B1\n1F0,1B0,1F1,1B1\n",
+       "r.csv: row 1, cell 5: '0B1': comes after 0REDUCE_GRAD (row 1, cell 4)"},
+      {"0F0,0F1,0B0,0B1,1REDUCE_GRAD\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 5: '1REDUCE_GRAD': stage 1 runs on rank 1"},
+      {"0F0,0F1,0B0,0B1,0REDUCE_GRAD,0REDUCE_GRAD\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 6: '0REDUCE_GRAD': repeats row 1"},
+      {"0F0,(0F1;0X0)OVERLAP_F_B,0B1\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 2: '(0F1;0X0)OVERLAP_F_B': sub-action '0X0'"},
+      {"0F0,(0F1;0B0;0B1)OVERLAP_F_B\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 2: '(0F1;0B0;0B1)OVERLAP_F_B': OVERLAP_F_B holds 3"},
+      {"0F0,(0F1;1B0)OVERLAP_F_B,0B0,0B1\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 2: '(0F1;1B0)OVERLAP_F_B': stage 1 runs on rank 1"},
+      {"0F0,0F1,0B0,0B1,0UNSHARD\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 5: '0UNSHARD': not an action"},
+  };
+  for (const auto& [text, expected] : cases) {
+    try {
+      pipeline::ScheduleFromCsv(text, "r.csv", {2, 1, 2});
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const pipeline::ScheduleError& error) {
+      EXPECT_EQ(std::string(error.what()).rfind(expected, 0), 0u) << error.what();
+    }
+  }
+}
+
 // Each broken file names the file, row and cell and the rule it breaks.
 TEST(ScheduleCsv, BrokenFilesAreRejectedNamingRowAndCell) {
   const PipelineShape shape{2, 1, 2};

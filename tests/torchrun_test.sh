@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# One parity scenario launched by torchrun (Debian's python3-torch) as the README writes it, without
+# One parity scenario launched by torchrun (the PyTorch pipecheck is built against) as the README writes it, without
 # --standalone (torchrun's agent serves the store on MASTER_PORT), instead of pipecheck run:
 # the worker must read torchrun's environment, rendezvous, and have rank 0 write a PASS report.
-# Exits 77 (CTest's skip) where python3-torch is absent.
 set -uo pipefail
 pipecheck="$1"
 suite="$2"
@@ -10,9 +9,7 @@ scenario="${3:-ws2_tied_gpt2}"
 source "$(dirname "$0")/torch_python.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# --redirects 1 --tee 1: torch 1.13's torchrun on Python 3.11 cannot parse its own default "0"
-# (Std.from_str returns None since 3.11's IntFlag iteration skips the zero member).
-"$python" -m torch.distributed.run --nproc_per_node=2 --master_port "$(( 20000 + RANDOM % 20000 ))" --redirects 1 --tee 1 --no_python \
+"$python" -m torch.distributed.run --nproc-per-node=2 --master-port "$(( 20000 + RANDOM % 20000 ))" --no-python \
   "$pipecheck" worker --scenarios "$suite" --scenario "$scenario" --out "$work/out" --threads 1
 code=$?
 summary="$work/out/summary.csv"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One parity scenario across two "hosts": two network namespaces made here, joined by a veth
-# pair, each running torchrun --nnodes 2 --node_rank N without --standalone (torchrun's agent
+# pair, each running torchrun --nnodes 2 --node-rank N without --standalone (torchrun's agent
 # serves the store on MASTER_PORT, as on a real cluster). Rank 0 (node 0) must write a PASS.
 # Exits 77 (CTest's skip, reported as skipped) where namespaces cannot be made (not root, no
-# iproute2, a sandbox without CAP_NET_ADMIN) or python3-torch is absent.
+# iproute2, a sandbox without CAP_NET_ADMIN).
 set -uo pipefail
 pipecheck="$1"
 suite="$2"
@@ -22,9 +22,8 @@ if ! { ip netns add "$a" && ip netns add "$b" &&
   echo "SKIPPED: cannot make network namespaces here: $(tr '\n' ' ' < "$work/ns.err")"; exit 77
 fi
 node() {  # node_rank, namespace
-  # --redirects 1 --tee 1: torch 1.13's torchrun on Python 3.11 cannot parse its own default "0".
-  timeout 240 ip netns exec "$2" "$python" -m torch.distributed.run --nnodes 2 --node_rank "$1" \
-    --nproc_per_node 1 --master_addr 10.77.0.1 --master_port 29500 --redirects 1 --tee 1 --no_python \
+  timeout 240 ip netns exec "$2" "$python" -m torch.distributed.run --nnodes 2 --node-rank "$1" \
+    --nproc-per-node 1 --master-addr 10.77.0.1 --master-port 29500 --no-python \
     "$pipecheck" worker --scenarios "$suite" --scenario "$scenario" --out "$work/out$1" --threads 1 \
     >"$work/node$1.log" 2>&1
 }
