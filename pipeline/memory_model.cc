@@ -44,16 +44,17 @@ enum class Input { kTokens, kReceived, kLocal };  // stage 0; from another rank;
 // What the head (final norm, projection, loss) keeps for a microbatch of n tokens.
 int64_t HeadRetained(const Sizes& z, int64_t n) {
   const int64_t h = z.model.hidden;
-  return (IsLlama(z) ? 2 * z.e + z.s : 2 * z.e + 2 * z.s) * n * h + z.loss * n * z.model.vocab + z.s * n + 8;
+  return (2 * z.e + z.s) * n * h + z.loss * n * z.model.vocab + z.s * n + 8;
 }
 
-// What one layer keeps for its backward: each norm one (n, h) statistics-precision tensor
-// (LibTorch 1.13 kept two; counted with saved-tensor hooks).
+// What one layer keeps for its backward: each norm (RMSNorm and LayerNorm alike) one (n, h)
+// statistics-precision tensor beside its output (LibTorch 1.13 kept one more for RMSNorm and two
+// more for LayerNorm; LibTorch 2.11's counts measured exact on both flavours in three dtypes).
 int64_t PerLayerRetained(const Sizes& z, int64_t b, int64_t t) {
   const int64_t n = b * t, h = z.model.hidden, f = z.model.FfnSize(), heads = z.model.heads;
   const bool llama = IsLlama(z);
-  return (llama ? 8 * z.e + 2 * z.s : 8 * z.e + 4 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f +
-         z.e * b * heads * t * t + b * t * t + 2 * z.s * n;
+  return (8 * z.e + 2 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f + z.e * b * heads * t * t + b * t * t +
+         2 * z.s * n;
 }
 
 int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input, int64_t b, int64_t t) {
@@ -67,10 +68,11 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input,
   }
   if (slice.has_embedding && !llama) bytes += t * 8;  // position indices
   if (slice.has_head) bytes += HeadRetained(z, n);
-  // A received input is held as the stage's leaf. The first norm saves its input itself when it
+  // A received input is held as the stage's leaf. RMSNorm saves its input itself when it
   // computes in the input's own precision (then it is already counted above); under bfloat16 it
-  // saves an fp32 copy instead, and the input is extra.
-  const bool saved_by_first_norm = z.e == z.s && (layers > 0 || slice.has_head);
+  // saves an fp32 copy instead, and the input is extra. LayerNorm saves only the centred input,
+  // a tensor of its own, so under gpt2 the input is always extra.
+  const bool saved_by_first_norm = llama && z.e == z.s && (layers > 0 || slice.has_head);
   if (input == Input::kReceived && !saved_by_first_norm) bytes += n * h * z.e;
   // A local input is the previous stage's output, counted there.
   if (input == Input::kLocal && saved_by_first_norm) bytes -= n * h * z.e;
@@ -95,10 +97,20 @@ int64_t SavedAfterScores(const Sizes& z, const reference::SliceSpec& slice, int6
 // A forward's attention holds two score-sized tensors at once (the scaled scores and the masked
 // ones, before the softmax), of which the softmax's output stays saved: one score above what the
 // forward has saved so far, which is all it leaves behind but the last layer's SavedAfterScores.
+// Besides, a stage with layers holds for a moment, beside all it keeps, the microbatch's mask and
+// a few (n, h) tensors: two of the model dtype for gpt2 (its LayerNorm's elementwise chain), one
+// for llama (its RMSNorm's, statistics-sized under bfloat16), and one more where the first
+// stage adds position embeddings (gpt2) or casts the embedding's output (llama under bfloat16).
+// Measured on LibTorch 2.11's CPU allocator: exact on 40 forwards of both flavours in float32,
+// float64 and bfloat16, first and middle stages, hidden 64..256, 16..128 positions.
 int64_t ForwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t) {
   int64_t bytes = 0;
   if (slice.end_layer > slice.first_layer) {
-    bytes = std::max<int64_t>(0, z.e * b * z.model.heads * t * t - SavedAfterScores(z, slice, b * t));
+    const int64_t n = b * t, h = z.model.hidden;
+    const bool llama = IsLlama(z);
+    const int64_t tail = b * t * t + (llama ? (z.e == z.s ? z.e : z.s) : 2 * z.e) * n * h +
+                         (slice.has_embedding && (!llama || z.e != z.s) ? z.e * n * h : 0);
+    bytes = std::max<int64_t>(tail, z.e * b * z.model.heads * t * t - SavedAfterScores(z, slice, b * t));
   }
   if (slice.has_head) {
     const int64_t n = b * t, h = z.model.hidden;
@@ -170,8 +182,8 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
     // weight's gradient (fresh, or made now and staying) beside its input's, the largest where
     // few tokens meet a wide vocabulary; the final norm's backward, a chain of elementwise ops in
     // statistics precision. I keeps every tensor those ops saved and holds five (n, h) gradients
-    // at its height; B has freed the logits' by then but holds two, a third under reduced
-    // precision (the cast's), and, where the cast is none, the loss's (n, vocab) gradient still;
+    // at its height; B has freed the logits' by then but holds three, a fourth under reduced
+    // precision (the cast's) (LibTorch 2.11; 1.13 held two beside the loss's (n, vocab) gradient);
     // W recomputes the input's gradient and needs a quarter of an (n, h) beside it. The norm's
     // own weights' gradients, where a first backward makes them, stand beside its peak; the
     // projection's were not seen there.
@@ -180,7 +192,7 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
     const int64_t projection = (keeps_graph ? 0 : vocab * h * z.e) + n * h * z.e;
     const int64_t norm = pass == Pass::kInput ? 5 * z.s * n * h
                          : pass == Pass::kFull
-                             ? norm_made + (z.e != z.s ? 3 * z.s * n * h : 2 * z.s * n * h + z.loss * n * vocab)
+                             ? norm_made + (z.e != z.s ? 4 : 3) * z.s * n * h
                              : norm_made + recomputed + n * h * z.e / 4;
     bytes = std::max({bytes, logits, projection, norm});
   }

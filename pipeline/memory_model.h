@@ -9,8 +9,8 @@
 // for this model's ops (reference/layers.cc): for a microbatch of b sequences of t positions
 // (N = b*t tokens), element size e and norm-statistics size s (float32 under bfloat16):
 //   llama layer: (8e + 2s)·N·hidden + 4e·N·ffn + e·b·heads·t² (softmax) + b·t² (mask) + 2s·N
-//   gpt2 layer:  (8e + 4s)·N·hidden + 2e·N·ffn + the same attention and norm terms
-//   head:        (2e + s)·N·hidden (gpt2: 2e + 2s) + N·vocab in the loss dtype + s·N
+//   gpt2 layer:  (8e + 2s)·N·hidden + 2e·N·ffn + the same attention and norm terms
+//   head:        (2e + s)·N·hidden + N·vocab in the loss dtype + s·N
 // checked against the counting allocator (exact on every flavour and dtype).
 // Transient peaks inside an action (attention scores, logits gradients, optimizer temporaries)
 // are estimated, and reported per action beside the allocator's (timeline.csv): a zero-bubble
