@@ -164,17 +164,27 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   return result;
 }
 
+// A rank leaves only once rank 0 says its result arrived. A sender's Wait() ends when its bytes
+// are in the socket, not when they are read: a rank that exited then could close its end while
+// rank 0 still had the message (or Gloo's own notices) in flight, and rank 0's read failed with
+// "Connection reset by peer" (seen once in 700 scenario runs of the long sweep, two at a time on
+// 2 cores). Rank 0 reads nothing after the acknowledgements, so a peer's exit cannot cut it off.
 std::vector<RankResult> GatherResults(Transport& transport, RankResult own) {
-  if (transport.rank() != 0) {
-    transport.Send(SerializeRankResult(own), 0, MessageTag(Direction::kResult, transport.rank(), 0), std::nullopt)
-        ->Wait();
+  const int rank = transport.rank();
+  if (rank != 0) {
+    transport.Send(SerializeRankResult(own), 0, MessageTag(Direction::kResult, rank, 0), std::nullopt)->Wait();
+    transport.Recv(0, MessageTag(Direction::kResult, rank, 1), torch::kCPU, std::nullopt)->Wait();
     return {};
   }
   std::vector<RankResult> results;
   results.push_back(std::move(own));
-  for (int rank = 1; rank < transport.world_size(); ++rank) {
-    auto bytes = transport.Recv(rank, MessageTag(Direction::kResult, rank, 0), torch::kCPU, std::nullopt)->Wait();
+  for (int peer = 1; peer < transport.world_size(); ++peer) {
+    auto bytes = transport.Recv(peer, MessageTag(Direction::kResult, peer, 0), torch::kCPU, std::nullopt)->Wait();
     results.push_back(DeserializeRankResult(bytes));
+  }
+  for (int peer = 1; peer < transport.world_size(); ++peer) {
+    transport.Send(torch::zeros({1}, torch::kUInt8), peer, MessageTag(Direction::kResult, peer, 1), std::nullopt)
+        ->Wait();
   }
   return results;
 }

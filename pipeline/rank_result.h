@@ -71,8 +71,9 @@ std::string ParameterName(const std::string& key);
 torch::Tensor SerializeRankResult(const RankResult& result);
 RankResult DeserializeRankResult(const torch::Tensor& bytes);
 
-// Rank 0 receives every other rank's result; other ranks send theirs. Returns all results
-// (indexed by rank) on rank 0, an empty vector elsewhere.
+// Rank 0 receives every other rank's result; other ranks send theirs and wait for rank 0's
+// acknowledgement before returning. Returns all results (indexed by rank) on rank 0, an empty
+// vector elsewhere.
 std::vector<RankResult> GatherResults(Transport& transport, RankResult own);
 
 }  // namespace pipecheck::pipeline

@@ -26,6 +26,19 @@ std::string RejectionOf(const Schedule& schedule) {
   return "";
 }
 
+// Expects ScheduleFromCsv to refuse each (file text, message prefix) case for `shape`, naming `file`.
+void ExpectCsvRejections(const std::vector<std::pair<std::string, std::string>>& cases, const std::string& file,
+                         const PipelineShape& shape) {
+  for (const auto& [text, expected] : cases) {
+    try {
+      pipeline::ScheduleFromCsv(text, file, shape);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const pipeline::ScheduleError& error) {
+      EXPECT_EQ(std::string(error.what()).rfind(expected, 0), 0u) << error.what();
+    }
+  }
+}
+
 std::vector<Action> Parse(const std::vector<std::string>& texts) {
   std::vector<Action> actions;
   for (const auto& text : texts) actions.push_back(pipeline::ParseAction(text));
@@ -285,14 +298,7 @@ TEST(ScheduleCsv, PyTorchsOverlapAndReduceGradCellsAreRead) {
       {"0F0,(0F1;1B0)OVERLAP_F_B,0B0,0B1\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 2: '(0F1;1B0)OVERLAP_F_B': stage 1 runs on rank 1"},
       {"0F0,0F1,0B0,0B1,0UNSHARD\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 5: '0UNSHARD': not an action"},
   };
-  for (const auto& [text, expected] : cases) {
-    try {
-      pipeline::ScheduleFromCsv(text, "r.csv", {2, 1, 2});
-      ADD_FAILURE() << "accepted: " << text;
-    } catch (const pipeline::ScheduleError& error) {
-      EXPECT_EQ(std::string(error.what()).rfind(expected, 0), 0u) << error.what();
-    }
-  }
+  ExpectCsvRejections(cases, "r.csv", {2, 1, 2});
 }
 
 // Each broken file names the file, row and cell and the rule it breaks.
@@ -310,14 +316,7 @@ TEST(ScheduleCsv, BrokenFilesAreRejectedNamingRowAndCell) {
       {"0F0,0F1,0B0,0I1\n1F0,1F1,1B0,1B1\n", "b.csv: row 1 lacks 0W1"},
       {"0F0,0F1,0B0,0B1,0W1\n1F0,1F1,1B0,1B1\n", "b.csv: row 1 has both 0B1 and a split backward"},
   };
-  for (const auto& [text, expected] : cases) {
-    try {
-      pipeline::ScheduleFromCsv(text, "b.csv", shape);
-      ADD_FAILURE() << "accepted: " << text;
-    } catch (const pipeline::ScheduleError& error) {
-      EXPECT_EQ(std::string(error.what()).rfind(expected, 0), 0u) << error.what();
-    }
-  }
+  ExpectCsvRejections(cases, "b.csv", shape);
   // Two stages per rank: the first cell that tells the placements apart decides (here 3F0 on
   // rank 0: a V), and a later cell off the V is named with the V's rule.
   try {
