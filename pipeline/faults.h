@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -42,7 +43,7 @@ enum class Fault {
   kSwapBoundaryShapes,      // a boundary message's header states the other direction's last shape (Megatron MCORE-382)
   kDuplicateSend,           // every activation sent twice, the copy drained by its receiver (a retry that re-sends)
   kReversedAccumulation,    // rank 0 holds each microbatch's gradients apart and sums them newest first
-  kSlowSteps,               // every step takes a quarter longer (a wait at its end): tokens/s down 20%
+  kSlowSteps,               // every rank busy a quarter longer each step: tokens/s down 20% or more
 };
 
 // Names as the scenario column spells them, "none" first, in enum order. The only list.
@@ -98,10 +99,10 @@ class Faults {
   // the copy and drops it, as a retry wrapper that re-sends a delivered message would (and its
   // receiver-side counterpart). Every number stays right; only the communication check sees it.
   bool DuplicatesSends() const { return fault_ == Fault::kDuplicateSend; }
-  // slow_steps: every rank waits a quarter of its step's time before the step ends, as a
-  // regression that adds work or a stall would; numbers stay exact, so only a baseline
-  // comparison of tokens/s (-20%) sees it.
-  bool SlowsSteps() const { return fault_ == Fault::kSlowSteps; }
+  // slow_steps: every rank keeps its core busy for a quarter of its step's time (since
+  // `started`) before the step ends, as a regression that adds work would; numbers stay exact, so
+  // only a baseline comparison of tokens/s (-20%) sees it. Does nothing under any other fault.
+  void StretchStep(std::chrono::steady_clock::time_point started) const;
   // optimizer_state_reset: the optimizer is rebuilt at every step.
   bool ResetsOptimizer() const { return fault_ == Fault::kOptimizerStateReset; }
   // clip_before_tied_sync: the clipping norm is taken before the tied sum.
