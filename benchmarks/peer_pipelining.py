@@ -248,6 +248,7 @@ def rank_main(rank, world, port, dump_directory, steps, threads, results):
     microbatches = int(row["microbatches"])
     total = int((labels != -100).sum())
     b, t, hidden = tokens.shape[0] // microbatches, tokens.shape[1], int(row["hidden"])
+    stage_parameters = inspect.signature(PipelineStage.__init__).parameters
     modules, stages = [], []
     for index in own_stages:
         first = sum(counts[:index])
@@ -260,10 +261,9 @@ def rank_main(rank, world, port, dump_directory, steps, threads, results):
         example = tokens[:b] if index == 0 else torch.zeros(b, t, hidden, dtype=dtype)
         output_example = torch.zeros(b, t, int(row["vocab"]) if index == stage_count - 1 else hidden, dtype=dtype)
         stage_kwargs = {}
-        parameters = inspect.signature(PipelineStage.__init__).parameters
-        if "input_args" in parameters:
+        if "input_args" in stage_parameters:
             stage_kwargs["input_args"] = (example,)
-        if "output_args" in parameters:
+        if "output_args" in stage_parameters:
             stage_kwargs["output_args"] = (output_example,)
         modules.append(module)
         stages.append(PipelineStage(module, index, stage_count, torch.device("cpu"), **stage_kwargs))
@@ -276,8 +276,7 @@ def rank_main(rank, world, port, dump_directory, steps, threads, results):
     schedule = make_schedule(row["schedule"], stages, microbatches, loss_fn)
     tied = row["tied"] == "1" and world > 1
     tied_group = dist.new_group([0, world - 1]) if tied else None
-    parameters = [p for module in modules for p in module.parameters()]
-    optimizer = torch.optim.AdamW(parameters, lr=float(row["lr"]), **ADAMW)
+    optimizer = torch.optim.AdamW([p for module in modules for p in module.parameters()], lr=float(row["lr"]), **ADAMW)
     chunks = list(torch.tensor_split(lengths, microbatches))
     step_seconds, first_loss, first_grads = [], None, None
     for step in range(steps):
@@ -354,9 +353,10 @@ def pipecheck_tokens_per_second(pipecheck, suite, name, threads, out):
 
 
 class Contest:
-    """One scenario: its dump, its parity verdict, and the tokens/s each contender measured."""
+    """One scenario: its dump, its effective row, the steps each run takes, and the tokens/s each
+    contender measured."""
 
-    def __init__(self, pipecheck, suite, name, scratch):
+    def __init__(self, pipecheck, suite, name, scratch, steps):
         self.name = name
         self.dump = os.path.join(scratch, name, "dump")
         done = subprocess.run([pipecheck, "dump", "--scenarios", suite, "--scenario", name, "--out", self.dump])
@@ -365,6 +365,7 @@ class Contest:
         self.row = effective_row(self.dump)
         check_supported(self.row)
         self.world = int(self.row["world_size"])
+        self.steps = steps or max(3, int(self.row["steps"]))
         batch = torch.load(os.path.join(self.dump, "batch.pt"), weights_only=False)
         self.tokens = int((batch["labels"] != -100).sum())  # the reference's tokens of a step, as pipecheck counts
         self.ours, self.theirs = [], []
@@ -388,10 +389,9 @@ def main():
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="peer_pipelining_") as scratch:
-        contests = [Contest(args.pipecheck, args.scenarios, name, scratch) for name in args.scenario]
+        contests = [Contest(args.pipecheck, args.scenarios, name, scratch, args.steps) for name in args.scenario]
         for contest in contests:
-            steps = args.steps or max(3, int(contest.row["steps"]))
-            results = run_peer(contest.dump, contest.world, 1 if args.parity_only else steps, args.threads)
+            results = run_peer(contest.dump, contest.world, 1 if args.parity_only else contest.steps, args.threads)
             problems, reference_loss, loss, worst = check_parity(contest.dump, contest.row, results)
             print(f"parity of torch {torch.__version__} pipelining ({contest.label()}, {contest.row['dtype']}): "
                   f"loss {loss} vs reference {reference_loss}, worst gradient rel err {worst:.3g}", flush=True)
@@ -406,7 +406,6 @@ def main():
         # runs on a machine the other has just warmed or loaded.
         for round_index in range(args.rounds):
             for contest in contests:
-                steps = args.steps or max(3, int(contest.row["steps"]))
                 order = ("pipecheck", "torch") if round_index % 2 == 0 else ("torch", "pipecheck")
                 for contender in order:
                     if contender == "pipecheck":
@@ -417,7 +416,7 @@ def main():
                             sys.exit(f"peer_pipelining: pipecheck's own run of {contest.name} did not pass ({status})")
                         contest.ours.append(rate)
                     else:
-                        step_seconds = run_peer(contest.dump, contest.world, steps, args.threads)[0]["step_seconds"]
+                        step_seconds = run_peer(contest.dump, contest.world, contest.steps, args.threads)[0]["step_seconds"]
                         contest.theirs.append(tokens_per_second(step_seconds, contest.tokens))
                 print(f"round {round_index + 1}/{args.rounds} {contest.name}: pipecheck {contest.ours[-1]:.0f}, "
                       f"torch.distributed.pipelining {contest.theirs[-1]:.0f} tokens/s", flush=True)

@@ -80,7 +80,7 @@ def write_pipeline_order(schedule, path):
     """The compute-only CSV as PyTorch's PipelineScheduleMulti._dump_csv writes it (csv.writer,
     one row per rank of pipeline_order; None is an empty cell). Single-stage classes have no
     _dump_csv; their pipeline_order is written the same way."""
-    if hasattr(schedule, "_dump_csv") and isinstance(schedule, schedules.PipelineScheduleMulti):
+    if isinstance(schedule, schedules.PipelineScheduleMulti):
         schedules.PipelineScheduleMulti._dump_csv(schedule, path)
         return
     with open(path, "w", newline="") as f:
@@ -112,7 +112,7 @@ def check_pipecheck_to_pytorch(pipecheck, workdir):
             failures.append(f"{label}: pipecheck schedule --csv exited {done.returncode}: {done.stderr.strip()}")
             continue
         with open(path, newline="") as f:
-            cells = [[cell for cell in row] for row in csv.reader(f)]
+            cells = list(csv.reader(f))
         runtime = schedules._PipelineScheduleRuntime(
             stand_in_stages(ranks, virtual, name == "zbv"), microbatches, loss_fn=lambda o, t: o.sum(),
             scale_grads=False)
