@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a GPU machine checks that a CPU one cannot, in stages that each fit one short session on a
+# What a GPU machine checks that a CPU one cannot, in stages that each fit one short call on a
 # lent GPU machine, every log under $OUT (default build-gpu/checks). Run from the project root:
 #
 #   scripts/gpu-checks.sh build test       # then: suite, ws1, peer
