@@ -56,6 +56,7 @@ struct Rank {
   pid_t pid = -1;
   bool running = true;
   int status = 0;  // waitpid status once exited
+  bool killed_here = false;  // this launcher sent it SIGKILL (a deadline, a peer's failure, an interrupt)
   std::string log;
 };
 
@@ -180,13 +181,22 @@ std::string LastProgress(const std::string& path) {
 }
 
 std::string HowItEnded(int status) {
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+    // Not this launcher's SIGKILL (those ranks are never blamed): the kernel's OOM killer sends
+    // it, as do a cgroup's memory limit and an operator's kill -9.
+    return "was killed by signal 9 (Killed) from outside pipecheck: the kernel's OOM killer sends it when memory runs "
+           "out (see dmesg), as does kill -9";
+  }
   if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
   return fmt::format("exited with code {}", WEXITSTATUS(status));
 }
 
 void KillAndReap(std::vector<Rank>& ranks) {
   for (auto& rank : ranks) {
-    if (rank.running) kill(rank.pid, SIGKILL);
+    if (rank.running) {
+      kill(rank.pid, SIGKILL);
+      rank.killed_here = true;
+    }
   }
   for (auto& rank : ranks) {
     if (rank.running) {
@@ -242,13 +252,19 @@ reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std
   }
   KillAndReap(ranks);
   // Ranks that failed on their own, not by the SIGKILL this launcher sent, with what they said.
+  // A rank killed from outside is blamed first: its peers only lost their connection to it.
   std::vector<std::pair<const Rank*, std::string>> failed;
   for (const auto& rank : ranks) {
-    const bool killed_by_us = WIFSIGNALED(rank.status) && WTERMSIG(rank.status) == SIGKILL;
-    if (Failed(rank, result_written) && !killed_by_us) failed.emplace_back(&rank, Tail(rank.log));
+    if (!Failed(rank, result_written) || rank.killed_here) continue;
+    const bool killed_outside = WIFSIGNALED(rank.status) && WTERMSIG(rank.status) == SIGKILL;
+    failed.emplace(killed_outside ? failed.begin() : failed.end(), &rank, Tail(rank.log));
   }
   if (failed.empty()) failed.emplace_back(&ranks.front(), Tail(ranks.front().log));
-  auto blamed = std::find_if(failed.begin(), failed.end(), [](const auto& f) { return !LostConnection(f.second); });
+  const Rank& first = *failed.front().first;
+  const bool killed_outside = WIFSIGNALED(first.status) && WTERMSIG(first.status) == SIGKILL && !first.killed_here;
+  auto blamed = killed_outside ? failed.begin() : std::find_if(failed.begin(), failed.end(), [](const auto& f) {
+    return !LostConnection(f.second);
+  });
   if (blamed == failed.end()) blamed = failed.begin();
   std::vector<std::string> others;
   for (const auto& [rank, output] : failed) {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <numeric>
 #include <thread>
 
 #include "harness/dump.h"
@@ -18,6 +19,7 @@
 #include "harness/invariance.h"
 #include "harness/reference_run.h"
 #include "harness/run.h"
+#include "harness/run_directory.h"
 #include "harness/scenario_model.h"
 #include "harness/worker.h"
 #include "pipeline/schedule.h"
@@ -47,6 +49,7 @@ struct Options {
   std::string device;
   int threads = 0;
   double timeout = 0.0;
+  double rendezvous_timeout = 300.0;  // worker
   // schedule
   std::string schedule = "1f1b";
   int stages = 2;
@@ -117,6 +120,25 @@ bool WritableOut(const std::string& out, const char* command) {
     return true;
   } catch (const std::exception& error) {
     fmt::print(stderr, "pipecheck {}: --out {} is not writable: {}\n", command, out, error.what());
+    return false;
+  }
+}
+
+// A file a command will write once its work is done (--junit, --markdown, --csv), checked before
+// any work: its folder is made if missing, and a file that cannot be written there is bad input
+// now, not an exit 1 after the whole suite.
+bool WritableFile(const std::string& path, const char* command, const char* option) {
+  if (path.empty()) return true;
+  try {
+    const auto parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    if (std::filesystem::is_directory(path)) throw std::runtime_error("it is a directory");
+    const auto probe = path + ".pipecheck-write-test";
+    pipecheck::reports::WriteFileAtomically(probe, "");
+    std::filesystem::remove(probe);
+    return true;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "pipecheck {}: {} {} cannot be written: {}\n", command, option, path, error.what());
     return false;
   }
 }
@@ -201,8 +223,13 @@ int Run(Options options) {
       return kExitBadInput;
     }
   }
-  // An unwritable --out, or a missing baseline, is bad input, found before anything runs.
-  if (!WritableOut(options.out, "run")) return kExitBadInput;
+  // An unwritable --out, --junit or --markdown, or a missing baseline, is bad input, found before
+  // anything runs; so is an --out another run is writing into.
+  if (!WritableOut(options.out, "run") || !WritableFile(options.junit, "run", "--junit") ||
+      !WritableFile(options.markdown, "run", "--markdown")) {
+    return kExitBadInput;
+  }
+  const pipecheck::harness::RunDirectory directory(options.out, {"views", "work", "compare.csv"});
   pipecheck::harness::RunOptions run;
   run.baseline = ResolveBaseline(options, "");
   run.limits = {options.max_slowdown, options.max_memory_growth, options.noise_factor};
@@ -225,6 +252,7 @@ int Worker(const Options& options) {
   worker.threads = options.threads;
   worker.device = options.device;
   worker.save_tensors = options.save_tensors;
+  worker.rendezvous_timeout_seconds = options.rendezvous_timeout;
   return pipecheck::harness::RunWorker(worker);
 }
 
@@ -234,6 +262,7 @@ int Invariance(const Options& options) {
   if (!options.device.empty()) scenario.device = options.device;
   if (!CudaPresentFor(scenario, " invariance")) return kExitBadInput;
   if (!WritableOut(options.out, "invariance")) return kExitBadInput;
+  const pipecheck::harness::RunDirectory directory(options.out, {});
   ApplyThreads(options.threads);  // the reference, computed here, with the ranks' thread count
   pipecheck::harness::InvarianceOptions invariance;
   invariance.scenarios_path = options.scenarios;
@@ -248,6 +277,7 @@ int Invariance(const Options& options) {
 
 int PrintSchedule(const Options& options) {
   using namespace pipecheck::pipeline;
+  if (!WritableFile(options.schedule_csv, "schedule", "--csv")) return kExitBadInput;
   const PipelineShape shape{options.stages, options.virtual_stages, options.microbatches};
   const Schedule compute = ScheduleByName(options.schedule, shape);
   const Schedule lowered = LowerSchedule(compute);
@@ -268,6 +298,12 @@ int PrintSchedule(const Options& options) {
              options.backward_cost, equal_result.bubble,
              static_cast<double>(shape.ranks - 1) / (shape.microbatches + shape.ranks - 1));
   fmt::print("peak in-flight microbatches per rank: {}\n", fmt::join(peaks, " "));
+  std::string formula;
+  if (const auto published = PublishedMakespan(compute.name, compute.shape, weighted, &formula)) {
+    const double busy = std::accumulate(result.busy.begin(), result.busy.end(), 0.0);
+    fmt::print("makespan with F=1, B={}: {:g} simulated; published for {}: {} (bubble {:.4f})\n", options.backward_cost,
+               result.makespan, compute.name, formula, 1.0 - busy / (shape.ranks * *published));
+  }
   fmt::print("valid on every transport: gloo and staged (messages wait on the host: makespan {:g} with F=1, B={}), "
              "nccl (on device streams, one channel per ordered pair of ranks: makespan {:g})\n",
              result.makespan, options.backward_cost, streams.makespan);
@@ -292,7 +328,10 @@ int Compare(const Options& options) {
   const std::string out_directory =
       options.compare_out.empty() ? std::filesystem::path(SummaryPath(current)).parent_path().string()
                                   : options.compare_out;
-  if (!WritableOut(out_directory.empty() ? "." : out_directory, "compare")) return kExitBadInput;
+  if (!WritableOut(out_directory.empty() ? "." : out_directory, "compare") ||
+      !WritableFile(options.junit, "compare", "--junit") || !WritableFile(options.markdown, "compare", "--markdown")) {
+    return kExitBadInput;
+  }
   const CompareOptions limits{options.max_slowdown, options.max_memory_growth, options.noise_factor};
   const Comparison comparison = CompareSummaries(baseline, current, limits);
   fmt::print("{}", FormatComparison(comparison, limits));
@@ -410,6 +449,9 @@ int main(int argc, char** argv) {
   worker->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
       ->check(ThreadCount());
 
+  worker->add_option("--rendezvous-timeout", options.rendezvous_timeout,
+                     "Seconds to wait for the other ranks to rendezvous; then exit 2 naming what was missing")
+      ->check(FiniteIn(1, 86400, "seconds from 1 to 86400 (a day)"))->capture_default_str();
   worker->add_flag("--save-tensors", options.save_tensors,
                    "Rank 0 also writes tensors.pt: every step's loss and applied gradients, the final weights");
 
@@ -516,6 +558,9 @@ int main(int argc, char** argv) {
   } catch (const pipecheck::reports::CompareError& error) {
     fmt::print(stderr, "pipecheck {}: {}\n", run->parsed() ? "run" : (compare->parsed() ? "compare" : "baseline update"),
                error.what());
+    return kExitBadInput;
+  } catch (const pipecheck::harness::RunDirectoryError& error) {
+    fmt::print(stderr, "pipecheck: {}\n", error.what());
     return kExitBadInput;
   } catch (const pipecheck::pipeline::ScheduleError& error) {
     fmt::print(stderr, "pipecheck: {}\n", error.what());

@@ -61,10 +61,13 @@ TensorError Compare(const torch::Tensor& pipeline, const torch::Tensor& referenc
 }
 
 std::map<std::string, std::string> ScenarioColumns(const scenarios::Scenario& s) {
+  const std::string configuration = scenarios::Configuration(s);
   return {{"scenario", s.name},
           {"expect", s.expect},
           {"world_size", std::to_string(s.world_size)},
-          {"schedule", s.schedule},
+          {"schedule", s.schedule_written.empty() ? s.schedule : s.schedule_written},
+          {"config", configuration},
+          {"fingerprint", scenarios::Fingerprint(configuration)},
           {"virtual_stages", std::to_string(s.virtual_stages)},
           {"microbatches", std::to_string(s.microbatches)},
           {"dtype", s.dtype},

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -60,6 +61,29 @@ void PrintTable(const std::vector<reports::ScenarioReport>& reports, std::ostrea
   }
 }
 
+// The JUnit XML and Markdown summary CI shows, when the run asked for them.
+void WriteCiReports(const RunOptions& options, const std::vector<reports::ScenarioReport>& reports,
+                    const reports::Comparison* comparison, std::ostream& out) {
+  if (!options.junit.empty()) {
+    std::map<std::string, const reports::ComparisonRow*> compared;
+    if (comparison) {
+      for (const auto& row : comparison->rows) compared[row.scenario] = &row;
+    }
+    std::vector<reports::JUnitCase> cases;
+    for (const auto& report : reports) {
+      const auto found = compared.find(report.Get("scenario"));
+      cases.push_back(reports::RunCase(report, options.scenarios_path, found == compared.end() ? nullptr : found->second));
+    }
+    reports::WriteFileAtomically(options.junit, reports::JUnitXml("pipecheck run " + options.scenarios_path, cases));
+    fmt::print(out, "wrote {}\n", options.junit);
+  }
+  if (!options.markdown.empty()) {
+    const bool appended = reports::WriteMarkdown(
+        options.markdown, reports::RunMarkdown(options.scenarios_path, reports, comparison, options.baseline));
+    fmt::print(out, "{} {}\n", appended ? "appended to" : "wrote", options.markdown);
+  }
+}
+
 }  // namespace
 
 int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions& options, std::ostream& out) {
@@ -105,6 +129,16 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
                       "scenario(s) that finished{}\n",
                  interrupted.signal, scenario.name, reports.size(),
                  paths.empty() ? "" : fmt::format(": {}", fmt::join(paths, ", ")));
+      // CI still gets its test report: what finished, the interrupted scenario as an error, the
+      // rest as not run.
+      std::vector<reports::ScenarioReport> cases = reports;
+      const std::string why = fmt::format("the run was interrupted by signal {} ({})", interrupted.signal,
+                                          strsignal(interrupted.signal));
+      cases.push_back(FailedScenarioReport(scenario, "ERROR", why + " while this scenario ran"));
+      for (size_t j = i + 1; j < scenarios.size(); ++j) {
+        cases.push_back(FailedScenarioReport(scenarios[j], "SKIPPED", "not run: " + why));
+      }
+      WriteCiReports(options, cases, nullptr, out);
       return 128 + interrupted.signal;
     } catch (const std::exception& error) {
       report = FailedScenarioReport(scenario, "ERROR", "launcher: " + ErrorMessage(error));
@@ -137,25 +171,7 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
     fmt::print(out, "\nagainst the baseline {}:\n{}wrote {}\n", options.baseline,
                reports::FormatComparison(*comparison, options.limits), csv);
   }
-  if (!options.junit.empty()) {
-    std::map<std::string, const reports::ComparisonRow*> compared;
-    if (comparison) {
-      for (const auto& row : comparison->rows) compared[row.scenario] = &row;
-    }
-    std::vector<reports::JUnitCase> cases;
-    for (const auto& report : reports) {
-      const auto found = compared.find(report.Get("scenario"));
-      cases.push_back(reports::RunCase(report, options.scenarios_path, found == compared.end() ? nullptr : found->second));
-    }
-    reports::WriteFileAtomically(options.junit, reports::JUnitXml("pipecheck run " + options.scenarios_path, cases));
-    fmt::print(out, "wrote {}\n", options.junit);
-  }
-  if (!options.markdown.empty()) {
-    const bool appended = reports::WriteMarkdown(
-        options.markdown, reports::RunMarkdown(options.scenarios_path, reports, comparison ? &*comparison : nullptr,
-                                               options.baseline));
-    fmt::print(out, "{} {}\n", appended ? "appended to" : "wrote", options.markdown);
-  }
+  WriteCiReports(options, reports, comparison ? &*comparison : nullptr, out);
   const bool regressed = comparison && comparison->regressions > 0;
   return not_ok == 0 && !regressed ? 0 : 1;
 }

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -31,41 +32,51 @@ class EnvironmentError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::string Environment(const char* name, const char* fallback_name = nullptr) {
-  if (const char* value = std::getenv(name)) return value;
+// An environment variable's value and the name it was read under (RANK, or SLURM_PROCID under srun).
+struct EnvironmentValue {
+  std::string text;
+  std::string name;
+};
+
+EnvironmentValue Environment(const char* name, const char* fallback_name = nullptr) {
+  if (const char* value = std::getenv(name)) return {value, name};
   if (fallback_name != nullptr) {
-    if (const char* value = std::getenv(fallback_name)) return value;
+    if (const char* value = std::getenv(fallback_name)) return {value, fallback_name};
   }
   throw EnvironmentError(fmt::format(
       "{} is not set: a worker needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (pipecheck run, torchrun and "
       "SLURM set them)", name));
 }
 
-int EnvironmentInteger(const char* name, const char* fallback_name = nullptr) {
-  const std::string text = Environment(name, fallback_name);
+std::pair<int, std::string> EnvironmentInteger(const char* name, const char* fallback_name = nullptr) {
+  const auto [text, read_as] = Environment(name, fallback_name);
   try {
     size_t used = 0;
     const int value = std::stoi(text, &used);
-    if (used == text.size()) return value;
+    if (used == text.size()) return {value, read_as};
   } catch (const std::exception&) {
   }
-  throw EnvironmentError(fmt::format("{}='{}' is not an integer", name, text));
+  throw EnvironmentError(fmt::format("{}='{}' is not an integer", read_as, text));
 }
 
-pipeline::RendezvousOptions ReadRendezvous(int expected_world_size) {
+pipeline::RendezvousOptions ReadRendezvous(int expected_world_size, double timeout_seconds) {
   pipeline::RendezvousOptions options;
-  options.rank = EnvironmentInteger("RANK", "SLURM_PROCID");
-  options.world_size = EnvironmentInteger("WORLD_SIZE", "SLURM_NTASKS");
+  const auto [rank, rank_name] = EnvironmentInteger("RANK", "SLURM_PROCID");
+  const auto [world_size, world_size_name] = EnvironmentInteger("WORLD_SIZE", "SLURM_NTASKS");
+  options.rank = rank;
+  options.world_size = world_size;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
   if (options.world_size != expected_world_size) {
-    throw EnvironmentError(fmt::format("WORLD_SIZE is {} but the scenario needs world_size {}", options.world_size,
-                                       expected_world_size));
+    throw EnvironmentError(fmt::format("{} is {} but the scenario needs world_size {}", world_size_name,
+                                       options.world_size, expected_world_size));
   }
   if (options.rank < 0 || options.rank >= options.world_size) {
-    throw EnvironmentError(fmt::format("RANK {} is outside [0, {})", options.rank, options.world_size));
+    throw EnvironmentError(fmt::format("{} {} is outside [0, {}) ({} {})", rank_name, options.rank, options.world_size,
+                                       world_size_name, options.world_size));
   }
   if (options.world_size > 1) {
-    options.master_addr = Environment("MASTER_ADDR");
-    options.master_port = EnvironmentInteger("MASTER_PORT");
+    options.master_addr = Environment("MASTER_ADDR").text;
+    options.master_port = EnvironmentInteger("MASTER_PORT").first;
     if (options.master_port < 1 || options.master_port > 65535) {
       throw EnvironmentError(fmt::format("MASTER_PORT={} is not a TCP port (1 to 65535)", options.master_port));
     }
@@ -77,6 +88,32 @@ pipeline::RendezvousOptions ReadRendezvous(int expected_world_size) {
                                                        std::string(agent_store) == "1"));
   }
   return options;
+}
+
+// Connects to the other ranks. A rendezvous that does not complete in time is the environment's
+// fault (no rank 0 listening, a rank never started, MASTER_ADDR/MASTER_PORT differing between
+// ranks): exit 2, saying what this rank waited for.
+std::unique_ptr<pipeline::Transport> ConnectRanks(const pipeline::RendezvousOptions& rendezvous,
+                                                  const std::string& transport, torch::Device device,
+                                                  double timeout_seconds) {
+  if (rendezvous.world_size > 1) {
+    fmt::print(stderr, "pipecheck: rank {} joins the rendezvous of {} ranks at {}:{} (waiting up to {:g} s)\n",
+               rendezvous.rank, rendezvous.world_size, rendezvous.master_addr, rendezvous.master_port, timeout_seconds);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    return pipeline::Connect(rendezvous, transport, device);
+  } catch (const std::exception& error) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string message = ErrorMessage(error);
+    // A port taken before rank 0 could listen is the launcher's to retry, not a missing peer.
+    if (waited < 0.9 * timeout_seconds || message.find("ddress already in use") != std::string::npos) throw;
+    throw EnvironmentError(fmt::format(
+        "rendezvous failed after {:.0f} s: {} at {}:{} (is rank 0 running, and do all {} ranks share MASTER_ADDR and "
+        "MASTER_PORT?): {}", waited,
+        rendezvous.rank == 0 ? "not every rank joined rank 0's store" : "no rank 0 answered",
+        rendezvous.master_addr, rendezvous.master_port, rendezvous.world_size, message));
+  }
 }
 
 // Rank 0's part after the pipeline: the reference, the comparison, the reports.
@@ -113,7 +150,7 @@ int RunWorker(const WorkerOptions& options) {
     auto scenario = scenarios::FindScenario(suite, options.scenario, options.scenarios_path);
     if (!options.device.empty()) scenario.device = options.device;
     auto config = ToPipelineConfig(scenario);
-    const auto rendezvous = ReadRendezvous(config.world_size);
+    const auto rendezvous = ReadRendezvous(config.world_size, options.rendezvous_timeout_seconds);
     rank = std::to_string(rendezvous.rank);
     if (options.threads > 0) {
       at::set_num_threads(options.threads);
@@ -126,7 +163,8 @@ int RunWorker(const WorkerOptions& options) {
     }
     const std::string unmet = UnmetRequirement(scenario);
     if (!unmet.empty()) throw std::runtime_error(unmet);  // `run` skips these; a worker started anyway fails
-    auto transport = pipeline::Connect(rendezvous, ResolveTransport(scenario), config.train.device);
+    auto transport = ConnectRanks(rendezvous, ResolveTransport(scenario), config.train.device,
+                                  options.rendezvous_timeout_seconds);
     pipeline::PipelineTrainer trainer(config, *transport);
     // The rank of the last stage knows the loss: it reports progress in its log, which `run` shows.
     const auto& shape = trainer.schedule().shape;

@@ -16,10 +16,14 @@ struct WorkerOptions {
   int threads = 0;  // intra-op threads; 0 keeps LibTorch's default
   std::string device;  // overrides the scenario's device ("" keeps it), as `run --device` does
   bool save_tensors = false;  // rank 0 also writes tensors.pt (losses, gradients, final weights) into out
+  // How long a rank waits for its peers to rendezvous (rank 0's store, the process group) before
+  // giving up with exit 2, naming what it waited for.
+  double rendezvous_timeout_seconds = 300.0;
 };
 
 // Exit code: rank 0 returns 0 when the scenario met its expectation and 1 when not; other
-// ranks 0 once their results are delivered. Bad input (scenario, environment) is 2.
+// ranks 0 once their results are delivered. Bad input (scenario, environment) is 2, and so is a
+// rendezvous that never completes (no rank 0 at MASTER_ADDR:MASTER_PORT, a rank missing).
 int RunWorker(const WorkerOptions& options);
 
 // Name of the file rank 0 leaves in --out for the launcher.

@@ -5,6 +5,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <iterator>
 #include <cstdlib>
@@ -22,7 +23,7 @@ const std::vector<std::string>& FaultNames() {
       "skip_tied_sync", "stale_shape",    "optimizer_state_reset",    "send_before_recv",
       "crash_rank",     "hang_rank",      "clip_before_tied_sync",    "double_grad_scaling",
       "send_buffer_reuse", "zb_shared_weight_grad_twice", "swap_boundary_shapes",
-      "duplicate_send", "reversed_accumulation", "slow_steps"};
+      "duplicate_send", "reversed_accumulation", "slow_steps", "killed_rank"};
   return names;
 }
 
@@ -137,12 +138,17 @@ void Faults::AfterWeightGradient(const torch::nn::Module& module, const torch::T
 }
 
 void Faults::BeforeAction(int rank, int world_size, int64_t step, int64_t steps, size_t index, size_t actions) const {
-  if (fault_ != Fault::kCrashRank && fault_ != Fault::kHangRank) return;
+  if (fault_ != Fault::kCrashRank && fault_ != Fault::kHangRank && fault_ != Fault::kKilledRank) return;
   const int64_t fault_step = std::min<int64_t>(1, steps - 1);
   if (rank != world_size - 1 || step != fault_step || index != actions / 2) return;
   if (fault_ == Fault::kCrashRank) {
     fmt::print(stderr, "fault crash_rank: rank {} aborts in step {}\n", rank, step);
     std::abort();
+  }
+  if (fault_ == Fault::kKilledRank) {
+    fmt::print(stderr, "fault killed_rank: rank {} gets SIGKILL in step {}\n", rank, step);
+    std::fflush(stderr);
+    raise(SIGKILL);
   }
   fmt::print(stderr, "fault hang_rank: rank {} stops making progress in step {}\n", rank, step);
   while (true) std::this_thread::sleep_for(std::chrono::hours(1));

@@ -44,6 +44,7 @@ enum class Fault {
   kDuplicateSend,           // every activation sent twice, the copy drained by its receiver (a retry that re-sends)
   kReversedAccumulation,    // rank 0 holds each microbatch's gradients apart and sums them newest first
   kSlowSteps,               // every rank busy a quarter longer each step: tokens/s down 20% or more
+  kKilledRank,              // the last rank gets SIGKILL in the middle of step 1, as from the kernel's OOM killer
 };
 
 // Names as the scenario column spells them, "none" first, in enum order. The only list.
@@ -111,7 +112,8 @@ class Faults {
   bool SkipsTiedSync() const { return fault_ == Fault::kSkipTiedSync; }
   bool CountsTiedTwice() const { return fault_ == Fault::kTiedNormTwice; }
   bool ClipsLocally() const { return fault_ == Fault::kLocalClip; }
-  // crash_rank / hang_rank: the last rank dies or stops half-way through its list in step 1
+  // crash_rank / hang_rank / killed_rank: the last rank aborts, stops, or is SIGKILLed half-way
+  // through its list in step 1
   // (step 0 when the scenario has only one step). Called before each action.
   void BeforeAction(int rank, int world_size, int64_t step, int64_t steps, size_t index, size_t actions) const;
 

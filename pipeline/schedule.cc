@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <deque>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -188,33 +189,32 @@ Schedule InterleavedSchedule(const PipelineShape& shape) {
 }
 
 Schedule ZeroBubbleH1Schedule(const PipelineShape& shape) {
-  // 1F1B with each backward split into I then W: a microbatch is in flight (its graph kept) from
-  // F to W, as from F to B under 1F1B. In the cool-down (the backwards after the last forward)
-  // each W waits until the next I has gone, so it runs while the rank would otherwise wait for
-  // that gradient; in flight still never exceeds 1F1B's count.
+  // 1F1B's forwards and input gradients (I in B's place), with each rank's weight gradients
+  // deferred: rank r runs W of microbatch k right after I of microbatch k + r, and the last r
+  // W's after its last I. A microbatch is in flight (its graph kept) from F to W, so rank r holds
+  // 1F1B's p - r plus the r deferred ones: p at most on every rank, 1F1B's peak (rank 0's). The
+  // deferred W's fill exactly the waits 1F1B has for gradients coming back: with unit costs
+  // F = I = W every rank finishes at m(F + I + W) + (p - 1)(F + I - W), the published ZB-H1
+  // makespan (Qi et al., "Zero Bubble Pipeline Parallelism"), a third of 1F1B's bubble.
   Schedule schedule = OneFOneBSchedule(shape);
   schedule.name = "zbh1";
   for (int rank = 0; rank < shape.ranks; ++rank) {
     auto& actions = schedule.ranks[rank];
-    const int steady = shape.microbatches - std::min(shape.ranks - 1 - rank, shape.microbatches);
     std::vector<Action> split;
-    std::optional<Action> deferred;
-    int backwards = 0;
+    std::deque<int> pending;  // microbatches whose I has run and whose W has not
     for (const Action& a : actions) {
       if (a.kind != ActionKind::kBackward) {
         split.push_back(a);
         continue;
       }
       split.push_back({ActionKind::kBackwardInput, a.stage, a.microbatch});
-      const Action weight{ActionKind::kBackwardWeight, a.stage, a.microbatch};
-      if (backwards++ < steady) {
-        split.push_back(weight);
-      } else {
-        if (deferred) split.push_back(*deferred);
-        deferred = weight;
+      pending.push_back(a.microbatch);
+      while (!pending.empty() && pending.front() + rank <= a.microbatch) {
+        split.push_back({ActionKind::kBackwardWeight, a.stage, pending.front()});
+        pending.pop_front();
       }
     }
-    if (deferred) split.push_back(*deferred);
+    for (int mb : pending) split.push_back({ActionKind::kBackwardWeight, rank, mb});
     actions = std::move(split);
   }
   return schedule;

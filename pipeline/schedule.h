@@ -75,9 +75,10 @@ Schedule OneFOneBSchedule(const PipelineShape& shape);  // warm-up, one-forward-
 // Interleaved 1F1B (Megatron's, PyTorch's Interleaved1F1B): v >= 2 stages per rank, stage s on
 // rank s % p, microbatches a multiple of p.
 Schedule InterleavedSchedule(const PipelineShape& shape);
-// Zero bubble ZB-H1-style (Qi et al.): 1F1B with each backward split into input gradient (I)
-// and weight gradient (W); in the cool-down each W is deferred past the next I, filling the wait
-// for that gradient. Peak in-flight microbatches equal 1F1B's.
+// Zero bubble ZB-H1 (Qi et al.): 1F1B with each backward split into input gradient (I) and
+// weight gradient (W), rank r's W's deferred by r microbatches into the waits for gradients.
+// Peak in-flight microbatches p on every rank (1F1B's peak, rank 0's); with F = I = W the
+// makespan is m(F + I + W) + (p - 1)(F + I - W).
 Schedule ZeroBubbleH1Schedule(const PipelineShape& shape);
 // Zero bubble V (ZB-V, Qi et al.): two stages per rank in a V (virtual_stages 2, or 1 taken as
 // 2), backward split into I and W. Built by list scheduling with unit costs: a free rank runs a

@@ -656,6 +656,27 @@ SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& cos
   return result;
 }
 
+std::optional<double> PublishedMakespan(const std::string& schedule_name, const PipelineShape& shape,
+                                        const CostModel& costs, std::string* formula) {
+  const double p = shape.ranks, m = shape.microbatches, v = shape.virtual_stages;
+  const double f = costs.forward, b = costs.backward, i = costs.backward_input, w = costs.backward_weight;
+  std::string text;
+  std::optional<double> makespan;
+  if (schedule_name == "gpipe" || schedule_name == "1f1b") {
+    makespan = (m + p - 1) * (f + b);
+    text = fmt::format("(m + p - 1)(F + B) = ({:g} + {:g} - 1)({:g} + {:g})", m, p, f, b);
+  } else if (schedule_name == "interleaved") {
+    makespan = (v * m + p - 1) * (f + b);
+    text = fmt::format("(v m + p - 1)(F + B) = ({:g} x {:g} + {:g} - 1)({:g} + {:g})", v, m, p, f, b);
+  } else if (schedule_name == "zbh1") {
+    makespan = m * (f + i + w) + (p - 1) * (f + i - w);
+    text = fmt::format("m(F + I + W) + (p - 1)(F + I - W) = {:g}({:g} + {:g} + {:g}) + ({:g} - 1)({:g} + {:g} - {:g})",
+                       m, f, i, w, p, f, i, w);
+  }
+  if (makespan && formula) *formula = fmt::format("{} = {:g}", text, *makespan);
+  return makespan;
+}
+
 std::string FormatTimeline(const Schedule& schedule, const SimulationResult& result, const CostModel& costs) {
   // Cells of the smallest cost among the actions present; each compute action fills its span.
   double unit = 0.0;

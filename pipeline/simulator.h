@@ -6,6 +6,7 @@
 // microbatches under a cost model. Not a performance model of any real machine.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,16 @@ Schedule LowerSchedule(const Schedule& compute, bool post_receives_first = true)
 // failure's report. Returns the buffered run's result.
 SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs = {},
                                   CommunicationModel model = CommunicationModel::kHost);
+
+// A generated schedule's makespan as published for its algorithm, under `costs` (per stage, so
+// per chunk for several stages per rank) with free communication, or none where no closed form
+// is published (zbv, imported CSVs):
+//   gpipe, 1f1b:  (m + p - 1)(F + B)                      (GPipe; Narayanan et al., PipeDream-Flush)
+//   interleaved:  (v m + p - 1)(F + B)                    (Megatron-LM's interleaved 1F1B, v chunks)
+//   zbh1:         m(F + I + W) + (p - 1)(F + I - W)       (Qi et al., ZB-H1)
+// `formula` receives the formula as text with its values substituted.
+std::optional<double> PublishedMakespan(const std::string& schedule_name, const PipelineShape& shape,
+                                        const CostModel& costs, std::string* formula = nullptr);
 
 // A time chart of the schedule: one row per rank, one column per time unit of `costs`.
 std::string FormatTimeline(const Schedule& schedule, const SimulationResult& result, const CostModel& costs);

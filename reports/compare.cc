@@ -22,11 +22,11 @@ namespace pipecheck::reports {
 namespace {
 
 struct SummaryEntry {
-  std::string scenario, status, expect, ok, tokens_per_s, peak_bytes, grad_rel_err, spread, runs;
+  std::string scenario, status, expect, ok, tokens_per_s, peak_bytes, grad_rel_err, spread, runs, fingerprint, config;
   unsigned line = 0;
 };
 
-using Reader = io::CSVReader<9, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>>;
+using Reader = io::CSVReader<11, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>>;
 
 std::map<std::string, SummaryEntry> ReadSummary(const std::string& path) {
   std::ifstream stream(path, std::ios::binary);
@@ -37,10 +37,11 @@ std::map<std::string, SummaryEntry> ReadSummary(const std::string& path) {
   std::map<std::string, SummaryEntry> entries;
   try {
     Reader reader(path, text.data(), text.data() + text.size());
-    // The spread and its number of runs are newer columns: older summaries read without them.
+    // The spread, its number of runs and the configuration are newer columns: older summaries read
+    // without them.
     reader.read_header(io::ignore_extra_column | io::ignore_missing_column, "scenario", "status", "expect", "ok",
                        "pp_tokens_per_s", "pp_peak_bytes_max", "grad_max_rel_err", "pp_tokens_per_s_spread",
-                       "pp_tokens_per_s_runs");
+                       "pp_tokens_per_s_runs", "fingerprint", "config");
     for (const char* column :
          {"scenario", "status", "expect", "ok", "pp_tokens_per_s", "pp_peak_bytes_max", "grad_max_rel_err"}) {
       if (!reader.has_column(column)) {
@@ -49,7 +50,8 @@ std::map<std::string, SummaryEntry> ReadSummary(const std::string& path) {
     }
     SummaryEntry entry;
     while (reader.read_row(entry.scenario, entry.status, entry.expect, entry.ok, entry.tokens_per_s,
-                           entry.peak_bytes, entry.grad_rel_err, entry.spread, entry.runs)) {
+                           entry.peak_bytes, entry.grad_rel_err, entry.spread, entry.runs, entry.fingerprint,
+                           entry.config)) {
       entry.line = reader.get_file_line();
       auto [previous, inserted] = entries.emplace(entry.scenario, entry);
       if (!inserted) {
@@ -74,6 +76,47 @@ double Measured(const SummaryEntry& entry, const std::string& value, const char*
   if (ec == std::errc() && ptr == end && std::isfinite(number) && number >= 0.0) return number;
   throw CompareError(fmt::format("{}:{}: column '{}', value '{}': expected a finite decimal number >= 0 (or empty)",
                                  path, entry.line, column, value));
+}
+
+// A PASS row measured its speed and memory: an empty or nan cell there is a broken file, not
+// "unmeasured" (which would leave the scenario ungated).
+double MeasuredOfPass(const SummaryEntry& entry, const std::string& value, const char* column,
+                      const std::string& path) {
+  const double number = Measured(entry, value, column, path);
+  if (entry.status == "PASS" && std::isnan(number)) {
+    throw CompareError(fmt::format("{}:{}: column '{}', value '{}': a PASS row must hold its measured number (scenario "
+                                   "'{}')", path, entry.line, column, value, entry.scenario));
+  }
+  return number;
+}
+
+// "world_size 2 -> 4, schedule 1f1b -> gpipe": the pairs of two Configuration() texts that differ.
+std::string ConfigurationChanges(const std::string& before, const std::string& after) {
+  auto pairs = [](const std::string& text) {
+    std::map<std::string, std::string> values;
+    std::vector<std::string> order;
+    std::stringstream stream(text);
+    std::string item;
+    while (stream >> item) {
+      const size_t equals = item.find('=');
+      const std::string key = item.substr(0, equals);
+      values[key] = equals == std::string::npos ? "" : item.substr(equals + 1);
+      order.push_back(key);
+    }
+    return std::make_pair(values, order);
+  };
+  const auto [old_values, old_order] = pairs(before);
+  const auto [new_values, new_order] = pairs(after);
+  std::vector<std::string> changes;
+  for (const auto& key : new_order) {
+    const auto found = old_values.find(key);
+    const std::string was = found == old_values.end() ? "(absent)" : found->second;
+    if (was != new_values.at(key)) changes.push_back(fmt::format("{} {} -> {}", key, was, new_values.at(key)));
+  }
+  for (const auto& key : old_order) {
+    if (!new_values.count(key)) changes.push_back(fmt::format("{} {} -> (absent)", key, old_values.at(key)));
+  }
+  return changes.empty() ? "its configuration text differs" : fmt::format("{}", fmt::join(changes, ", "));
 }
 
 int Severity(const std::string& status) {
@@ -109,7 +152,9 @@ std::string SummaryPath(const std::string& path) {
 
 std::vector<std::string> ScenariosNotOk(const std::string& path) {
   std::vector<std::string> names;
-  for (const auto* entry : InFileOrder(ReadSummary(SummaryPath(path)))) {
+  // The entries outlive the loop: InFileOrder points into them.
+  const auto entries = ReadSummary(SummaryPath(path));
+  for (const auto* entry : InFileOrder(entries)) {
     if (entry->ok != "1") names.push_back(entry->scenario);
   }
   return names;
@@ -249,10 +294,17 @@ std::string FormatComparison(const Comparison& comparison, const CompareOptions&
                         row.baseline_status, row.current_status, row.throughput_change, row.throughput_limit,
                         row.memory_change, row.notes);
   }
-  text += fmt::format("\n{} scenarios compared: {} regression(s), {} warning(s) (limits: tokens/s -{:.0f}% or {:g} x "
+  text += fmt::format("\n{} scenarios compared: {} regression(s){}, {} warning(s) (limits: tokens/s -{:.0f}% or {:g} x "
                       "the baseline's recorded spread, whichever is larger; memory +{:.0f}%)\n",
-                      comparison.rows.size(), comparison.regressions, comparison.warnings, 100 * options.max_slowdown,
-                      options.noise_factor, 100 * options.max_memory_growth);
+                      comparison.rows.size(), comparison.regressions,
+                      comparison.changed ? fmt::format(" ({} of them a changed configuration)", comparison.changed) : "",
+                      comparison.warnings, 100 * options.max_slowdown, options.noise_factor,
+                      100 * options.max_memory_growth);
+  if (comparison.unfingerprinted > 0) {
+    text += fmt::format("note: the baseline records no configuration for {} scenario(s), so a changed configuration "
+                        "under the same name cannot be seen there; re-record it with `pipecheck baseline update`\n",
+                        comparison.unfingerprinted);
+  }
   return text;
 }
 
@@ -302,12 +354,23 @@ Comparison CompareSummaries(const std::string& baseline_path, const std::string&
       row.current_tokens_per_s = now.tokens_per_s;
       row.current_peak_bytes = now.peak_bytes;
       row.current_grad_rel_err = now.grad_rel_err;
+      if (!base.fingerprint.empty() && !now.fingerprint.empty() && base.fingerprint != now.fingerprint) {
+        // Another configuration under the same name: its numbers are not comparable with the baseline's.
+        row.verdict = "CHANGED";
+        row.notes = fmt::format("configuration changed ({}): not comparable; re-record the baseline or restore the "
+                                "scenario", ConfigurationChanges(base.config, now.config));
+        ++comparison.regressions;
+        ++comparison.changed;
+        comparison.rows.push_back(row);
+        continue;
+      }
+      if (base.fingerprint.empty()) ++comparison.unfingerprinted;
       if (base.ok == "1" && now.ok != "1") {
         regressions.push_back(fmt::format("no longer meets expect={}: {} -> {}", now.expect, base.status, now.status));
       } else if (base.expect == "pass" && Severity(now.status) > Severity(base.status)) {
         regressions.push_back(fmt::format("status worse: {} -> {}", base.status, now.status));
       }
-      const double base_rate = Measured(base, base.tokens_per_s, "pp_tokens_per_s", baseline_file);
+      const double base_rate = MeasuredOfPass(base, base.tokens_per_s, "pp_tokens_per_s", baseline_file);
       const double now_rate = Measured(now, now.tokens_per_s, "pp_tokens_per_s", current_file);
       const double rate_change = base_rate > 0 ? now_rate / base_rate - 1.0 : std::nan("");
       row.throughput_change = Percent(rate_change);
@@ -326,7 +389,7 @@ Comparison CompareSummaries(const std::string& baseline_path, const std::string&
       } else if (!std::isnan(rate_change) && limit >= kUngatedSlowdown && options.max_slowdown < kUngatedSlowdown) {
         warnings.push_back(fmt::format("tokens/s hardly gated: the baseline's spread allows -{:.0f}%{}", 100 * limit, why));
       }
-      const double base_bytes = Measured(base, base.peak_bytes, "pp_peak_bytes_max", baseline_file);
+      const double base_bytes = MeasuredOfPass(base, base.peak_bytes, "pp_peak_bytes_max", baseline_file);
       const double now_bytes = Measured(now, now.peak_bytes, "pp_peak_bytes_max", current_file);
       const double memory_change = base_bytes > 0 ? now_bytes / base_bytes - 1.0 : std::nan("");
       row.memory_change = Percent(memory_change);

@@ -29,7 +29,7 @@ struct CompareOptions {
 
 struct ComparisonRow {
   std::string scenario;
-  std::string verdict;  // ok, REGRESSION, warning, new
+  std::string verdict;  // ok, REGRESSION, CHANGED (another configuration: not comparable), warning, new
   std::string baseline_status, current_status;
   std::string baseline_tokens_per_s, current_tokens_per_s, throughput_change;
   std::string throughput_limit;  // the slowdown allowed, noise included: "-16.0%"
@@ -40,9 +40,14 @@ struct ComparisonRow {
 
 struct Comparison {
   std::vector<ComparisonRow> rows;
-  int regressions = 0;
+  int regressions = 0;      // rows that fail the comparison: REGRESSION and CHANGED
+  int changed = 0;          // of those, CHANGED: the scenario's configuration differs from the baseline's
   int warnings = 0;
+  int unfingerprinted = 0;  // baseline rows without a configuration fingerprint (older baselines)
 };
+
+// A row that fails the comparison: a regression, or a changed configuration.
+inline bool Fails(const ComparisonRow& row) { return row.verdict == "REGRESSION" || row.verdict == "CHANGED"; }
 
 // `path` is a summary.csv or a directory holding one.
 std::string SummaryPath(const std::string& path);

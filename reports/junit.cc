@@ -80,10 +80,10 @@ JUnitCase RunCase(const ScenarioReport& report, const std::string& suite, const 
     c.outcome = JUnitCase::Outcome::kSkipped;
     c.message = report.Get("message");
   }
-  if (comparison && comparison->verdict == "REGRESSION" && c.outcome == JUnitCase::Outcome::kPass) {
+  if (comparison && Fails(*comparison) && c.outcome == JUnitCase::Outcome::kPass) {
     c.outcome = JUnitCase::Outcome::kFailure;
-    c.type = "regression";
-    c.message = "regression against the baseline: " + comparison->notes;
+    c.type = comparison->verdict == "CHANGED" ? "changed configuration" : "regression";
+    c.message = (comparison->verdict == "CHANGED" ? "not comparable with the baseline: " : "regression against the baseline: ") + comparison->notes;
   }
   AddProperty(c, "status", status);
   AddProperty(c, "expect", expect);
@@ -110,9 +110,9 @@ JUnitCase CompareCase(const ComparisonRow& row, const std::string& baseline) {
   JUnitCase c;
   c.classname = "compare " + baseline;
   c.name = row.scenario;
-  if (row.verdict == "REGRESSION") {
+  if (Fails(row)) {
     c.outcome = JUnitCase::Outcome::kFailure;
-    c.type = "regression";
+    c.type = row.verdict == "CHANGED" ? "changed configuration" : "regression";
     c.message = row.notes;
   }
   AddProperty(c, "verdict", row.verdict);

@@ -84,7 +84,7 @@ std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioRepo
   // The failures first, each with its message.
   for (const auto& report : reports) {
     const auto found = compared.find(report.Get("scenario"));
-    const bool regressed = found != compared.end() && found->second->verdict == "REGRESSION";
+    const bool regressed = found != compared.end() && Fails(*found->second);
     if (report.Get("ok") == "1" && !regressed) continue;
     text += fmt::format("- ❌ **{}**", Cell(report.Get("scenario")));
     if (report.Get("ok") != "1") {
@@ -100,7 +100,7 @@ std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioRepo
   for (const auto& report : reports) {
     const auto found = compared.find(report.Get("scenario"));
     const ComparisonRow* row = found == compared.end() ? nullptr : found->second;
-    const bool ok = report.Get("ok") == "1" && !(row && row->verdict == "REGRESSION");
+    const bool ok = report.Get("ok") == "1" && !(row && Fails(*row));
     text += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", Mark(ok), Cell(report.Get("scenario")),
                         report.Get("status"), Number(report.Get("loss_max_abs_diff"), "{:.1e}"),
                         Number(report.Get("grad_max_rel_err"), "{:.1e}"), Number(report.Get("pp_tokens_per_s"), "{:.0f}"),
@@ -115,7 +115,7 @@ std::string CompareMarkdown(const Comparison& comparison, const std::string& bas
                                  Mark(comparison.regressions == 0), comparison.rows.size(), comparison.regressions,
                                  comparison.warnings, Cell(baseline), Cell(current));
   for (const auto& row : comparison.rows) {
-    if (row.verdict == "REGRESSION") text += fmt::format("- ❌ **{}**: {}\n", Cell(row.scenario), Cell(row.notes, 600));
+    if (Fails(row)) text += fmt::format("- ❌ **{}**: {}\n", Cell(row.scenario), Cell(row.notes, 600));
   }
   if (comparison.regressions > 0) text += "\n";
   text += "| | scenario | verdict | status | tokens/s | vs baseline | limit | peak memory | vs baseline | notes |\n";
@@ -126,7 +126,7 @@ std::string CompareMarkdown(const Comparison& comparison, const std::string& bas
                                    ? (row.current_status.empty() ? row.baseline_status + " → missing" : row.current_status)
                                    : row.baseline_status + " → " + row.current_status;
     text += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                        row.verdict == "REGRESSION" ? "❌" : (row.verdict == "warning" ? "⚠️" : "✅"), Cell(row.scenario),
+                        Fails(row) ? "❌" : (row.verdict == "warning" ? "⚠️" : "✅"), Cell(row.scenario),
                         row.verdict, status, Number(row.current_tokens_per_s, "{:.0f}"), Arrow(row.throughput_change),
                         row.throughput_limit, Bytes(row.current_peak_bytes), Arrow(row.memory_change), Cell(row.notes));
   }

@@ -19,7 +19,8 @@ const std::vector<std::string>& SummaryColumns() {
       "grad_max_rel_err", "worst_param",    "params_checked",   "weights_max_rel_err", "ref_step_ms",
       "pp_step_ms",      "ref_tokens_per_s", "pp_tokens_per_s", "ref_peak_bytes",     "pp_peak_bytes_max",
       "bubble_theory",   "bubble_measured", "message",          "transport",          "pp_peak_bytes_predicted",
-      "pp_step_ms_predicted", "wall_s",        "pp_tokens_per_s_spread", "pp_tokens_per_s_runs"};
+      "pp_step_ms_predicted", "wall_s",        "pp_tokens_per_s_spread", "pp_tokens_per_s_runs", "fingerprint",
+      "config"};
   return columns;
 }
 

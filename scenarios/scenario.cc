@@ -469,6 +469,7 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
     }
   }
   const std::string prefix = "csv:";
+  scenario.schedule_written = scenario.schedule;
   if (scenario.schedule.rfind(prefix, 0) == 0) {
     const std::filesystem::path path = scenario.schedule.substr(prefix.size());
     if (path.is_relative()) scenario.schedule = prefix + (std::filesystem::path(file).parent_path() / path).string();
@@ -497,6 +498,32 @@ std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& sc
   std::vector<std::pair<std::string, std::string>> values;
   for (size_t i = 0; i < kColumnCount; ++i) values.emplace_back(kColumnNames[i], Columns()[i].format(scenario));
   return values;
+}
+
+std::string Fingerprint(const std::string& configuration) {
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a, 64 bits
+  for (unsigned char c : configuration) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return fmt::format("{:016x}", hash);
+}
+
+std::string Configuration(const Scenario& scenario) {
+  std::vector<std::string> pairs;
+  for (const auto& [column, value] : ColumnValues(scenario)) {
+    if (column == "name" || column == "expect") continue;
+    std::string shown = value;
+    if (column == "schedule" && scenario.schedule.rfind("csv:", 0) == 0) {
+      std::ifstream stream(scenario.schedule.substr(4), std::ios::binary);
+      std::stringstream contents;
+      contents << stream.rdbuf();
+      shown = fmt::format("{}#{}", scenario.schedule_written.empty() ? value : scenario.schedule_written,
+                          Fingerprint(contents.str()));
+    }
+    pairs.push_back(column + "=" + shown);
+  }
+  return fmt::format("{}", fmt::join(pairs, " "));
 }
 
 std::string ToCsv(const std::vector<Scenario>& scenarios) {

@@ -51,6 +51,9 @@ struct Scenario {
 
   // Where it came from, for messages: "core.csv:7".
   std::string source;
+  // The schedule as the suite wrote it: `csv:PATH` stays relative to the suite file in reports,
+  // where `schedule` holds the path resolved for opening.
+  std::string schedule_written;
 
   // Explicit partition counts, empty for uniform/params.
   std::vector<int64_t> PartitionCounts() const;
@@ -61,6 +64,13 @@ const std::vector<std::string>& ColumnNames();
 
 // Each column's value for this scenario, formatted as the CSV would hold it.
 std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& scenario);
+
+// Every column that changes what a run computes or measures, as "column=value" pairs joined by
+// spaces: all but name and expect. A csv: schedule is named as written, with its file's content
+// hash (`csv:s.csv#1a2b...`), so an edited schedule file is a changed configuration too.
+std::string Configuration(const Scenario& scenario);
+// A short, stable digest of Configuration(): 16 hex digits (64-bit FNV-1a).
+std::string Fingerprint(const std::string& configuration);
 
 // A suite's text: the header and one row per scenario, every column at its value; it loads back
 // as the same scenarios.

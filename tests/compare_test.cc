@@ -11,6 +11,7 @@
 #include "reports/junit.h"
 #include "reports/markdown.h"
 #include "reports/report.h"
+#include "scenarios/scenario.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -133,6 +134,77 @@ TEST_F(Compare, BadInputNamesTheFileAndProblem) {
 
 namespace pipecheck {
 namespace {
+
+// The same scenario name under another configuration is its own kind of change, never "ok": the
+// row says which columns changed and the comparison fails. A baseline without fingerprints still
+// compares, with a note that it cannot see such changes.
+TEST(CompareConfiguration, AChangedConfigurationIsNeverOk) {
+  const auto directory = testing::ScratchDirectory("compare_config");
+  auto row = [](const std::string& configuration) {
+    auto report = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
+    report.summary["config"] = configuration;
+    report.summary["fingerprint"] = scenarios::Fingerprint(configuration);
+    return report;
+  };
+  reports::WriteReports(directory + "/baseline", {row("layers=4 world_size=2 schedule=1f1b dtype=float64")});
+  reports::WriteReports(directory + "/same", {row("layers=4 world_size=2 schedule=1f1b dtype=float64")});
+  reports::WriteReports(directory + "/changed", {row("layers=4 world_size=4 schedule=gpipe dtype=float64")});
+  const auto same = reports::CompareSummaries(directory + "/baseline", directory + "/same", {});
+  EXPECT_EQ(same.rows[0].verdict, "ok");
+  EXPECT_EQ(same.regressions, 0);
+  const auto changed = reports::CompareSummaries(directory + "/baseline", directory + "/changed", {});
+  EXPECT_EQ(changed.rows[0].verdict, "CHANGED");
+  EXPECT_EQ(changed.regressions, 1);
+  EXPECT_EQ(changed.changed, 1);
+  EXPECT_TRUE(reports::Fails(changed.rows[0]));
+  EXPECT_EQ(changed.rows[0].notes, "configuration changed (world_size 2 -> 4, schedule 1f1b -> gpipe): not comparable; "
+                                   "re-record the baseline or restore the scenario");
+  reports::WriteReports(directory + "/old", {Row("s", "PASS", "pass", 1000, 5e6, 1e-15)});
+  const auto old = reports::CompareSummaries(directory + "/old", directory + "/changed", {});
+  EXPECT_EQ(old.rows[0].verdict, "ok");
+  EXPECT_EQ(old.unfingerprinted, 1);
+  EXPECT_NE(reports::FormatComparison(old, {}).find("records no configuration for 1 scenario(s)"), std::string::npos);
+}
+
+// A PASS row measured its speed and memory: a baseline whose PASS row has nan or nothing there
+// would leave the scenario ungated, so it is bad input naming the file, line and column.
+TEST(CompareBadInput, APassBaselineRowWithoutItsMeasurementIsRefused) {
+  const auto directory = testing::ScratchDirectory("compare_nan");
+  for (const std::string value : {"nan", ""}) {
+    auto base = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
+    base.summary["pp_tokens_per_s"] = value;
+    reports::WriteReports(directory + "/baseline", {base});
+    reports::WriteReports(directory + "/current", {Row("s", "PASS", "pass", 1000, 5e6, 1e-15)});
+    try {
+      reports::CompareSummaries(directory + "/baseline", directory + "/current", {});
+      ADD_FAILURE() << "accepted pp_tokens_per_s '" << value << "' in a PASS baseline row";
+    } catch (const reports::CompareError& error) {
+      EXPECT_NE(std::string(error.what()).find("summary.csv:2: column 'pp_tokens_per_s', value '" + value +
+                                               "': a PASS row must hold its measured number"),
+                std::string::npos) << error.what();
+    }
+  }
+}
+
+// Names longer than the small-string buffer live on the heap: the list of scenarios that did not
+// meet their expectation, and the refusal that quotes it, must name them intact (they were read
+// from freed memory once, and printed garbage; the sanitizer build catches any relapse).
+TEST(BaselineGate, NamesEveryScenarioThatDidNotMeetItsExpectation) {
+  const auto directory = testing::ScratchDirectory("baseline_gate");
+  reports::WriteReports(directory + "/run", {Row("a_scenario_name_longer_than_sixteen", "FAIL", "pass", 1000, 5e6, 0.5),
+                                             Row("fine", "PASS", "pass", 1000, 5e6, 1e-15),
+                                             Row("another_long_scenario_name_here", "ERROR", "pass", 0, 0, 0)});
+  EXPECT_EQ(reports::ScenariosNotOk(directory + "/run"),
+            (std::vector<std::string>{"a_scenario_name_longer_than_sixteen", "another_long_scenario_name_here"}));
+  try {
+    reports::PromoteToBaseline({directory + "/run"}, directory + "/baseline", false);
+    ADD_FAILURE() << "a failing run was promoted";
+  } catch (const reports::CompareError& error) {
+    EXPECT_NE(std::string(error.what()).find("2 scenario(s) did not meet their expectation "
+                                             "(a_scenario_name_longer_than_sixteen, another_long_scenario_name_here)"),
+              std::string::npos) << error.what();
+  }
+}
 
 // Three runs of a noisy runner merged into one baseline: the median run's row and the spread.
 TEST(NoiseAwareBaseline, ThreeRunsMergeIntoTheMedianAndTheirSpread) {

@@ -58,6 +58,7 @@ const std::map<std::string, std::string> kExpectedMessage = {
     {"duplicate_send", "^communication, step 0: rank 0's message #[0-9]+ is an extra message: it posted send the activation for stage 1, microbatch 0 to rank 1"},
     {"send_before_recv", "invalid when sends wait for receives: deadlock"},
     {"crash_rank", "^rank 2 was killed by signal 6 \\(Aborted\\); its last output: fault crash_rank: rank 2 aborts in step 1"},
+    {"killed_rank", "^rank 1 was killed by signal 9 \\(Killed\\) from outside pipecheck: the kernel's OOM killer"},
     {"hang_rank", "^rank\\(s\\) .*still running after the 8 s deadline; last output: .*rank 1: fault hang_rank: rank 1 stops"},
 };
 
