@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "reference/dtype_name.h"
 #include "pipeline/comm_record.h"
 #include "reference/data.h"
 
@@ -58,7 +59,7 @@ std::vector<std::string> Row(const std::string& scenario, int rank, int64_t step
           pipeline::DirectionName(shown.direction),
           std::to_string(shown.stage),
           std::to_string(shown.microbatch),
-          got ? std::string(c10::toString(got->shape.dtype)) : "",
+          got ? reference::DtypeName(got->shape.dtype) : "",
           got ? fmt::format("({})", fmt::join(got->shape.sizes, ", ")) : "",
           got ? std::to_string(got->bytes) : "",
           planned ? pipeline::Describe(*planned) : "none",

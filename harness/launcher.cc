@@ -19,12 +19,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
 #include "harness/parity.h"
 #include "harness/scenario_model.h"
 #include "harness/worker.h"
+#include "pipeline/flight_recorder.h"
+#include "pipeline/schedule.h"
+#include "reports/report.h"
 
 namespace pipecheck::harness {
 namespace {
@@ -241,6 +245,45 @@ bool LostConnection(const std::string& output) {
          output.find("Connection reset by peer") != std::string::npos;
 }
 
+std::vector<std::vector<pipeline::FlightEntry>> FlightRecords(const fs::path& directory, size_t ranks) {
+  std::vector<std::vector<pipeline::FlightEntry>> records;
+  for (size_t r = 0; r < ranks; ++r) {
+    records.push_back(pipeline::ReadFlightRecord(FlightRecordPath(directory.string(), static_cast<int>(r))));
+  }
+  return records;
+}
+
+// The timeline up to where the ranks stopped, from their flight records (host clock; an action
+// that never ended is drawn up to the last moment any rank recorded): what a failed or stuck
+// scenario's trace and picture show.
+void AttachPartialTimeline(reports::ScenarioReport& report, const std::string& scenario,
+                           const std::vector<std::vector<pipeline::FlightEntry>>& records) {
+  double last = 0.0;
+  for (const auto& entries : records) {
+    for (const auto& e : entries) last = std::max({last, e.start_us, e.end_us.value_or(0.0)});
+  }
+  const auto& columns = reports::TimelineColumns();
+  for (size_t rank = 0; rank < records.size(); ++rank) {
+    for (const auto& e : records[rank]) {
+      pipeline::Action action;
+      try {
+        action = pipeline::ParseAction(e.what);
+      } catch (const pipeline::ScheduleError&) {
+        continue;  // a phase outside the schedule (gradient_sync, results_to_rank_0)
+      }
+      std::map<std::string, std::string> cells = {
+          {"scenario", scenario}, {"rank", std::to_string(rank)}, {"step", std::to_string(e.step)},
+          {"action", pipeline::KindText(action.kind)},
+          {"stage", std::to_string(action.stage)}, {"microbatch", std::to_string(action.microbatch)},
+          {"start_us", reports::FormatNumber(e.start_us)}, {"wait_start_us", reports::FormatNumber(e.start_us)},
+          {"end_us", reports::FormatNumber(e.end_us.value_or(last))}};
+      std::vector<std::string> row;
+      for (const auto& column : columns) row.push_back(cells.count(column) ? cells.at(column) : "");
+      report.timeline.push_back(row);
+    }
+  }
+}
+
 // One rank failed: its peers usually fail a moment later only because it went away. Wait
 // briefly for them, then blame the rank whose failure is not a lost connection (the lowest
 // such rank), name the others, and end every rank still running.
@@ -283,6 +326,7 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
   fs::create_directories(directory);
   const fs::path result_path = directory / kResultFile;
   fs::remove(result_path);
+  for (int r = 0; r < scenario.world_size; ++r) fs::remove(FlightRecordPath(directory.string(), r));
 
   std::vector<Rank> ranks;
   for (int r = 0; r < scenario.world_size; ++r) {
@@ -310,6 +354,7 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
     const bool result_written = fs::exists(result_path);
     if (std::any_of(ranks.begin(), ranks.end(), [&](const Rank& r) { return Failed(r, result_written); })) {
       auto report = BlameFailedRank(scenario, ranks, result_written);
+      AttachPartialTimeline(report, scenario.name, FlightRecords(directory, ranks.size()));
       // LibTorch 1.13 says "Address already in use", 2.x "EADDRINUSE ... address already in use".
       port_busy = report.Get("message").find("ddress already in use") != std::string::npos;
       return report;
@@ -325,17 +370,22 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
       last_progress = line;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      std::vector<std::string> stuck, outputs;
+      // What each stuck rank was doing, from its flight record, then what it last said.
+      KillAndReap(ranks);
+      const auto records = FlightRecords(directory, ranks.size());
+      std::vector<std::string> stuck, doing, outputs;
       for (const auto& rank : ranks) {
-        if (!rank.running) continue;
+        if (!rank.killed_here) continue;
         stuck.push_back(std::to_string(rank.rank));
+        doing.push_back(fmt::format("rank {} {}", rank.rank, pipeline::DescribeLastEntry(records[rank.rank])));
         outputs.push_back(fmt::format("rank {}: {}", rank.rank, Tail(rank.log, 1)));
       }
-      KillAndReap(ranks);
-      return FailedScenarioReport(scenario, "TIMEOUT",
-                                  fmt::format("rank(s) {} still running after the {:.0f} s deadline; last output: {}",
-                                              fmt::join(stuck, ", "), options.timeout_seconds,
-                                              fmt::join(outputs, " || ")));
+      auto report = FailedScenarioReport(
+          scenario, "TIMEOUT",
+          fmt::format("rank(s) {} still running after the {:g} s deadline: {}; last output: {}", fmt::join(stuck, ", "),
+                      options.timeout_seconds, fmt::join(doing, "; "), fmt::join(outputs, " || ")));
+      AttachPartialTimeline(report, scenario.name, records);
+      return report;
     }
     // Not faster: on a machine with as many cores as ranks every wakeup takes a core from a rank.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -17,6 +17,7 @@
 #include "harness/dump.h"
 #include "harness/errors.h"
 #include "harness/invariance.h"
+#include "harness/preflight.h"
 #include "harness/reference_run.h"
 #include "harness/run.h"
 #include "harness/run_directory.h"
@@ -158,15 +159,42 @@ bool CudaPresentFor(const pipecheck::scenarios::Scenario& scenario, const char* 
   return false;
 }
 
-int Validate(const Options& options) {
-  const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
-  fmt::print("{}: {} scenarios, all valid\n", options.scenarios, suite.size());
+// What `run` refuses before any rank starts, said the same way by `validate` and `run --list`: a
+// scenario this build or machine cannot run at all (a CUDA device or an nccl transport it lacks,
+// more memory than it has, by the memory model's prediction).
+bool RunnableHere(const std::vector<pipecheck::scenarios::Scenario>& scenarios, const char* command) {
+  for (const auto& scenario : scenarios) {
+    if (!CudaPresentFor(scenario, command)) return false;
+    if (scenario.device == "cuda" && scenario.transport == "nccl" && scenario.world_size > 1 &&
+        !pipecheck::pipeline::NcclAvailable()) {
+      fmt::print(stderr, "pipecheck{}: {}: scenario '{}' asks for transport nccl, but this build has none (its LibTorch "
+                         "has no c10d NCCL backend or nccl.h was not found); use staged or auto\n",
+                 command, scenario.source, scenario.name);
+      return false;
+    }
+    const std::string memory = pipecheck::harness::MemoryProblem(scenario);
+    if (!memory.empty()) {
+      fmt::print(stderr, "pipecheck{}: {}: {}\n", command, scenario.source, memory);
+      return false;
+    }
+  }
+  return true;
+}
+
+int Validate(Options options) {
+  auto suite = pipecheck::harness::LoadSuite(options.scenarios);
+  if (!options.device.empty()) {
+    for (auto& scenario : suite) scenario.device = options.device;
+  }
+  if (!RunnableHere(suite, " validate")) return kExitBadInput;
+  fmt::print("{}: {} scenarios, all valid and runnable here\n", options.scenarios, suite.size());
   return 0;
 }
 
 int Reference(const Options& options) {
   const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
-  const auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")));
+  const auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")),
+                                                                options.scenarios);
   if (selected.empty()) {
     fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios,
                fmt::join(options.only, ","));
@@ -196,7 +224,8 @@ std::string ResolveBaseline(const Options& options, const std::string& given) {
 
 int Run(Options options) {
   auto suite = pipecheck::harness::LoadSuite(options.scenarios);
-  auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")));
+  auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")),
+                                                                options.scenarios);
   if (selected.empty()) {
     fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios,
                fmt::join(options.only, ","));
@@ -205,23 +234,17 @@ int Run(Options options) {
   if (!options.device.empty()) {
     for (auto& scenario : selected) scenario.device = options.device;
   }
+  // A scenario this build or machine cannot run at all is bad input, found before anything runs.
+  if (!RunnableHere(selected, options.list ? " run --list" : " run")) return kExitBadInput;
   if (options.list) {
     for (const auto& s : selected) {
-      fmt::print("{}  world_size {} {} m={} {} {} {} steps  ({})\n", s.name, s.world_size, s.schedule, s.microbatches,
-                 s.dtype, s.device, s.steps, s.source);
+      int64_t needed = 0;
+      for (const auto& need : pipecheck::harness::MemoryNeeds(s)) needed += need.needed;
+      fmt::print("{}  world_size {} {} m={} {} {} {} steps, needs at least {}  ({})\n", s.name, s.world_size,
+                 s.schedule_written.empty() ? s.schedule : s.schedule_written, s.microbatches, s.dtype, s.device,
+                 s.steps, pipecheck::harness::HumanBytes(static_cast<double>(needed)), s.source);
     }
     return 0;
-  }
-  // A scenario this build or machine cannot run at all is bad input, found before anything runs.
-  for (const auto& scenario : selected) {
-    if (!CudaPresentFor(scenario, "")) return kExitBadInput;
-    if (scenario.device == "cuda" && scenario.transport == "nccl" && scenario.world_size > 1 &&
-        !pipecheck::pipeline::NcclAvailable()) {
-      fmt::print(stderr, "pipecheck: {}: scenario '{}' asks for transport nccl, but this build has none (its LibTorch "
-                         "has no c10d NCCL backend or nccl.h was not found); use staged or auto\n",
-                 scenario.source, scenario.name);
-      return kExitBadInput;
-    }
   }
   // An unwritable --out, --junit or --markdown, or a missing baseline, is bad input, found before
   // anything runs; so is an --out another run is writing into.
@@ -366,6 +389,14 @@ int UpdateBaseline(const Options& options) {
     fmt::print("merged: per scenario the median tokens/s of the {} runs and their spread, which `compare` allows "
                "for\n", options.baseline_from.size());
   }
+  const auto ungated = pipecheck::reports::ScenariosWithoutSpread(to);
+  if (!ungated.empty()) {
+    fmt::print(stderr, "warning: {} of the baseline's scenarios recorded no tokens/s spread ({}): one run with too few "
+                       "timed steps says nothing of this runner's noise, so `compare` will not gate their throughput "
+                       "(only status and memory); record the baseline from three runs: baseline update --from R1 "
+                       "--from R2 --from R3\n",
+               ungated.size(), fmt::join(ungated, ", "));
+  }
   return 0;
 }
 
@@ -390,8 +421,11 @@ int main(int argc, char** argv) {
                                                   torch::cuda::device_count()));
   Options options;
 
-  auto* validate = app.add_subcommand("validate", "Load a scenario suite and report the first error (exit 2)");
+  auto* validate = app.add_subcommand("validate", "Load a scenario suite and report the first error, or the first "
+                                                  "row this machine cannot run (exit 2)");
   validate->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
+  validate->add_option("--device", options.device, "Check every scenario as if it ran on this device")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 
   auto* reference = app.add_subcommand("reference", "Train the reference on each scenario: losses, step time");
   reference->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();

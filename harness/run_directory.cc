@@ -2,6 +2,7 @@
 #include "harness/run_directory.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <fmt/format.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -23,6 +24,20 @@ bool WrittenByPipecheck(const fs::path& out) {
   std::ifstream summary(out / "summary.csv");
   std::string header;
   return std::getline(summary, header) && header.rfind("scenario,status,expect,ok,", 0) == 0;
+}
+
+int RemoveEntry(const char* path, const struct stat*, int type, struct FTW*) {
+  return (type == FTW_DP ? rmdir(path) : unlink(path)) == 0 ? 0 : errno;
+}
+
+// rm -r, without std::filesystem::remove_all: LibTorch's shared library exports its own copy of
+// that symbol, which the dynamic linker may bind instead of libstdc++'s, and it crashes.
+void RemoveTree(const std::string& path) {
+  const int error = nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+  if (error != 0) {
+    throw RunDirectoryError(fmt::format("cannot clear {} left by an earlier run: {}", path,
+                                        std::strerror(error > 0 ? error : errno)));
+  }
 }
 
 }  // namespace
@@ -58,7 +73,7 @@ RunDirectory::RunDirectory(const std::string& out, const std::vector<std::string
       throw RunDirectoryError(fmt::format("--out {} holds {}, which no pipecheck run wrote: a run clears it first, so "
                                           "choose another --out", out, path.string()));
     }
-    fs::remove_all(path);
+    RemoveTree(path.string());
   }
 }
 

@@ -137,6 +137,10 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
 
 }  // namespace
 
+std::string FlightRecordPath(const std::string& out, int rank) {
+  return (std::filesystem::path(out) / fmt::format("rank{}.flight", rank)).string();
+}
+
 int RunWorker(const WorkerOptions& options) {
   // A peer that failed closes its sockets; writing to one must be an error this rank reports
   // (EPIPE), not a SIGPIPE that kills it silently before the peer's reason is heard.
@@ -152,6 +156,8 @@ int RunWorker(const WorkerOptions& options) {
     auto config = ToPipelineConfig(scenario);
     const auto rendezvous = ReadRendezvous(config.world_size, options.rendezvous_timeout_seconds);
     rank = std::to_string(rendezvous.rank);
+    std::filesystem::create_directories(options.out);
+    config.flight_record = FlightRecordPath(options.out, rendezvous.rank);
     if (options.threads > 0) {
       at::set_num_threads(options.threads);
       at::set_num_interop_threads(1);
@@ -169,11 +175,14 @@ int RunWorker(const WorkerOptions& options) {
     // The rank of the last stage knows the loss: it reports progress in its log, which `run` shows.
     const auto& shape = trainer.schedule().shape;
     const bool reports_progress = rendezvous.rank == shape.RankOfStage(shape.stages() - 1);
-    auto results = pipeline::GatherResults(*transport, trainer.Train([&](int64_t step, const pipeline::RankResult& r) {
+    auto own = trainer.Train([&](int64_t step, const pipeline::RankResult& r) {
       if (!reports_progress) return;
       fmt::print("{}step {}/{} loss {:.6g}\n", kProgressPrefix, step + 1, config.train.steps, r.losses.back());
       std::fflush(stdout);
-    }));
+    });
+    trainer.RecordPhase(config.train.steps, "results_to_rank_0", rendezvous.rank == 0 ? -1 : 0);
+    auto results = pipeline::GatherResults(*transport, std::move(own));
+    trainer.EndPhase();
     if (rendezvous.rank != 0) return 0;
     return FinishOnRankZero(scenario, config, results, options.out, options.save_tensors);
   } catch (const scenarios::ScenarioError& error) {

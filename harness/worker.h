@@ -29,6 +29,9 @@ int RunWorker(const WorkerOptions& options);
 // Name of the file rank 0 leaves in --out for the launcher.
 constexpr const char* kResultFile = "result.json";
 
+// Where rank `rank` keeps its flight record (pipeline/flight_recorder.h) in --out.
+std::string FlightRecordPath(const std::string& out, int rank);
+
 // Lines a worker prints to its log as steps finish; the launcher shows the latest.
 constexpr const char* kProgressPrefix = "pipecheck progress: ";
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <tuple>
 
+#include "pipeline/simulator.h"
 #include "reference/device.h"
 #include "reference/loss.h"
 #include "reference/model.h"
@@ -348,6 +349,22 @@ void Executor::ReadProbes(StepState& state, std::vector<BoundaryRecord>& boundar
   }
 }
 
+int Executor::InputPeer(const Action& action) const {
+  const int rank = transport_.rank();
+  const PipelineShape& shape = schedule_.shape;
+  int from = -1;
+  if (action.kind == ActionKind::kForward && action.stage > 0) from = shape.RankOfStage(action.stage - 1);
+  if ((action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput) &&
+      action.stage < shape.stages() - 1) {
+    from = shape.RankOfStage(action.stage + 1);
+  }
+  return from == rank ? -1 : from;
+}
+
+double Executor::HostMicroseconds() const {
+  return std::chrono::duration<double, std::micro>(Clock::now() - clock_origin_).count();
+}
+
 torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, reference::StepWindow& window,
                             std::vector<ActionTiming>& timeline, std::vector<BoundaryRecord>& boundaries) {
   StepState state;
@@ -378,11 +395,16 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
       const Action& action = actions[index];
       faults_.BeforeAction(rank, transport_.world_size(), step, config_.train.steps, index, actions.size());
       const int wait = clock_.Mark();
+      if (recorder_) {
+        const int peer = action.IsCompute() ? InputPeer(action) : PeerOf(schedule_.shape, action);
+        recorder_->Started(step, action.ToString(), peer, HostMicroseconds());
+      }
       int action_start = 0;
       try {
         AwaitInput(action, state);
         action_start = clock_.Mark();
         Dispatch(action, state);
+        if (recorder_) recorder_->Ended(HostMicroseconds());
       } catch (const c10::Error& error) {
         if (!config_.train.check_host_syncs) throw;
         // Which action waited: LibTorch's own message names only the operation.

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "pipeline/faults.h"
+#include "pipeline/flight_recorder.h"
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
 #include "pipeline/stage.h"
@@ -50,6 +51,10 @@ class Executor {
   // Where the run's clock starts: each step's start (ActionTiming::step_start_us) is timed from
   // `origin`. PipelineTrainer::Train puts every rank on one clock with it.
   void SetClockOrigin(std::chrono::steady_clock::time_point origin) { clock_origin_ = origin; }
+  std::chrono::steady_clock::time_point ClockOrigin() const { return clock_origin_; }
+
+  // Each action's start and end also go to `recorder` as they happen (borrowed; null: none).
+  void SetFlightRecorder(FlightRecorder* recorder) { recorder_ = recorder; }
 
  private:
   struct StepState;
@@ -94,6 +99,10 @@ class Executor {
   reference::GradientAccumulator& accumulator_;
   reference::DeviceClock clock_;  // action timings, on the device's own clock
   std::vector<torch::Tensor> owned_parameters_;  // with the tied copy: what backward accumulates into
+  FlightRecorder* recorder_ = nullptr;
+  // The rank a compute action's input comes from (-1: from this rank, or none).
+  int InputPeer(const Action& action) const;
+  double HostMicroseconds() const;  // now, on the run's clock
 };
 
 }  // namespace pipecheck::pipeline

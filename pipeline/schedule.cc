@@ -31,12 +31,6 @@ constexpr KindName kKindNames[] = {
     {ActionKind::kBackwardInput, "I"},     {ActionKind::kBackwardWeight, "W"},
 };
 
-const char* KindText(ActionKind kind) {
-  for (const auto& entry : kKindNames) {
-    if (entry.kind == kind) return entry.name;
-  }
-  return "?";
-}
 
 Schedule EmptySchedule(const std::string& name, const PipelineShape& shape, bool virtual_stages_allowed = false) {
   if (shape.ranks < 1 || shape.microbatches < 1 || shape.virtual_stages < 1) {
@@ -72,6 +66,13 @@ std::string PipelineShape::PlacementRule() const {
     return fmt::format("in a V: stage s on rank s for s < {0}, on rank {1} - s after", ranks, 2 * ranks - 1);
   }
   return fmt::format("stage s on rank s % {}", ranks);
+}
+
+const char* KindText(ActionKind kind) {
+  for (const auto& entry : kKindNames) {
+    if (entry.kind == kind) return entry.name;
+  }
+  return "?";
 }
 
 std::string Action::ToString() const { return fmt::format("{}{}{}", stage, KindText(kind), microbatch); }
@@ -411,7 +412,9 @@ Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const
   Schedule schedule = EmptySchedule("csv:" + file, shape, /*virtual_stages_allowed=*/true);
   std::vector<std::string> rows;
   std::string row;
-  for (char c : text) {
+  // A UTF-8 byte-order mark (spreadsheets write one) is not part of the first cell.
+  const size_t first = text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
+  for (char c : text.substr(first)) {
     if (c == '\n') {
       rows.push_back(row);
       row.clear();

@@ -18,6 +18,9 @@ namespace pipecheck::pipeline {
 enum class ActionKind { kForward, kBackward, kBackwardInput, kBackwardWeight, kSendForward, kRecvForward,
                         kSendBackward, kRecvBackward };
 
+// "F", "B", "I", "W", "SEND_F", ...: how actions and timeline.csv name a kind.
+const char* KindText(ActionKind kind);
+
 struct Action {
   ActionKind kind = ActionKind::kForward;
   int stage = 0;

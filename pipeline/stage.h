@@ -30,6 +30,9 @@ struct PipelineConfig {
   // How the transport's messages wait (simulator.h): kDeviceStreams on nccl, where the schedule
   // is also validated on NCCL's channels and streams.
   CommunicationModel communication = CommunicationModel::kHost;
+  // Where this rank appends each action's start and end as they happen (flight_recorder.h), so a
+  // crash or hang can be explained; "" records nothing.
+  std::string flight_record;
 };
 
 struct Stage {

@@ -44,6 +44,19 @@ PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transp
   stages_ = BuildStages(config, schedule_.shape, transport.rank());
   accumulator_ = std::make_unique<reference::GradientAccumulator>(OwnedParameters());
   executor_ = std::make_unique<Executor>(config_, schedule_, stages_, transport_, faults_, *accumulator_);
+  recorder_ = config.flight_record.empty() ? std::make_unique<FlightRecorder>()
+                                           : std::make_unique<FlightRecorder>(config.flight_record);
+  executor_->SetFlightRecorder(recorder_.get());
+}
+
+void PipelineTrainer::RecordPhase(int64_t step, const std::string& what, int peer) {
+  const auto now = std::chrono::steady_clock::now() - executor_->ClockOrigin();
+  recorder_->Started(step, what, peer, std::chrono::duration<double, std::micro>(now).count());
+}
+
+void PipelineTrainer::EndPhase() {
+  const auto now = std::chrono::steady_clock::now() - executor_->ClockOrigin();
+  recorder_->Ended(std::chrono::duration<double, std::micro>(now).count());
 }
 
 PipelineTrainer::~PipelineTrainer() = default;
@@ -124,7 +137,9 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   const torch::Tensor loss = executor_->Run(step, batch, window, result.timeline, result.boundaries);
   accumulator_->Finish();
   faults_.AfterAccumulation(OwnedParameters());
+  RecordPhase(step, "gradient_sync", -1);  // tied sums and the clipping norm: collectives with every owner
   SynchroniseGradients(result);
+  EndPhase();
   const auto messages = transport_.Stop();
   result.messages.insert(result.messages.end(), messages.begin(), messages.end());
   window.PauseForCopies();

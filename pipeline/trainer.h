@@ -15,6 +15,7 @@
 #include "pipeline/comm_record.h"
 #include "pipeline/executor.h"
 #include "pipeline/faults.h"
+#include "pipeline/flight_recorder.h"
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
@@ -45,6 +46,10 @@ class PipelineTrainer {
 
   const Schedule& schedule() const { return schedule_; }
 
+  // Marks a phase outside the schedule's actions (gathering results) in the flight record.
+  void RecordPhase(int64_t step, const std::string& what, int peer);
+  void EndPhase();
+
  private:
   std::vector<torch::Tensor> OwnedParameters() const;  // with the tied copy
   reference::NamedTensors WeightCopies() const;        // detached copies of this rank's parameters
@@ -60,6 +65,7 @@ class PipelineTrainer {
   int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed
   std::unique_ptr<reference::GradientAccumulator> accumulator_;  // over OwnedParameters()
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<FlightRecorder> recorder_;  // config.flight_record's, or one that records nothing
 };
 
 }  // namespace pipecheck::pipeline

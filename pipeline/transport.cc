@@ -13,6 +13,7 @@
 
 #include "pipeline/c10d_compat.h"
 #include "pipeline/transport_parts.h"
+#include "reference/dtype_name.h"
 
 namespace pipecheck::pipeline {
 
@@ -228,7 +229,7 @@ std::string LocalAddressToward(const std::string& host, int port) {
 }  // namespace
 
 std::string MessageShape::ToString() const {
-  return fmt::format("{} ({})", c10::toString(dtype), fmt::join(sizes, ", "));
+  return fmt::format("{} ({})", reference::DtypeName(dtype), fmt::join(sizes, ", "));
 }
 
 int MessageTag(Direction direction, int stage, int microbatch) {

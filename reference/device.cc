@@ -82,6 +82,13 @@ int64_t DevicePeakAllocatedBytes(torch::Device device) {
 
 void ResetDevicePeak(torch::Device device) { c10::cuda::CUDACachingAllocator::resetPeakStats(CudaIndex(device)); }
 
+int64_t DeviceTotalBytes(int index) {
+  cudaDeviceProp properties{};
+  const cudaError_t status = cudaGetDeviceProperties(&properties, index);
+  TORCH_CHECK(status == cudaSuccess, "cannot read cuda:", index, "'s properties: ", cudaGetErrorString(status));
+  return static_cast<int64_t>(properties.totalGlobalMem);
+}
+
 struct DeviceClock::Events {
   std::vector<std::unique_ptr<at::cuda::CUDAEvent>> events;  // timing enabled, reused
 };
@@ -144,6 +151,8 @@ int64_t DevicePeakAllocatedBytes(torch::Device device) {
 void ResetDevicePeak(torch::Device device) {
   TORCH_CHECK(false, "this build has no CUDA: no allocator statistics for ", device.str());
 }
+
+int64_t DeviceTotalBytes(int index) { TORCH_CHECK(false, "this build has no CUDA: no device memory for cuda:", index); }
 
 struct DeviceClock::Events {};
 

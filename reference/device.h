@@ -58,6 +58,9 @@ class HostSyncCheck {
 int64_t DeviceAllocatedBytes(torch::Device device);
 int64_t DevicePeakAllocatedBytes(torch::Device device);
 void ResetDevicePeak(torch::Device device);
+// A CUDA device's whole memory (cudaGetDeviceProperties: no context is created). Throws in a
+// build without CUDA.
+int64_t DeviceTotalBytes(int index);
 
 // Marks on one device's clock, read once the device has passed them all: on the CPU the host's
 // steady clock, on CUDA timing events recorded on the current stream. Mark() never waits;

@@ -23,7 +23,8 @@ struct CompareOptions {
   double max_memory_growth = 0.10;  // fraction of baseline peak bytes that may be added
   // Noise-aware throughput: a scenario whose baseline recorded a spread s (pp_tokens_per_s_spread:
   // (max - min) / median over the runs it merged, or over one run's timed steps) may lose
-  // max(max_slowdown, noise_factor x s) of its tokens/s.
+  // max(max_slowdown, noise_factor x s) of its tokens/s. A baseline row without a spread (one run,
+  // fewer than two timed steps) does not gate tokens/s: a drop past max_slowdown is a warning.
   double noise_factor = 2.0;
 };
 
@@ -59,6 +60,10 @@ Comparison CompareSummaries(const std::string& baseline_path, const std::string&
 // Scenarios of a summary whose status did not meet their expectation (ok != 1), in file order.
 // Throws CompareError like CompareSummaries.
 std::vector<std::string> ScenariosNotOk(const std::string& path);
+
+// PASS scenarios of a summary that recorded no tokens/s spread (one run with fewer than two
+// timed steps): `compare` cannot gate their throughput, and `baseline update` says so.
+std::vector<std::string> ScenariosWithoutSpread(const std::string& path);
 
 // `pipecheck baseline update`: copies reviewed runs' reports (summary.csv and whichever of
 // params, steps and ranks exist; timeline.csv is timing noise) into `baseline_directory`, each

@@ -559,7 +559,9 @@ std::vector<Scenario> ParseScenarios(const std::string& raw_text, const std::str
   if (raw_text.find('\0') != std::string::npos) {
     throw ScenarioError(fmt::format("{}: not a text file (it holds NUL bytes): expected a scenario CSV", file));
   }
-  const std::string text = NormaliseLines(raw_text);
+  // A UTF-8 byte-order mark (spreadsheets write one) is no part of the first column's name.
+  const bool bom = raw_text.rfind("\xEF\xBB\xBF", 0) == 0;
+  const std::string text = NormaliseLines(bom ? raw_text.substr(3) : raw_text);
   RejectQuotedLineBreaks(text, file);
   const Header header = ReadHeader(file, text);
   const Locator at(file, header);
@@ -613,7 +615,8 @@ std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& v
   return ParseScenarios(contents, path, vocabulary);
 }
 
-std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& globs) {
+std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& globs,
+                                      const std::string& path) {
   std::vector<std::string> patterns;
   std::stringstream stream(globs);
   std::string pattern;
@@ -621,11 +624,19 @@ std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, co
     if (!pattern.empty()) patterns.push_back(pattern);
   }
   std::vector<Scenario> selected;
+  std::vector<bool> used(patterns.size(), false);
   for (const auto& scenario : scenarios) {
-    const bool match = patterns.empty() || std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) {
-                         return fnmatch(p.c_str(), scenario.name.c_str(), 0) == 0;
-                       });
+    bool match = patterns.empty();
+    for (size_t i = 0; i < patterns.size(); ++i) {
+      if (fnmatch(patterns[i].c_str(), scenario.name.c_str(), 0) == 0) match = used[i] = true;
+    }
     if (match) selected.push_back(scenario);
+  }
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    if (!used[i]) {
+      throw ScenarioError(fmt::format("{}: no scenario matches --only '{}'{}", path, patterns[i],
+                                      patterns.size() > 1 ? fmt::format(" (of '{}')", globs) : ""));
+    }
   }
   return selected;
 }

@@ -108,8 +108,10 @@ std::vector<Scenario> ParseScenarios(const std::string& text, const std::string&
 
 // Scenarios whose name matches a shell glob (`*`, `?`, `[...]`); an empty glob matches all.
 // `globs`: comma-separated shell globs on names; a scenario matching any is kept, in suite
-// order. Empty keeps every scenario.
-std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& globs);
+// order. Empty keeps every scenario. A glob that matches no scenario is a ScenarioError naming it
+// (a typo must not quietly shrink the run), as is a selection that keeps nothing.
+std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& globs,
+                                      const std::string& path = "the suite");
 
 // The scenario called `name`; throws ScenarioError naming the file when there is none.
 const Scenario& FindScenario(const std::vector<Scenario>& scenarios, const std::string& name,

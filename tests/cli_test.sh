@@ -79,7 +79,7 @@ expect 0 "^pp2,PASS,pass,1,2,1f1b,1,2,float64,cpu," tail -n 1 "$work/dev/summary
 
 # transport: the report says which ran; a transport that cannot move this device's tensors is
 # bad input before anything runs.
-expect 0 "^pp2,PASS,.*,gloo,[0-9]+,[0-9.]+,[0-9.]+,[0-9.e-]*,1$" tail -n 1 "$work/r/summary.csv"
+expect 0 "^pp2,PASS,.*,gloo,[0-9]+,[0-9.]+,[0-9.]+,[0-9.e-]*,1,[0-9a-f]{16},flavor=llama layers=2 hidden=16 " tail -n 1 "$work/r/summary.csv"
 expect 2 "transport', value 'nccl': nccl moves CUDA tensors, but the scenario runs on cpu; use gloo or auto" "$pipecheck" validate --scenarios <(printf 'name,transport\nx,nccl\n')
 expect 2 "transport', value 'gloo': c10d's Gloo cannot send CUDA tensors" "$pipecheck" validate --scenarios <(printf 'name,device,transport\nx,cuda,gloo\n')
 expect 2 "transport', value 'tcp': expected one of: auto, gloo, nccl, staged" "$pipecheck" validate --scenarios <(printf 'name,transport\nx,tcp\n')
@@ -118,7 +118,7 @@ expect 0 "^ws4_m_less_than_p " "$pipecheck" run --scenarios "$source_dir/scenari
 expect 0 "0 regression\(s\)" "$pipecheck" compare "$work/r" "$work/r/summary.csv"
 expect 0 "^scenario,verdict," head -n 1 "$work/r/compare.csv"
 mkdir -p "$work/slow"
-/usr/bin/python3 - "$work/r/summary.csv" "$work/slow/summary.csv" <<'PY'
+/usr/bin/python3 - "$work/r/summary.csv" "$work/slow/summary.csv" "$work/merged" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 rows[0]["pp_tokens_per_s"] = str(float(rows[0]["pp_tokens_per_s"]) / 2)
@@ -126,8 +126,19 @@ with open(sys.argv[2], "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=rows[0].keys())
     writer.writeheader()
     writer.writerows(rows)
+rows[0]["pp_tokens_per_s"] = str(float(rows[0]["pp_tokens_per_s"]) * 2)
+rows[0]["pp_tokens_per_s_spread"], rows[0]["pp_tokens_per_s_runs"] = "0.02", "3"  # as if three runs were merged
+import os
+os.makedirs(sys.argv[3], exist_ok=True)
+with open(sys.argv[3] + "/summary.csv", "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=rows[0].keys())
+    writer.writeheader()
+    writer.writerows(rows)
 PY
-expect 1 "pp2 +REGRESSION.*tokens/s -50.0%" "$pipecheck" compare "$work/r" "$work/slow"
+expect 1 "pp2 +REGRESSION.*tokens/s -50.0%" "$pipecheck" compare "$work/merged" "$work/slow"
+# A one-run baseline of 2 steps recorded no spread: tokens/s is not gated, and it says why.
+expect 0 "pp2 +warning.*tokens/s -50.0%, not gated: the baseline recorded no spread" "$pipecheck" compare "$work/r" "$work/slow"
+expect 0 "recorded no tokens/s spread \(pp2\)" "$pipecheck" baseline update --from "$work/r" --to "$work/bl1"
 expect 2 "not a pipecheck summary: column 'scenario' is missing" "$pipecheck" compare "$work/good.csv" "$work/r"
 expect 2 "^pipecheck compare: no baseline at .*/none: record one with .pipecheck baseline update" "$pipecheck" compare "$work/none" "$work/r"
 # Baselines by runner name: a missing one is bad input before anything runs; names are folder names.
@@ -138,7 +149,7 @@ expect 2 "name the baseline: --to DIR, or --runner NAME" "$pipecheck" baseline u
 expect 0 "baseline $work/bl/here now holds the run of" "$pipecheck" baseline update --from "$work/r" --baseline-dir "$work/bl" --runner here
 expect 0 "0 regression\(s\)" "$pipecheck" compare --baseline-dir "$work/bl" --runner here "$work/r"
 expect 0 "merged: per scenario the median tokens/s of the 2 runs" "$pipecheck" baseline update --from "$work/r" --from "$work/r" --to "$work/bl/twice"
-expect 0 "^pp2,.*,2$" tail -n 1 "$work/bl/twice/summary.csv"
+expect 0 "^pp2,.*,2,[0-9a-f]{16},flavor=" tail -n 1 "$work/bl/twice/summary.csv"
 expect 2 "max-slowdown" "$pipecheck" compare "$work/r" "$work/r" --max-slowdown 2
 expect 2 "--max-slowdown: value 'nan' is not allowed: expected a fraction from 0 to 1" "$pipecheck" compare "$work/r" "$work/r" --max-slowdown nan
 for bad in inf -5 0x10; do
@@ -168,6 +179,63 @@ expect 0 "0 regression\(s\)" "$pipecheck" compare "$work/bl" "$work/r" --out "$w
 expect 0 "bubble: 0.4286 with F=1, B=2; 0.4286 with equal costs" "$pipecheck" schedule --schedule gpipe --stages 4 --microbatches 4
 expect 0 "peak in-flight microbatches per rank: 4 3 2 1" "$pipecheck" schedule --schedule 1f1b --stages 4 --microbatches 8
 expect 2 "schedule" "$pipecheck" schedule --schedule zigzag
+
+# Trust under fire: each of these once misbehaved (exit code, a silent wait, stale files, a rank
+# blamed wrongly); each check fails on that behaviour.
+# One run at a time in an --out: a second run into a busy directory is bad input at once.
+mkdir -p "$work/busy"
+flock "$work/busy/.pipecheck.lock" sleep 30 &
+holder=$!
+sleep 0.5
+expect 2 "--out $work/busy is in use by another pipecheck run" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/busy"
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+# What an earlier run left (views/, work/) is cleared; another folder's own work/ is never deleted.
+mkdir -p "$work/r/views/old_scenario" "$work/r/work/old_scenario"
+expect 0 "1 met their expectation" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/r"
+expect 1 "" test -e "$work/r/views/old_scenario"
+expect 1 "" test -e "$work/r/work/old_scenario"
+expect 0 "" test -e "$work/r/views/pp2/trace.json"
+mkdir -p "$work/mine/work"
+expect 2 "--out $work/mine holds $work/mine/work, which no pipecheck run wrote" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/mine"
+expect 0 "" test -d "$work/mine/work"
+# Files written after the suite are checked before it: exit 2 at once, nothing run.
+expect 2 "pipecheck run: --junit /proc/pipecheck/j.xml cannot be written" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/j" --junit /proc/pipecheck/j.xml
+expect 1 "" test -e "$work/j/summary.csv"
+expect 2 "pipecheck run: --markdown /proc/pipecheck.md cannot be written" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/j" --markdown /proc/pipecheck.md
+expect 2 "pipecheck schedule: --csv /proc/pipecheck.csv cannot be written" "$pipecheck" schedule --schedule 1f1b --csv /proc/pipecheck.csv
+expect 0 "wrote $work/new/folder/j.xml" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/j" --junit "$work/new/folder/j.xml"
+# A worker with no rank 0 to meet says so and exits 2 when its rendezvous deadline passes.
+expect 2 "rendezvous failed after [0-9]+ s: no rank 0 answered at 127.0.0.1:1" env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w" --rendezvous-timeout 2
+# Under SLURM the message names the variable that was read.
+expect 2 "SLURM_NTASKS is 3 but the scenario needs world_size 2" env -u RANK -u WORLD_SIZE SLURM_PROCID=0 SLURM_NTASKS=3 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
+# A fractional deadline is shown as given; a TIMEOUT names what each rank was blocked on.
+printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,fault,expect\nstuck,2,2,16,4,2,8,hang_rank,fail\n' >"$work/hang.csv"
+expect 0 "1 met their expectation" "$pipecheck" run --scenarios "$work/hang.csv" --out "$work/hang" --timeout 4.5
+expect 0 "still running after the 4.5 s deadline: rank 0 " cat "$work/hang/summary.csv"
+expect 0 "rank 1 last finished 1[A-Z_]+[0-9]+.* \(step 1\); nothing started since" cat "$work/hang/summary.csv"
+expect 0 "" test -s "$work/hang/views/stuck/trace.json"
+# --only: a glob that matches nothing is a typo to report, not a smaller run.
+expect 2 "no scenario matches --only 'typo'" "$pipecheck" run --scenarios "$work/pp.csv" --only 'pp2,typo' --out "$work/o"
+# validate, run --list and run refuse what this machine cannot run: no CUDA device, or too little memory.
+expect 2 "gpu.csv:2: scenario 'gpu' needs device cuda" env CUDA_VISIBLE_DEVICES= "$pipecheck" validate --scenarios "$work/gpu.csv"
+expect 0 "2 scenarios, all valid and runnable here" env CUDA_VISIBLE_DEVICES= "$pipecheck" validate --scenarios "$work/gpu.csv" --device cpu
+printf 'name,layers,hidden,heads,dtype\nhuge,64,16384,64,float64\n' >"$work/huge.csv"
+for command in validate "run --list --out $work/huge" "run --out $work/huge"; do
+  expect 2 "huge.csv:2: scenario 'huge' needs at least [0-9.]+ TB of host memory \(rank 0 [0-9.]+ [kMGT]B \+ rank 1 .*the reference .*\), but [0-9.]+ [kMGT]B are available" "$pipecheck" $command --scenarios "$work/huge.csv"
+done
+expect 0 "^pp2  world_size 2 1f1b m=2 float64 cpu 2 steps, needs at least [0-9.]+ [kM]B" "$pipecheck" run --scenarios "$work/pp.csv" --list
+# The same name under another configuration is CHANGED, never ok.
+printf 'name,world_size,layers,hidden,batch,microbatches,seq_len\npp2,2,2,16,4,4,8\n' >"$work/pp-m4.csv"
+expect 0 "1 met their expectation" "$pipecheck" run --scenarios "$work/pp-m4.csv" --out "$work/m4"
+expect 1 "pp2 +CHANGED .*configuration changed \(microbatches 2 -> 4\)" "$pipecheck" compare "$work/r" "$work/m4"
+# Reports name dtypes as PyTorch and the scenario do; a csv: schedule as the suite wrote it.
+expect 0 ",float64,\(" grep -m1 ",send," "$work/r/comm.csv"
+expect 1 "" grep -q "Double" "$work/r/comm.csv"
+"$pipecheck" schedule --schedule 1f1b --stages 2 --microbatches 2 --csv "$work/sched/mine.csv" >/dev/null
+printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,schedule\nimported,2,2,16,4,2,8,csv:mine.csv\n' >"$work/sched/suite.csv"
+expect 0 "1 met their expectation" "$pipecheck" run --scenarios "$work/sched/suite.csv" --out "$work/sched/out"
+expect 0 "^imported,PASS,pass,1,2,csv:mine.csv," tail -n 1 "$work/sched/out/summary.csv"
+expect 0 "schedule=csv:mine.csv#[0-9a-f]{16} " tail -n 1 "$work/sched/out/summary.csv"
 
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -27,6 +27,9 @@ reports::ScenarioReport Row(const std::string& name, const std::string& status, 
                     {"pp_tokens_per_s", reports::FormatNumber(tokens_per_s)},
                     {"pp_peak_bytes_max", reports::FormatNumber(peak_bytes)},
                     {"grad_max_rel_err", reports::FormatNumber(grad_rel_err)},
+                    // A baseline measured its noise: three runs within 1% of each other.
+                    {"pp_tokens_per_s_spread", "0.01"},
+                    {"pp_tokens_per_s_runs", "3"},
                     {"message", "a, \"quoted\" message"}};
   return report;
 }
@@ -184,6 +187,27 @@ TEST(CompareBadInput, APassBaselineRowWithoutItsMeasurementIsRefused) {
                 std::string::npos) << error.what();
     }
   }
+}
+
+// A baseline that recorded no spread (one run of too few timed steps) knows nothing of the
+// runner's noise: its tokens/s is not gated, and a drop past the limit is a warning saying why.
+TEST(NoiseAwareBaseline, WithoutASpreadThroughputIsNotGated) {
+  const auto directory = testing::ScratchDirectory("no_spread");
+  auto one_run = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
+  one_run.summary["pp_tokens_per_s_spread"] = "";
+  one_run.summary["pp_tokens_per_s_runs"] = "1";
+  reports::WriteReports(directory + "/baseline", {one_run});
+  EXPECT_EQ(reports::ScenariosWithoutSpread(directory + "/baseline"), std::vector<std::string>{"s"});
+  reports::WriteReports(directory + "/current", {Row("s", "PASS", "pass", 850, 5e6, 1e-15)});
+  const auto comparison = reports::CompareSummaries(directory + "/baseline", directory + "/current", {});
+  EXPECT_EQ(comparison.regressions, 0);
+  EXPECT_EQ(comparison.rows[0].verdict, "warning");
+  EXPECT_EQ(comparison.rows[0].throughput_limit, "not gated");
+  EXPECT_EQ(comparison.rows[0].notes.rfind("tokens/s -15.0%, not gated: the baseline recorded no spread", 0), 0u)
+      << comparison.rows[0].notes;
+  // Memory is still gated.
+  reports::WriteReports(directory + "/bigger", {Row("s", "PASS", "pass", 1000, 6e6, 1e-15)});
+  EXPECT_EQ(reports::CompareSummaries(directory + "/baseline", directory + "/bigger", {}).rows[0].verdict, "REGRESSION");
 }
 
 // Names longer than the small-string buffer live on the heap: the list of scenarios that did not

@@ -59,7 +59,9 @@ const std::map<std::string, std::string> kExpectedMessage = {
     {"send_before_recv", "invalid when sends wait for receives: deadlock"},
     {"crash_rank", "^rank 2 was killed by signal 6 \\(Aborted\\); its last output: fault crash_rank: rank 2 aborts in step 1"},
     {"killed_rank", "^rank 1 was killed by signal 9 \\(Killed\\) from outside pipecheck: the kernel's OOM killer"},
-    {"hang_rank", "^rank\\(s\\) .*still running after the 8 s deadline; last output: .*rank 1: fault hang_rank: rank 1 stops"},
+    {"hang_rank", "^rank\\(s\\) 0, 1 still running after the 8 s deadline: rank 0 blocked in 0[BF][0-9] \\(step 1\\): awaiting "
+                  "its input from rank 1, or computing; rank 1 last finished 1[A-Z_]+[0-9]+.*\\(step 1\\); nothing "
+                  "started since; last output: .*rank 1: fault hang_rank: rank 1 stops"},
 };
 
 // Faults that leave every value right (to rounding), so parity passes by design: `pipecheck
@@ -85,6 +87,12 @@ TEST_P(Fault, IsCaughtAndItsControlPasses) {
   EXPECT_TRUE(std::regex_search(caught.Get("message"), std::regex(kExpectedMessage.at(scenario.fault))))
       << scenario.fault << ": " << caught.Get("message");
   EXPECT_EQ(ChildProcesses(), 0) << "a worker outlived its scenario";
+  if (caught.Get("status") == "ERROR" || caught.Get("status") == "TIMEOUT") {
+    // The partial timeline, from the ranks' flight records, reaches into the step that failed.
+    ASSERT_FALSE(caught.timeline.empty()) << scenario.fault;
+    EXPECT_TRUE(std::any_of(caught.timeline.begin(), caught.timeline.end(), [](const auto& row) { return row[2] == "1"; }))
+        << scenario.fault;
+  }
 
   // The control: the same scenario without the fault passes.
   scenario.fault = "none";
@@ -220,7 +228,9 @@ TEST(Run, SigintEndsEveryRankAndKeepsFinishedReports) {
   if (run == 0) {
     const std::string out = directory + "/out";
     if (freopen((directory + "/run.log").c_str(), "w", stdout) == nullptr) _exit(126);
-    execl(PIPECHECK_BINARY, PIPECHECK_BINARY, "run", "--scenarios", suite.c_str(), "--out", out.c_str(), nullptr);
+    const std::string junit = directory + "/ci/junit.xml", markdown = directory + "/ci/summary.md";
+    execl(PIPECHECK_BINARY, PIPECHECK_BINARY, "run", "--scenarios", suite.c_str(), "--out", out.c_str(), "--junit",
+          junit.c_str(), "--markdown", markdown.c_str(), nullptr);
     _exit(127);
   }
   const auto summary = directory + "/out/summary.csv";
@@ -248,6 +258,15 @@ TEST(Run, SigintEndsEveryRankAndKeepsFinishedReports) {
   std::getline(stream, first);
   EXPECT_EQ(first.rfind("quick,PASS,", 0), 0u) << first;
   EXPECT_FALSE(std::getline(stream, extra)) << "an unfinished scenario was reported: " << extra;
+  // CI still gets its test report: the finished scenario, the interrupted one as an error.
+  std::ifstream junit_file(directory + "/ci/junit.xml");
+  const std::string junit((std::istreambuf_iterator<char>(junit_file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(junit.find("name=\"quick\""), std::string::npos) << junit;
+  EXPECT_NE(junit.find("the run was interrupted by signal 2 (Interrupt) while this scenario ran"), std::string::npos)
+      << junit;
+  std::ifstream markdown_file(directory + "/ci/summary.md");
+  const std::string markdown((std::istreambuf_iterator<char>(markdown_file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(markdown.find("stuck"), std::string::npos) << markdown;
   // No worker of that run may survive it.
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     std::ifstream cmdline(entry.path() / "cmdline");

@@ -217,7 +217,13 @@ TEST(ScenarioLoader, SelectsByGlobAndFindsByName) {
   const auto suite = ParseSuite("name\nws1_a\nws2_b\nws1_c\n", "s.csv");
   EXPECT_EQ(scenarios::SelectScenarios(suite, "ws1_*").size(), 2u);
   EXPECT_EQ(scenarios::SelectScenarios(suite, "").size(), 3u);
-  EXPECT_EQ(scenarios::SelectScenarios(suite, "nothing*,ws1_*").size(), 2u);
+  // A glob that matches nothing is a typo to report, not a quietly smaller run.
+  try {
+    scenarios::SelectScenarios(suite, "ws1_*,nothing*", "suite.csv");
+    ADD_FAILURE() << "a glob matching nothing was ignored";
+  } catch (const scenarios::ScenarioError& error) {
+    EXPECT_STREQ(error.what(), "suite.csv: no scenario matches --only 'nothing*' (of 'ws1_*,nothing*')");
+  }
   EXPECT_EQ(scenarios::FindScenario(suite, "ws2_b", "s.csv").source, "s.csv:3");
   EXPECT_THROW(scenarios::FindScenario(suite, "nope", "s.csv"), ScenarioError);
 }
@@ -225,6 +231,15 @@ TEST(ScenarioLoader, SelectsByGlobAndFindsByName) {
 TEST(ScenarioLoader, CoreSuiteIsValid) {
   const auto suite = harness::LoadSuite(PIPECHECK_SOURCE_DIR "/scenarios/core.csv");
   EXPECT_GE(suite.size(), 10u);
+}
+
+// A suite saved by a spreadsheet starts with a UTF-8 byte-order mark: its first column is still
+// `name`, not an unknown column with an invisible character in it.
+TEST(ScenarioLoader, AByteOrderMarkIsReadPast) {
+  const auto suite = harness::ParseSuite("\xEF\xBB\xBF" "name,layers\nx,2\n", "bom.csv");
+  ASSERT_EQ(suite.size(), 1u);
+  EXPECT_EQ(suite[0].name, "x");
+  EXPECT_EQ(suite[0].layers, 2);
 }
 
 }  // namespace

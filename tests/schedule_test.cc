@@ -344,6 +344,14 @@ TEST(ScheduleCsv, PyTorchsOverlapAndReduceGradCellsAreRead) {
 }
 
 // Each broken file names the file, row and cell and the rule it breaks.
+// A UTF-8 byte-order mark, as spreadsheets save CSV, is read past, not taken for part of a cell.
+TEST(ScheduleCsv, AByteOrderMarkIsReadPast) {
+  const PipelineShape shape{2, 1, 2};
+  const auto with_mark = pipeline::ScheduleFromCsv("\xEF\xBB\xBF" "0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1\n", "b.csv", shape);
+  const auto without = pipeline::ScheduleFromCsv("0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1\n", "b.csv", shape);
+  EXPECT_EQ(with_mark.ranks, without.ranks);
+}
+
 TEST(ScheduleCsv, BrokenFilesAreRejectedNamingRowAndCell) {
   const PipelineShape shape{2, 1, 2};
   const std::vector<std::pair<std::string, std::string>> cases = {
