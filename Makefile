@@ -21,7 +21,7 @@ PIPECHECK := $(BUILD_DIR)/pipecheck
 # The Python the build was configured with (its torch is the LibTorch pipecheck links).
 BUILD_PYTHON = $$(sed -n 's/^PIPECHECK_PYTHON:FILEPATH=//p' $(BUILD_DIR)/CMakeCache.txt)
 
-.PHONY: all deps configure build run test test-long bench bench-peer clean
+.PHONY: all deps configure build run test test-long sanitize bench bench-peer clean
 
 all: build
 
@@ -45,6 +45,24 @@ run: build
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -LE long
 
+# AddressSanitizer + UndefinedBehaviorSanitizer over pipecheck's own code (LibTorch stays
+# uninstrumented), in its own build directory: the unit tests, then the core suite, whose ranks
+# are the same instrumented binary. Any report fails it. -O1 with line tables: fast to build,
+# readable stacks. CI runs it after `make test`.
+SANITIZE_DIR ?= build-sanitize
+SANITIZE_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# Unit suites (no ranks); the ranks are exercised by the core suite below.
+SANITIZE_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*'
+sanitize: deps
+	@python="$$(scripts/torch-python.sh $(TORCH))" || exit 2; \
+	[ -f $(SANITIZE_DIR)/CMakeCache.txt ] || cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=Release \
+	  "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG" -DPIPECHECK_SANITIZE=address,undefined "-DPIPECHECK_PYTHON=$$python" \
+	  $(if $(PREFIX_PATH),"-DCMAKE_PREFIX_PATH=$(PREFIX_PATH)")
+	cmake --build $(SANITIZE_DIR) -j$(JOBS) --target pipecheck pipecheck_tests
+	cd $(SANITIZE_DIR) && $(SANITIZE_ENV) tests/pipecheck_tests --gtest_filter=$(SANITIZE_TESTS)
+	$(SANITIZE_ENV) $(SANITIZE_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(SANITIZE_DIR)/core
+
 # The long sweeps: 50 seeds of the core suite, long and high-lr runs (scenarios/long.csv), and the
 # timed baseline loop (tests/baseline_loop_test.py).
 test-long: build
@@ -65,4 +83,4 @@ bench-peer: build
 	  --rounds $(PEER_ROUNDS) --threads 1 $$(sed -n 's/^\(peer_[^,]*\),.*/--scenario \1/p' benchmarks/peer.csv)
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(SANITIZE_DIR)

@@ -303,6 +303,10 @@ int PrintSchedule(const Options& options) {
   if (!WritableFile(options.schedule_csv, "schedule", "--csv")) return kExitBadInput;
   const PipelineShape shape{options.stages, options.virtual_stages, options.microbatches};
   const Schedule compute = ScheduleByName(options.schedule, shape);
+  // Said first: lowering and simulating thousands of actions per rank takes seconds.
+  fmt::print("schedule {}: {} ranks, {} microbatches ({} stages)\n\n", options.schedule, shape.ranks,
+             shape.microbatches, shape.stages());
+  std::fflush(stdout);
   const Schedule lowered = LowerSchedule(compute);
   CostModel equal;
   CostModel weighted;
@@ -311,8 +315,6 @@ int PrintSchedule(const Options& options) {
   const auto result = ValidateSchedule(lowered, weighted, CommunicationModel::kDeviceStreams);
   const auto equal_result = ValidateSchedule(lowered, equal, CommunicationModel::kDeviceStreams);
   const auto streams = Simulate(lowered, SendSemantics::kDeviceStreams, weighted);
-  fmt::print("schedule {}: {} ranks, {} microbatches ({} stages)\n\n", options.schedule, shape.ranks,
-             shape.microbatches, shape.stages());
   fmt::print("actions per rank (communication included):\n{}\n", FormatActions(lowered));
   fmt::print("timeline with F=1, B={} (one column per time unit):\n{}\n", options.backward_cost,
              FormatTimeline(lowered, result, weighted));

@@ -135,6 +135,7 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
       const std::string why = fmt::format("the run was interrupted by signal {} ({})", interrupted.signal,
                                           strsignal(interrupted.signal));
       cases.push_back(FailedScenarioReport(scenario, "ERROR", why + " while this scenario ran"));
+      cases.back().summary["ok"] = "0";  // unfinished: it met no expectation, whatever it expected
       for (size_t j = i + 1; j < scenarios.size(); ++j) {
         cases.push_back(FailedScenarioReport(scenarios[j], "SKIPPED", "not run: " + why));
       }

@@ -191,7 +191,9 @@ void Executor::BackwardInput(const Action& action, StepState& state) {
         /*create_graph=*/false, /*accumulate_grad=*/false, {torch::autograd::impl::gradient_edge(input)})[0];
   }
   if (s > 0) KeepInputGradient(action, gradient, input, state);
-  state.weight_work[{s, mb}] = {start.passthrough ? torch::Tensor() : start.root, start.gradient, input};
+  // An empty stage's W runs nothing: it keeps nothing for it either (held from I to W, the gradient
+  // passed through would stay allocated until W, which ZB-H1 defers by up to p - 1 microbatches).
+  state.weight_work[{s, mb}] = start.passthrough ? WeightWork{} : WeightWork{start.root, start.gradient, input};
 }
 
 void Executor::BackwardWeight(const Action& action, StepState& state) {

@@ -266,6 +266,8 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
       std::map<std::pair<int, int>, int64_t> pending_grad;  // input gradient waiting for SEND_B
       std::map<std::pair<int, int>, int64_t> held_for_weight;  // I done: output gradients kept for W
       std::map<std::pair<int, int>, int64_t> in_flight;     // (peer, direction) -> send buffer bytes
+      // An empty stage's forward send shares its input: (peer, direction) -> the (stage, mb) sent.
+      std::map<std::pair<int, int>, std::pair<int, int>> shared_input;
       auto message = [&](int mb) { return parts[mb].tokens.size(0) * parts[mb].time() * h * z.e; };
       auto& peak_during = prediction.peak_during[step][rank];
       for (const Action& a : schedule.ranks[rank]) {
@@ -302,6 +304,11 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             // The data now belongs to the send (a passthrough's output is its input, still held).
             const int64_t moved = forward && passthrough ? 0 : message(mb);
             buffer = moved + kMessageHeaderBytes;
+            if (forward && passthrough) {
+              shared_input[{peer, static_cast<int>(a.kind)}] = {a.stage, mb};
+            } else {
+              shared_input.erase({peer, static_cast<int>(a.kind)});
+            }
             held += kMessageHeaderBytes;
             if (forward) {
               retained[{a.stage, mb}] -= moved;
@@ -337,6 +344,19 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
             if (input_part) {
               held += input_gradient;
               if (a.stage > 0) pending_grad[{a.stage, mb}] = passthrough ? gradient_in - kMessageHeaderBytes : input_gradient;
+              if (a.kind == ActionKind::kBackwardInput && passthrough) {
+                // An empty stage's W runs nothing and keeps nothing: its input goes at I, unless
+                // the send of its output (the same tensor) still holds it until the next send.
+                const std::pair<int, int> send_key{shape.RankOfStage(a.stage + 1),
+                                                   static_cast<int>(ActionKind::kSendForward)};
+                const auto shared = shared_input.find(send_key);
+                if (shared != shared_input.end() && shared->second == std::make_pair(a.stage, mb)) {
+                  in_flight[send_key] += retained[{a.stage, mb}];
+                } else {
+                  held -= retained[{a.stage, mb}];
+                }
+                retained.erase({a.stage, mb});
+              }
               if (a.kind == ActionKind::kBackwardInput) {
                 // What W still needs: the graph, the output gradient (and W recomputes the input's).
                 held_for_weight[{a.stage, mb}] = passthrough ? 0 : gradient_in;

@@ -144,15 +144,18 @@ class Lockstep {
   }
 
   SimulationResult Run() {
+    std::vector<int> ready;
+    std::vector<char> moves(shape_.ranks, 0);  // by rank: a lookup, not a search (64 ranks, 2048 microbatches)
     while (!Finished()) {
-      std::vector<int> ready;
+      ready.clear();
       for (int r = 0; r < shape_.ranks; ++r) {
-        if (next_[r] < schedule_.ranks[r].size() && ReadyTime(r, schedule_.ranks[r][next_[r]])) ready.push_back(r);
+        moves[r] = next_[r] < schedule_.ranks[r].size() && ReadyTime(r, schedule_.ranks[r][next_[r]]);
+        if (moves[r]) ready.push_back(r);
       }
       if (ready.empty()) return Fail("deadlock: no rank can take its next step");
       for (int r = 0; r < shape_.ranks; ++r) {
-        const bool moves = std::find(ready.begin(), ready.end(), r) != ready.end();
-        grid_[r].push_back(moves ? schedule_.ranks[r][next_[r]].ToString() : (next_[r] < schedule_.ranks[r].size() ? "." : ""));
+        grid_[r].push_back(moves[r] ? schedule_.ranks[r][next_[r]].ToString()
+                                    : (next_[r] < schedule_.ranks[r].size() ? "." : ""));
       }
       for (int r : ready) Execute(r);
     }
@@ -378,10 +381,24 @@ class DeviceStreams {
   }
 
  private:
-  // One pass over every rank's list in order; true when some time became known.
+  // A rank's walk down its list, kept between passes: each pass resumes where the last one
+  // stopped, so a long schedule costs one walk, not one walk per message (64 ranks with 2048
+  // microbatches took minutes).
+  struct Walk {
+    size_t next = 0;        // the first action not yet issued
+    double frontier = 0.0;  // the compute stream is done with everything issued so far
+    std::map<std::pair<int, bool>, size_t> channel_last;  // (peer, sends?) -> its last message so far
+    std::map<std::pair<int, bool>, size_t> last_send;     // (peer, forward?) -> the last send
+    // Issued messages waiting for their channel's previous one: (index, frontier when issued, previous).
+    std::vector<std::tuple<size_t, double, size_t>> queued;
+    std::vector<size_t> started;  // messages started whose other end may not have
+  };
+
+  // One pass over every rank; true when some time became known.
   bool Pass() {
     bool changed = false;
     const auto& shape = schedule_.shape;
+    if (walks_.empty()) walks_.resize(shape.ranks);
     const auto learn = [&changed](std::optional<double>& slot, double value) {
       if (slot) return;
       slot = value;
@@ -389,20 +406,31 @@ class DeviceStreams {
     };
     for (int r = 0; r < shape.ranks; ++r) {
       const auto& actions = schedule_.ranks[r];
-      double frontier = 0.0;  // the compute stream is done with everything issued so far
-      std::map<std::pair<int, bool>, size_t> channel_last;    // (peer, sends?) -> its last message so far
-      std::map<std::pair<int, bool>, size_t> last_send;       // (peer, forward?) -> the last send
-      for (size_t i = 0; i < actions.size(); ++i) {
+      Walk& walk = walks_[r];
+      // Messages queued behind their channel's previous one start once it is done.
+      auto& queued = walk.queued;
+      for (auto it = queued.begin(); it != queued.end();) {
+        const auto [index, frontier, before] = *it;
+        if (!done_[r][before]) {
+          ++it;
+          continue;
+        }
+        learn(start_[r][index], std::max(frontier, *done_[r][before]));
+        walk.started.push_back(index);
+        it = queued.erase(it);
+      }
+      for (; walk.next < actions.size(); ++walk.next) {
+        const size_t i = walk.next;
         const Action& a = actions[i];
         if (a.IsCompute()) {
-          double ready = frontier;
+          double ready = walk.frontier;
           const auto input = InputOf(r, i);
           if (input) {
             if (!done_[r][*input]) break;  // the compute stream stops here, and everything after it
             ready = std::max(ready, *done_[r][*input]);
           }
           learn(start_[r][i], ready);
-          frontier = ready + CostAt(schedule_, costs_, r, i);
+          walk.frontier = ready + CostAt(schedule_, costs_, r, i);
           continue;
         }
         const int peer = PeerOf(shape, a);
@@ -410,33 +438,43 @@ class DeviceStreams {
           // The executor waits for the previous message to the same peer and direction before it
           // sends the next: on a GPU the compute stream waits for that send's end.
           const std::pair<int, bool> key{peer, a.kind == ActionKind::kSendForward};
-          const auto previous = last_send.find(key);
-          if (previous != last_send.end()) {
+          const auto previous = walk.last_send.find(key);
+          if (previous != walk.last_send.end()) {
             if (!done_[r][previous->second]) break;
-            frontier = std::max(frontier, *done_[r][previous->second]);
+            walk.frontier = std::max(walk.frontier, *done_[r][previous->second]);
           }
-          last_send[key] = i;
+          walk.last_send[key] = i;
         }
         // Issued now: its channel's stream takes it once the compute stream has done everything
         // issued before it and the channel's previous message is done.
-        double start = frontier;
         const std::pair<int, bool> channel{peer, a.IsSend()};
-        const auto last = channel_last.find(channel);
+        const auto last = walk.channel_last.find(channel);
         const std::optional<size_t> before =
-            last == channel_last.end() ? std::nullopt : std::optional<size_t>(last->second);
-        channel_last[channel] = i;
-        if (before) {
-          if (!done_[r][*before]) continue;  // later messages on this channel wait; others do not
-          start = std::max(start, *done_[r][*before]);
+            last == walk.channel_last.end() ? std::nullopt : std::optional<size_t>(last->second);
+        walk.channel_last[channel] = i;
+        if (before && !done_[r][*before]) {
+          queued.emplace_back(i, walk.frontier, *before);  // later messages on this channel wait; others do not
+          continue;
         }
-        learn(start_[r][i], start);
+        learn(start_[r][i], before ? std::max(walk.frontier, *done_[r][*before]) : walk.frontier);
+        walk.started.push_back(i);
       }
     }
+    // A message is done once both its ends have started.
     for (int r = 0; r < shape.ranks; ++r) {
-      for (size_t i = 0; i < schedule_.ranks[r].size(); ++i) {
-        const auto& [peer, index] = other_end_[r][i];
-        if (peer < 0 || done_[r][i] || !start_[r][i] || !start_[peer][index]) continue;
-        learn(done_[r][i], std::max(*start_[r][i], *start_[peer][index]));
+      auto& started = walks_[r].started;
+      for (auto it = started.begin(); it != started.end();) {
+        const auto& [peer, index] = other_end_[r][*it];
+        if (peer < 0 || done_[r][*it]) {
+          it = started.erase(it);
+          continue;
+        }
+        if (!start_[peer][index]) {
+          ++it;
+          continue;
+        }
+        learn(done_[r][*it], std::max(*start_[r][*it], *start_[peer][index]));
+        it = started.erase(it);
       }
     }
     return changed;
@@ -494,6 +532,7 @@ class DeviceStreams {
   std::vector<std::vector<std::optional<double>>> start_, done_;  // [rank][index]
   std::vector<std::vector<std::pair<int, size_t>>> other_end_;    // [rank][index]: (rank, index), -1 for compute
   std::vector<std::vector<std::optional<size_t>>> input_of_;      // [rank][index]: its receive's index
+  std::vector<Walk> walks_;                                        // [rank], between passes
 };
 
 }  // namespace
@@ -586,11 +625,17 @@ Schedule OrderReceivesAsSent(Schedule lowered) {
       if (from == to) continue;
       auto& actions = lowered.ranks[to];
       const std::vector<Action> sent = ReceivesInSendOrder(lowered, from, to);
-      // Where each of them is posted now; then the k-th may go no later than the (k+1)-th.
+      if (sent.empty()) continue;
+      // Where each of them is posted now (looked up, not searched: long schedules have thousands
+      // of receives per rank); then the k-th may go no later than the (k+1)-th.
+      std::map<Action, size_t> position;
+      for (size_t i = 0; i < actions.size(); ++i) {
+        if (actions[i].IsRecv()) position.emplace(actions[i], i);
+      }
       std::vector<size_t> at(sent.size(), actions.size());
       for (size_t k = 0; k < sent.size(); ++k) {
-        const auto found = std::find(actions.begin(), actions.end(), sent[k]);
-        if (found != actions.end()) at[k] = static_cast<size_t>(found - actions.begin());
+        const auto found = position.find(sent[k]);
+        if (found != position.end()) at[k] = found->second;
       }
       if (std::find(at.begin(), at.end(), actions.size()) != at.end()) continue;  // a missing receive: reported later
       for (size_t k = sent.size(); k-- > 1;) at[k - 1] = std::min(at[k - 1], at[k]);
