@@ -66,7 +66,10 @@ int64_t AvailableHostBytes() {
 }
 
 std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
-  const auto config = ToPipelineConfig(scenario);
+  // Sized as the trainer without its injected fault: a fault such as send_before_recv makes a
+  // schedule that deadlocks, which the run itself must show, not this check.
+  auto config = ToPipelineConfig(scenario);
+  config.fault = pipeline::Fault::kNone;
   const auto prediction = pipeline::PredictMemory(config, pipeline::BuildSchedule(config));
   const int64_t reference = ReferencePeak(config);
   // Rank 0 keeps every rank's weights and gradients of every step for parity, in the model dtype.

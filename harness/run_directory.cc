@@ -5,6 +5,7 @@
 #include <ftw.h>
 #include <fmt/format.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -30,17 +31,16 @@ int RemoveEntry(const char* path, const struct stat*, int type, struct FTW*) {
   return (type == FTW_DP ? rmdir(path) : unlink(path)) == 0 ? 0 : errno;
 }
 
-// rm -r, without std::filesystem::remove_all: LibTorch's shared library exports its own copy of
-// that symbol, which the dynamic linker may bind instead of libstdc++'s, and it crashes.
+}  // namespace
+
 void RemoveTree(const std::string& path) {
+  struct stat status {};
+  if (lstat(path.c_str(), &status) != 0 && errno == ENOENT) return;
   const int error = nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
   if (error != 0) {
-    throw RunDirectoryError(fmt::format("cannot clear {} left by an earlier run: {}", path,
-                                        std::strerror(error > 0 ? error : errno)));
+    throw RunDirectoryError(fmt::format("cannot remove {}: {}", path, std::strerror(error > 0 ? error : errno)));
   }
 }
-
-}  // namespace
 
 RunDirectory::RunDirectory(const std::string& out, const std::vector<std::string>& stale) {
   const fs::path directory(out);

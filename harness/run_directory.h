@@ -16,6 +16,12 @@ class RunDirectoryError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// rm -r PATH (nothing when it is missing); throws RunDirectoryError naming what could not go.
+// Not std::filesystem::remove_all: LibTorch's shared library exports its own build of that
+// function, which the dynamic linker may bind in its place, and it crashes (a call through a
+// null pointer, seen under AddressSanitizer and in pipecheck run).
+void RemoveTree(const std::string& path);
+
 class RunDirectory {
  public:
   // Creates `out`, takes its lock, then removes each of `stale` (paths relative to `out`) left by

@@ -219,6 +219,10 @@ expect 2 "no scenario matches --only 'typo'" "$pipecheck" run --scenarios "$work
 # validate, run --list and run refuse what this machine cannot run: no CUDA device, or too little memory.
 expect 2 "gpu.csv:2: scenario 'gpu' needs device cuda" env CUDA_VISIBLE_DEVICES= "$pipecheck" validate --scenarios "$work/gpu.csv"
 expect 0 "2 scenarios, all valid and runnable here" env CUDA_VISIBLE_DEVICES= "$pipecheck" validate --scenarios "$work/gpu.csv" --device cpu
+# Every committed CPU suite is runnable here (a fault that deadlocks its schedule is the run's to show).
+for suite in core faults long cpu-large throughput; do
+  expect 0 "all valid and runnable here" "$pipecheck" validate --scenarios "$source_dir/scenarios/$suite.csv"
+done
 printf 'name,layers,hidden,heads,dtype\nhuge,64,16384,64,float64\n' >"$work/huge.csv"
 for command in validate "run --list --out $work/huge" "run --out $work/huge"; do
   expect 2 "huge.csv:2: scenario 'huge' needs at least [0-9.]+ TB of host memory \(rank 0 [0-9.]+ [kMGT]B \+ rank 1 .*the reference .*\), but [0-9.]+ [kMGT]B are available" "$pipecheck" $command --scenarios "$work/huge.csv"

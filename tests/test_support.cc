@@ -1,6 +1,8 @@
 // Test helpers (see test_support.h).
 #include "tests/test_support.h"
 
+#include "harness/run_directory.h"
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -10,7 +12,7 @@ namespace pipecheck::testing {
 std::string ScratchDirectory(const std::string& name) {
   const auto path = std::filesystem::temp_directory_path() /
                     ("pipecheck_test_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::remove_all(path);
+  harness::RemoveTree(path.string());
   std::filesystem::create_directories(path);
   return path.string();
 }
