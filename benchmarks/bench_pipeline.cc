@@ -12,7 +12,7 @@ namespace {
 
 using namespace pipecheck;
 
-// Core-sized model (DESIGN.md §6 defaults) in float32, 4 microbatches.
+// Core-sized model (docs/scenarios.md defaults) in float32, 4 microbatches.
 pipeline::PipelineConfig Config() {
   pipeline::PipelineConfig config;
   config.train.dtype = torch::kFloat32;

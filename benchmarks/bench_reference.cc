@@ -23,7 +23,7 @@ void RunSteps(benchmark::State& state, const TrainConfig& config) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kIsRate);
 }
 
-// DESIGN.md §6's defaults: llama, 4 layers, hidden 64, 4 heads, batch 8, seq_len 32, float64.
+// docs/scenarios.md's defaults: llama, 4 layers, hidden 64, 4 heads, batch 8, seq_len 32, float64.
 void BM_ReferenceStep_Core(benchmark::State& state) {
   TrainConfig config;
   config.record_gradients = false;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """pipecheck checks PyTorch's own pipelining, and races it.
 
-For one scenario of a suite, this builds the model of DESIGN.md §2 with PyTorch modules, splits
+For one scenario of a suite, this builds the model of docs/design.md §2 with PyTorch modules, splits
 it into the same stages as pipecheck (uniform partition: the first layers % stages stages get one
 more layer; embedding on the first stage, final norm, head and loss on the last), starts the same
 number of ranks (Gloo on CPU, one process each) and trains with torch.distributed.pipelining's
@@ -143,7 +143,7 @@ class Block(nn.Module):
 
 class StageModule(nn.Module):
     """Layers [first, end) of the model, the embedding on stage 0, the head on the last stage,
-    under DESIGN §2's parameter names. Pipelining passes only hidden states between stages, so
+    under docs/design.md §2's parameter names. Pipelining passes only hidden states between stages, so
     each stage is told the step's per-microbatch lengths and counts its forwards (GPipe and 1F1B
     run a stage's forwards in microbatch order)."""
 

@@ -1,5 +1,5 @@
 // The `pipecheck` command line: subcommands over the harness library. Exit codes follow
-// DESIGN.md §5: 0 all good, 1 something did not meet its expectation, 2 bad input.
+// docs/design.md §5: 0 all good, 1 something did not meet its expectation, 2 bad input.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,6 +1,6 @@
 // The pipeline executor: interprets one rank's simulator-accepted action list for one step,
 // one small function per action kind (as PyTorch's pipelining runtime does), and decides
-// nothing itself. Communication follows the discipline DESIGN §3 states and the simulator
+// nothing itself. Communication follows the discipline docs/design.md §4 states and the simulator
 // checks: receives are posted where the plan puts them, payload included (the plan knows every
 // message's shape), so data lands while the rank computes; messages to one peer in one direction
 // leave in order, and a send's buffer is released as soon as that send has completed, at the

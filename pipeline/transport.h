@@ -1,8 +1,8 @@
 // Point-to-point messages between ranks for the pipeline: every message is a small header
 // (its tag, dtype, shape) followed by its payload, so variable sequence lengths just work.
 //
-// One discipline for every transport, NCCL's (DESIGN §3): messages from one rank to another
-// are matched by their order, not by their tag. The sender's k-th message to a peer is the
+// One discipline for every transport, NCCL's (docs/design.md §4): messages from one rank to
+// another are matched by their order, not by their tag. The sender's k-th message to a peer is the
 // peer's k-th receive from it, so both must post them in the same order (the simulator proves
 // a schedule does). The tag names the message (direction, stage, microbatch) and travels in the
 // header, where the receiver checks it: a message taken out of order is an error naming both,

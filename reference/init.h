@@ -1,7 +1,7 @@
 // Deterministic per-parameter initialisation: every parameter is drawn from its own
 // generator seeded by (scenario seed, global parameter name), so a pipeline stage builds
 // exactly its slice of the model with no full model in memory.
-// Not an optimiser-aware or fan-in-scaled scheme: DESIGN.md §2 fixes N(0, 0.02).
+// Not an optimiser-aware or fan-in-scaled scheme: docs/design.md §2 fixes N(0, 0.02).
 #pragma once
 
 #include <torch/nn/module.h>

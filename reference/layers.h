@@ -1,6 +1,6 @@
 // The transformer's building blocks, shared by the reference and the pipeline stages:
 // norms, rotary attention, MLPs and the pre-norm block, for both flavours.
-// Blocks hold parameters under their DESIGN.md §2 local names (wq, w1, attention_norm, …);
+// Blocks hold parameters under their docs/design.md §2 local names (wq, w1, attention_norm, …);
 // the global prefix `layers.{i}.` comes from where the owner registers them.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The shape of the decoder-only transformer both trainers build (DESIGN.md §2).
+// The shape of the decoder-only transformer both trainers build (docs/design.md §2).
 // Plain data: no LibTorch, so loaders and schedulers can use it cheaply.
 #pragma once
 

@@ -1,8 +1,8 @@
-// The rows one scenario contributes to the run's reports, with the column sets of DESIGN.md
-// §7 defined once, and the writers for summary.csv, params.csv, steps.csv, ranks.csv, timeline.csv,
-// boundaries.csv and comm.csv. A failed or
-// crashed scenario keeps its summary row with every column (unmeasured ones empty) and its
-// message filled. Not a judge of parity: the harness fills the rows.
+// The rows one scenario contributes to the run's reports, with the column sets docs/reports.md
+// describes defined once, and the writers for summary.csv, params.csv, steps.csv, ranks.csv,
+// timeline.csv, boundaries.csv and comm.csv. A failed or crashed scenario keeps its summary row
+// with every column (unmeasured ones empty) and its message filled. Not a judge of parity: the
+// harness fills the rows.
 #pragma once
 
 #include <map>

@@ -1,4 +1,4 @@
-// Scenario suites: CSV files with one scenario per row (DESIGN.md §6), loaded with the fccp
+// Scenario suites: CSV files with one scenario per row (docs/scenarios.md), loaded with the fccp
 // parser and validated completely before anything runs. Every error names file, line,
 // column, the bad value and what is allowed.
 // Not a model or trainer description: the harness maps a Scenario onto those.
@@ -31,7 +31,7 @@ struct Scenario {
   int64_t world_size = 2;
   std::string schedule = "1f1b";
   int64_t virtual_stages = 1;
-  std::string transport = "auto";  // auto, gloo, nccl or staged (DESIGN §3)
+  std::string transport = "auto";  // auto, gloo, nccl or staged (docs/design.md §4)
   std::string partition = "uniform";  // uniform, params, or explicit counts "2;0;3;1"
   int64_t batch = 8;
   int64_t microbatches = 4;
@@ -59,7 +59,7 @@ struct Scenario {
   std::vector<int64_t> PartitionCounts() const;
 };
 
-// The columns, in DESIGN.md §6 order.
+// The columns, in docs/scenarios.md order.
 const std::vector<std::string>& ColumnNames();
 
 // Each column's value for this scenario, formatted as the CSV would hold it.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pipecheck CLI's exit codes and messages on good and bad input (DESIGN.md §5).
+# The pipecheck CLI's exit codes and messages on good and bad input (docs/design.md §5).
 set -uo pipefail
 pipecheck="$1"
 source_dir="$2"

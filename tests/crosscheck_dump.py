@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cross-check `pipecheck dump` with a second implementation of DESIGN.md §2.
+"""Cross-check `pipecheck dump` with a second implementation of docs/design.md §2.
 
 The model here is rebuilt from the design text with Python's torch (the PyTorch pipecheck is
 built against), sharing no code with pipecheck: it loads weights.pt and batch.pt, computes the loss and every
@@ -21,7 +21,7 @@ GRADIENT_FLOOR = 1e-6
 
 
 def ffn_size(row):
-    """DESIGN §2: 4 x hidden for gpt2; 8 x hidden / 3 rounded up to a multiple of 4 for llama."""
+    """docs/design.md §2: 4 x hidden for gpt2; 8 x hidden / 3 rounded up to a multiple of 4 for llama."""
     if row.get("ffn"):
         return int(row["ffn"])
     hidden = int(row["hidden"])
@@ -31,7 +31,7 @@ def ffn_size(row):
 
 
 def expected_shapes(row):
-    """Every parameter name and shape DESIGN §2 gives this scenario, derived from its columns
+    """Every parameter name and shape docs/design.md §2 gives this scenario, derived from its columns
     alone (never from the dump)."""
     flavor, hidden, vocab = row["flavor"], int(row["hidden"]), int(row["vocab"])
     layers, ffn, tied = int(row["layers"]), ffn_size(row), row["tied"] == "1"
@@ -67,7 +67,7 @@ def expected_shapes(row):
 
 
 def labels_from(tokens, lengths):
-    """DESIGN §2: the next token, -100 on padding and on each sequence's last position."""
+    """docs/design.md §2: the next token, -100 on padding and on each sequence's last position."""
     labels = torch.full_like(tokens, -100)
     for b, length in enumerate(lengths.tolist()):
         labels[b, : length - 1] = tokens[b, 1:length]
@@ -148,14 +148,14 @@ def forward(params, row, tokens, lengths):
 
 
 def check_dump(directory, suite_row):
-    """suite_row: the scenario as the suite file states it (empty cells: DESIGN's defaults)."""
+    """suite_row: the scenario as the suite file states it (empty cells: the defaults of docs/scenarios.md)."""
     with open(os.path.join(directory, "scenario.csv"), newline="") as f:
         row = next(csv.DictReader(f))
-    # Shapes come from the suite's own columns and DESIGN §2, never from what the dump says.
+    # Shapes come from the suite's own columns and docs/design.md §2, never from what the dump says.
     row = dict(row, ffn=suite_row.get("ffn") or "")
     dumped_ffn = int(next(csv.DictReader(open(os.path.join(directory, "scenario.csv"), newline="")))["ffn"])
     if dumped_ffn != ffn_size(row):
-        return [f"scenario.csv says ffn {dumped_ffn}, DESIGN §2 gives {ffn_size(row)}"]
+        return [f"scenario.csv says ffn {dumped_ffn}, docs/design.md §2 gives {ffn_size(row)}"]
     weights = torch.load(os.path.join(directory, "weights.pt"), weights_only=False)
     batch = torch.load(os.path.join(directory, "batch.pt"), weights_only=False)
     grads = torch.load(os.path.join(directory, "grads.pt"), weights_only=False)
@@ -164,11 +164,11 @@ def check_dump(directory, suite_row):
     problems = []
     shapes = expected_shapes(row)
     if set(weights) != set(shapes):
-        return [f"weights.pt names differ from DESIGN §2: missing {sorted(set(shapes) - set(weights))}, "
+        return [f"weights.pt names differ from docs/design.md §2: missing {sorted(set(shapes) - set(weights))}, "
                 f"unexpected {sorted(set(weights) - set(shapes))}"]
     for name, shape in shapes.items():
         if tuple(weights[name].shape) != shape:
-            problems.append(f"weight {name} has shape {tuple(weights[name].shape)}, DESIGN §2 gives {shape}")
+            problems.append(f"weight {name} has shape {tuple(weights[name].shape)}, docs/design.md §2 gives {shape}")
     if problems:
         return problems
 
@@ -208,7 +208,7 @@ def check_dump(directory, suite_row):
     if abs(mb_loss - expected_loss.item()) > TOLERANCE:
         problems.append(f"loss {expected_loss.item():.15g} vs python over {microbatches} microbatches {mb_loss:.15g}")
     if set(grads) != set(shapes):
-        problems.append(f"grads.pt names differ from DESIGN §2: missing {sorted(set(shapes) - set(grads))}, "
+        problems.append(f"grads.pt names differ from docs/design.md §2: missing {sorted(set(shapes) - set(grads))}, "
                         f"unexpected {sorted(set(grads) - set(shapes))}")
     # A gradient that is zero analytically (a key projection's bias: softmax ignores a constant
     # per row) holds rounding noise of ~1e-20; it is judged against a floor of GRADIENT_FLOOR

@@ -41,7 +41,7 @@ TEST_P(EachFlavor, InitialValuesDependOnlyOnSeedAndName) {
   auto config = testing::TinyConfig(GetParam(), /*tied=*/false);
   auto whole = reference::BuildSlice(config.model, reference::WholeModel(config.model), 5, torch::kFloat64,
                                      torch::kCPU);
-  // DESIGN §2's rule, checked from the values themselves: norm weights 1, biases 0, every other
+  // docs/design.md §2's rule, checked from the values themselves: norm weights 1, biases 0, every other
   // weight drawn from normal(0, 0.02) (mean and spread within sampling error).
   for (const auto& item : whole->named_parameters()) {
     const auto& name = item.key();
