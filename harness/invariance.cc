@@ -36,8 +36,8 @@ using scenarios::Scenario;
 // Stages per rank a schedule runs with when the base scenario does not say.
 int64_t VirtualStagesFor(const std::string& schedule, const Scenario& base) {
   if (schedule == base.schedule) return base.virtual_stages;
-  if (schedule == "interleaved" || schedule == "zbv" || schedule == "dualpipev") return 2;
-  return 1;
+  const pipeline::ScheduleInfo* info = pipeline::FindSchedule(schedule);
+  return info ? info->default_virtual_stages : 1;
 }
 
 bool ExplicitPartition(const std::string& partition) { return partition != "uniform" && partition != "params"; }

@@ -513,7 +513,12 @@ int main(int argc, char** argv) {
       ->check(FiniteIn(0.001, 86400, "seconds from 0.001 to 86400 (a day)"));
 
   auto* schedule = app.add_subcommand("schedule", "Print a schedule's per-rank actions, timeline and bubble");
-  schedule->add_option("--schedule", options.schedule, "Schedule name, or csv:PATH")
+  std::string schedule_help = "Schedule: ";
+  for (const auto& info : pipecheck::pipeline::ScheduleRegistry()) {
+    schedule_help += fmt::format("{} ({}), ", info.name, info.summary);
+  }
+  schedule_help += "or csv:PATH (PyTorch pipelining's compute-only CSV)";
+  schedule->add_option("--schedule", options.schedule, schedule_help)
       ->check(CLI::Validator(
           [](std::string& value) -> std::string {
             const auto& names = pipecheck::pipeline::ScheduleNames();
@@ -527,8 +532,8 @@ int main(int argc, char** argv) {
   schedule->add_option("--stages", options.stages, "Pipeline ranks")->check(CLI::Range(1, 1024))->capture_default_str();
   schedule->add_option("--microbatches", options.microbatches, "Microbatches")->check(CLI::Range(1, 65535))
       ->capture_default_str();
-  schedule->add_option("--virtual", options.virtual_stages, "Stages per rank")->check(CLI::Range(1, 64))
-      ->capture_default_str();
+  schedule->add_option("--virtual", options.virtual_stages, "Stages per rank (default: the schedule's own, 2 for "
+                                                            "interleaved and zbv, else 1)")->check(CLI::Range(1, 64));
   schedule->add_option("--backward-cost", options.backward_cost, "Backward duration relative to forward")
       ->check(FiniteIn(0.01, 100, "a backward/forward cost ratio from 0.01 to 100"))->capture_default_str();
 
@@ -585,7 +590,12 @@ int main(int argc, char** argv) {
       if (invariance->count("--out") == 0) options.out = "reports/invariance";
       return Invariance(options);
     }
-    if (schedule->parsed()) return PrintSchedule(options);
+    if (schedule->parsed()) {
+      // Without --virtual, the schedule's own default: interleaved and zbv run two stages per rank.
+      const auto* info = pipecheck::pipeline::FindSchedule(options.schedule);
+      if (schedule->count("--virtual") == 0 && info) options.virtual_stages = info->default_virtual_stages;
+      return PrintSchedule(options);
+    }
     if (compare->parsed()) return Compare(options);
     if (baseline_update->parsed()) return UpdateBaseline(options);
   } catch (const pipecheck::scenarios::ScenarioError& error) {

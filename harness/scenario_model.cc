@@ -41,7 +41,17 @@ std::string LoadedScheduleProblem(const scenarios::Scenario& scenario) {
 }  // namespace
 
 const scenarios::Vocabulary& PipelineVocabulary() {
-  static const scenarios::Vocabulary vocabulary{pipeline::ScheduleNames(), pipeline::FaultNames(), LoadedScheduleProblem};
+  static const scenarios::Vocabulary vocabulary = [] {
+    scenarios::Vocabulary v;
+    v.schedules = pipeline::ScheduleNames();
+    for (const auto& info : pipeline::ScheduleRegistry()) {
+      v.schedule_rules.push_back(
+          {info.name, info.several_stages_per_rank, info.fixed_virtual_stages, info.default_virtual_stages});
+    }
+    v.faults = pipeline::FaultNames();
+    v.schedule_problem = LoadedScheduleProblem;
+    return v;
+  }();
   return vocabulary;
 }
 

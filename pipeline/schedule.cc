@@ -112,8 +112,19 @@ Action ParseAction(const std::string& text) {
 }
 
 const std::vector<std::string>& ScheduleNames() {
-  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zbh1", "zbv"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> list;
+    for (const auto& info : ScheduleRegistry()) list.push_back(info.name);
+    return list;
+  }();
   return names;
+}
+
+const ScheduleInfo* FindSchedule(const std::string& name) {
+  for (const auto& info : ScheduleRegistry()) {
+    if (info.name == name) return &info;
+  }
+  return nullptr;
 }
 
 Schedule GPipeSchedule(const PipelineShape& shape) {
@@ -289,12 +300,21 @@ Schedule ZeroBubbleVSchedule(const PipelineShape& shape) {
   return schedule;
 }
 
+const std::vector<ScheduleInfo>& ScheduleRegistry() {
+  static const std::vector<ScheduleInfo> registry = {
+      {"gpipe", GPipeSchedule, "all forwards, then all backwards", 1, false, 0, Placement::kRoundRobin},
+      {"1f1b", OneFOneBSchedule, "warm-up, one forward one backward, cool-down", 1, false, 0, Placement::kRoundRobin},
+      {"interleaved", InterleavedSchedule, "Megatron's interleaved 1F1B, v >= 2 stages per rank", 2, true, 0,
+       Placement::kRoundRobin},
+      {"zbh1", ZeroBubbleH1Schedule, "ZB-H1: 1F1B with split backwards, W's deferred into the waits", 1, false, 0,
+       Placement::kRoundRobin},
+      {"zbv", ZeroBubbleVSchedule, "ZB-V: two stages per rank in a V, split backwards", 2, true, 2, Placement::kV},
+  };
+  return registry;
+}
+
 Schedule MakeSchedule(const std::string& name, const PipelineShape& shape) {
-  if (name == "gpipe") return GPipeSchedule(shape);
-  if (name == "1f1b") return OneFOneBSchedule(shape);
-  if (name == "interleaved") return InterleavedSchedule(shape);
-  if (name == "zbh1") return ZeroBubbleH1Schedule(shape);
-  if (name == "zbv") return ZeroBubbleVSchedule(shape);
+  if (const ScheduleInfo* info = FindSchedule(name)) return info->generate(shape);
   throw ScheduleError(fmt::format("unknown schedule '{}': expected one of {}", name, fmt::join(ScheduleNames(), ", ")));
 }
 

@@ -69,7 +69,23 @@ struct Schedule {
   std::vector<std::vector<Action>> ranks;  // ranks[r]: rank r's actions in order
 };
 
-// Names the generators below answer to.
+// One entry per generator: the only list of schedule names. Names, help text, the scenario
+// loader's rules on virtual stages, the invariance variants and MakeSchedule all read it, so a
+// new schedule is its generator plus one entry here (schedule.cc's ScheduleRegistry).
+struct ScheduleInfo {
+  std::string name;
+  Schedule (*generate)(const PipelineShape&);
+  std::string summary;             // one line, for help text
+  int default_virtual_stages = 1;  // when a scenario leaves virtual_stages out
+  bool several_stages_per_rank = false;  // takes virtual_stages > 1
+  int fixed_virtual_stages = 0;    // the one count it runs (2 for a V), or 0 for any
+  Placement placement = Placement::kRoundRobin;
+};
+const std::vector<ScheduleInfo>& ScheduleRegistry();
+// The entry called `name`, or null.
+const ScheduleInfo* FindSchedule(const std::string& name);
+
+// Names the generators answer to, in registry order.
 const std::vector<std::string>& ScheduleNames();
 
 // Compute-only schedules (F and B actions), for any ranks >= 1 and microbatches >= 1.

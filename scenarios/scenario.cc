@@ -8,6 +8,7 @@
 #include <fnmatch.h>
 #include <libfccp/csv.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <charconv>
@@ -398,19 +399,27 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
     throw at.At(line, "microbatches", std::to_string(s.microbatches),
                 fmt::format("microbatches must not exceed batch ({}): every microbatch needs a sequence", s.batch));
   }
-  if (s.schedule == "zbv") {
-    // A V is two stages per rank: 2, or the column's default.
-    if (s.virtual_stages > 2) {
+  const auto& rules = CurrentVocabulary()->schedule_rules;
+  const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == s.schedule; });
+  if (rule != rules.end() && rule->fixed_virtual_stages > 0) {
+    // A V is two stages per rank: that count, or the column's default.
+    if (s.virtual_stages > rule->fixed_virtual_stages) {
       throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
-                  "schedule 'zbv' places two stages per rank in a V: virtual_stages must be 2 (or left out)");
+                  fmt::format("schedule '{}' places {} stages per rank in a V: virtual_stages must be {} (or left out)",
+                              s.schedule, rule->fixed_virtual_stages == 2 ? "two" : std::to_string(rule->fixed_virtual_stages),
+                              rule->fixed_virtual_stages));
     }
-    s.virtual_stages = 2;
+    s.virtual_stages = rule->fixed_virtual_stages;
   }
-  const bool interleaving = s.schedule == "interleaved" || s.schedule == "zbv" || s.schedule.rfind("csv:", 0) == 0;
-  if (s.virtual_stages > 1 && !interleaving) {
+  const bool several = s.schedule.rfind("csv:", 0) == 0 || (rule != rules.end() && rule->several_stages_per_rank);
+  if (s.virtual_stages > 1 && !several) {
+    std::vector<std::string> allowing;
+    for (const auto& r : rules) {
+      if (r.several_stages_per_rank) allowing.push_back(r.name);
+    }
     throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
-                fmt::format("schedule '{}' runs one stage per rank; virtual stages need schedule interleaved or zbv "
-                            "(or a csv: schedule)", s.schedule));
+                fmt::format("schedule '{}' runs one stage per rank; virtual stages need schedule {} (or a csv: "
+                            "schedule)", s.schedule, fmt::join(allowing, " or ")));
   }
   if (CurrentVocabulary()->schedule_problem) {
     const std::string problem = CurrentVocabulary()->schedule_problem(s);
@@ -455,6 +464,7 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
                   const std::string& file, const Locator& at) {
   Scenario scenario;
   scenario.source = fmt::format("{}:{}", file, line);
+  bool virtual_stages_given = false;
   for (size_t i = 0; i < kColumnCount; ++i) {
     const std::string column = kColumnNames[i];
     const bool present = header.positions.count(column) > 0;
@@ -462,6 +472,7 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
       if (column == "name") throw at.At(line, column, cells[i], "every scenario needs a name");
       continue;  // the column's default
     }
+    virtual_stages_given = virtual_stages_given || column == "virtual_stages";
     try {
       Columns()[i].parse(scenario, cells[i]);
     } catch (const ValueProblem& problem) {
@@ -474,6 +485,10 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
     const std::filesystem::path path = scenario.schedule.substr(prefix.size());
     if (path.is_relative()) scenario.schedule = prefix + (std::filesystem::path(file).parent_path() / path).string();
   }
+  // Left out, virtual_stages is the schedule's own default (interleaved runs two stages per rank).
+  const auto& rules = CurrentVocabulary()->schedule_rules;
+  const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == scenario.schedule; });
+  if (!virtual_stages_given && rule != rules.end()) scenario.virtual_stages = rule->default_virtual_stages;
   CheckCombinations(scenario, line, at);
   return scenario;
 }

@@ -91,8 +91,16 @@ constexpr double kMaxLearningRate = 10.0;
 // generators and its faults), which this loader may not include, so the caller passes them in
 // (harness::PipelineVocabulary()) and each list is written once, where it is implemented.
 struct Scenario;
+// What the loader needs to know of a schedule to check a row's virtual_stages.
+struct ScheduleRule {
+  std::string name;
+  bool several_stages_per_rank = false;  // takes virtual_stages > 1
+  int64_t fixed_virtual_stages = 0;      // the one count it runs (a V: 2); 0 any
+  int64_t default_virtual_stages = 1;    // what a row that leaves virtual_stages out gets
+};
 struct Vocabulary {
   std::vector<std::string> schedules;  // the `schedule` column also takes csv:PATH (relative to the suite file)
+  std::vector<ScheduleRule> schedule_rules;
   std::vector<std::string> faults;
   // Why the scenario's schedule cannot run on its shape ("" when it can): generator constraints,
   // a CSV schedule's broken cells, a deadlock. Reported against the `schedule` column.

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "harness/scenario_model.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
 
@@ -230,6 +231,24 @@ TEST(PublishedMakespan, EveryGeneratorMeetsItsAlgorithmsFormula) {
   EXPECT_NEAR(zbh1.bubble, 1.0 - 24.0 / 27.0, 1e-12);
   EXPECT_EQ(zbh1.peak_in_flight, (std::vector<int>{4, 4, 4, 4}));
   EXPECT_FALSE(pipeline::PublishedMakespan("zbv", {4, 2, 8}, costs).has_value());
+}
+
+// The registry is the one list of schedules: every entry generates its own placement at its default
+// stages per rank, and the scenario loader gives a row that names it (virtual_stages left out)
+// that default, from the same entry.
+TEST(ScheduleRegistry, EveryEntryGeneratesAndLoadsWithItsDefaults) {
+  ASSERT_EQ(pipeline::ScheduleNames().size(), pipeline::ScheduleRegistry().size());
+  for (const auto& info : pipeline::ScheduleRegistry()) {
+    SCOPED_TRACE(info.name);
+    EXPECT_EQ(pipeline::FindSchedule(info.name), &info);
+    const Schedule schedule = pipeline::MakeSchedule(info.name, {2, info.default_virtual_stages, 4});
+    EXPECT_EQ(schedule.shape.placement, info.placement);
+    EXPECT_EQ(schedule.shape.virtual_stages, info.default_virtual_stages);
+    const auto suite = harness::ParseSuite("name,schedule,world_size,layers,batch,microbatches\nx," + info.name + ",2,4,8,4\n",
+                                           "registry.csv");
+    EXPECT_EQ(suite[0].virtual_stages, info.default_virtual_stages);
+  }
+  EXPECT_EQ(pipeline::FindSchedule("dualpipev"), nullptr);  // not a schedule until a generator exists
 }
 
 // ZB-V over p <= 8, m <= 16: valid under both send semantics, two stages per rank in a V (the
