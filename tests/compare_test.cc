@@ -1,5 +1,6 @@
-// `compare`: the clean case, each kind of regression, the warning, new scenarios, and bad
-// input, on summaries written by the real report writer.
+// `compare` and baselines: the clean case, each kind of regression, the warning, new scenarios,
+// changed configurations, noise-aware limits and bad input, on summaries written by the real
+// report writer. (JUnit and Markdown: ci_reports_test.cc.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,22 +18,8 @@
 namespace pipecheck {
 namespace {
 
-reports::ScenarioReport Row(const std::string& name, const std::string& status, const std::string& expect,
-                            double tokens_per_s, double peak_bytes, double grad_rel_err) {
-  reports::ScenarioReport report;
-  report.summary = {{"scenario", name},
-                    {"status", status},
-                    {"expect", expect},
-                    {"ok", (expect == "pass") == (status == "PASS") ? "1" : "0"},
-                    {"pp_tokens_per_s", reports::FormatNumber(tokens_per_s)},
-                    {"pp_peak_bytes_max", reports::FormatNumber(peak_bytes)},
-                    {"grad_max_rel_err", reports::FormatNumber(grad_rel_err)},
-                    // A baseline measured its noise: three runs within 1% of each other.
-                    {"pp_tokens_per_s_spread", "0.01"},
-                    {"pp_tokens_per_s_runs", "3"},
-                    {"message", "a, \"quoted\" message"}};
-  return report;
-}
+using testing::SummaryRow;
+constexpr auto Row = &SummaryRow;
 
 class Compare : public ::testing::Test {
  protected:
@@ -282,66 +269,6 @@ TEST(ParseCsv, QuotedFieldsAndLineEndings) {
   EXPECT_EQ(records[1], (std::vector<std::string>{"x, \"y\"", "two\nlines"}));
   EXPECT_EQ(records[2], (std::vector<std::string>{"", ""}));
   EXPECT_THROW(reports::ParseCsv("\"open", "t.csv"), std::runtime_error);
-}
-
-}  // namespace
-}  // namespace pipecheck
-
-namespace pipecheck {
-namespace {
-
-// Every outcome, from summary rows as a run writes them; the counts are those of the cases.
-TEST(JUnit, EachStatusIsItsOutcomeAndTheCountsAgree) {
-  auto skipped = Row("no_gpus", "SKIPPED", "pass", 0, 0, 0);
-  skipped.summary["message"] = "transport nccl needs a GPU per rank: 4 ranks on this host, 1 GPU";
-  skipped.summary["ok"] = "1";  // a run counts SKIPPED as meeting expect=pass (the host cannot run it)
-  auto errored = Row("crashed", "ERROR", "pass", 0, 0, 0);
-  errored.summary["message"] = "rank 1 was killed by signal 6 <Aborted> & \"more\"";
-  auto timed_out = Row("hung", "TIMEOUT", "pass", 0, 0, 0);
-  auto caught = Row("fault", "FAIL", "fail", 900, 4e6, 0.5);
-  auto missed = Row("fault_missed", "PASS", "fail", 900, 4e6, 1e-15);
-  auto passes = Row("ok", "PASS", "pass", 1000, 5e6, 1e-15);
-  passes.summary["wall_s"] = "2.5";
-  std::vector<reports::JUnitCase> cases;
-  for (const auto* report : {&passes, &skipped, &errored, &timed_out, &caught, &missed}) {
-    cases.push_back(reports::RunCase(*report, "suite.csv", nullptr));
-  }
-  using Outcome = reports::JUnitCase::Outcome;
-  EXPECT_EQ(cases[0].outcome, Outcome::kPass);
-  EXPECT_EQ(cases[0].seconds, 2.5);
-  EXPECT_EQ(cases[1].outcome, Outcome::kSkipped);
-  EXPECT_EQ(cases[2].outcome, Outcome::kError);
-  EXPECT_EQ(cases[2].type, "ERROR");
-  EXPECT_EQ(cases[3].outcome, Outcome::kError);
-  EXPECT_EQ(cases[3].type, "TIMEOUT");
-  EXPECT_EQ(cases[4].outcome, Outcome::kPass);  // expect=fail met
-  EXPECT_EQ(cases[5].outcome, Outcome::kFailure);
-  EXPECT_EQ(cases[5].message, "expected fail, but it passed: the injected fault was not caught");
-
-  // A regression against the baseline fails a scenario that met its expectation.
-  reports::ComparisonRow regression;
-  regression.scenario = "ok";
-  regression.verdict = "REGRESSION";
-  regression.notes = "tokens/s -25.0% (limit -10.0%)";
-  const auto regressed = reports::RunCase(passes, "suite.csv", &regression);
-  EXPECT_EQ(regressed.outcome, Outcome::kFailure);
-  EXPECT_EQ(regressed.type, "regression");
-
-  const std::string xml = reports::JUnitXml("pipecheck run suite.csv", cases);
-  const std::string counts = "tests=\"6\" failures=\"1\" errors=\"2\" skipped=\"1\"";
-  EXPECT_NE(xml.find("<testsuites name=\"pipecheck\" " + counts), std::string::npos) << xml;
-  EXPECT_NE(xml.find("<testsuite name=\"pipecheck run suite.csv\" " + counts), std::string::npos) << xml;
-  EXPECT_NE(xml.find("<skipped message=\"transport nccl needs a GPU per rank"), std::string::npos) << xml;
-  EXPECT_NE(xml.find("killed by signal 6 &lt;Aborted&gt; &amp; &quot;more&quot;"), std::string::npos) << xml;
-  EXPECT_EQ(xml.find("<Aborted>"), std::string::npos);
-  EXPECT_EQ(reports::XmlEscape("a\nb\x01"), "a&#10;b?");
-}
-
-TEST(Markdown, ArrowsShowTheDirection) {
-  EXPECT_EQ(reports::Arrow("+3.1%"), "▲ +3.1%");
-  EXPECT_EQ(reports::Arrow("-12.0%"), "▼ -12.0%");
-  EXPECT_EQ(reports::Arrow("+0.0%"), "= +0.0%");
-  EXPECT_EQ(reports::Arrow(""), "");
 }
 
 }  // namespace

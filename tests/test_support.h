@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "harness/launcher.h"
+#include "reports/report.h"
 #include "reference/trainer.h"
 #include "scenarios/scenario.h"
 
@@ -34,6 +35,11 @@ inline reference::TrainConfig TinyConfig(reference::Flavor flavor, bool tied) {
 inline double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
 }
+
+// A summary row as a run writes it, for report and comparison tests: the given status, expectation
+// and measurements, a baseline spread of 1% over three runs, and a message that needs quoting.
+reports::ScenarioReport SummaryRow(const std::string& name, const std::string& status, const std::string& expect,
+                                   double tokens_per_s, double peak_bytes, double grad_rel_err);
 
 // A scratch directory unique to this test, removed first if it exists.
 std::string ScratchDirectory(const std::string& name);

@@ -1,0 +1,73 @@
+// CI's views of a run: JUnit XML (one testcase per scenario, outcome by status and
+// expectation) and the Markdown summary, from summary rows as a run writes them.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "reports/compare.h"
+#include "reports/junit.h"
+#include "reports/markdown.h"
+#include "reports/report.h"
+#include "tests/test_support.h"
+
+namespace pipecheck {
+namespace {
+
+constexpr auto Row = &testing::SummaryRow;
+
+// Every outcome, from summary rows as a run writes them; the counts are those of the cases.
+TEST(JUnit, EachStatusIsItsOutcomeAndTheCountsAgree) {
+  auto skipped = Row("no_gpus", "SKIPPED", "pass", 0, 0, 0);
+  skipped.summary["message"] = "transport nccl needs a GPU per rank: 4 ranks on this host, 1 GPU";
+  skipped.summary["ok"] = "1";  // a run counts SKIPPED as meeting expect=pass (the host cannot run it)
+  auto errored = Row("crashed", "ERROR", "pass", 0, 0, 0);
+  errored.summary["message"] = "rank 1 was killed by signal 6 <Aborted> & \"more\"";
+  auto timed_out = Row("hung", "TIMEOUT", "pass", 0, 0, 0);
+  auto caught = Row("fault", "FAIL", "fail", 900, 4e6, 0.5);
+  auto missed = Row("fault_missed", "PASS", "fail", 900, 4e6, 1e-15);
+  auto passes = Row("ok", "PASS", "pass", 1000, 5e6, 1e-15);
+  passes.summary["wall_s"] = "2.5";
+  std::vector<reports::JUnitCase> cases;
+  for (const auto* report : {&passes, &skipped, &errored, &timed_out, &caught, &missed}) {
+    cases.push_back(reports::RunCase(*report, "suite.csv", nullptr));
+  }
+  using Outcome = reports::JUnitCase::Outcome;
+  EXPECT_EQ(cases[0].outcome, Outcome::kPass);
+  EXPECT_EQ(cases[0].seconds, 2.5);
+  EXPECT_EQ(cases[1].outcome, Outcome::kSkipped);
+  EXPECT_EQ(cases[2].outcome, Outcome::kError);
+  EXPECT_EQ(cases[2].type, "ERROR");
+  EXPECT_EQ(cases[3].outcome, Outcome::kError);
+  EXPECT_EQ(cases[3].type, "TIMEOUT");
+  EXPECT_EQ(cases[4].outcome, Outcome::kPass);  // expect=fail met
+  EXPECT_EQ(cases[5].outcome, Outcome::kFailure);
+  EXPECT_EQ(cases[5].message, "expected fail, but it passed: the injected fault was not caught");
+
+  // A regression against the baseline fails a scenario that met its expectation.
+  reports::ComparisonRow regression;
+  regression.scenario = "ok";
+  regression.verdict = "REGRESSION";
+  regression.notes = "tokens/s -25.0% (limit -10.0%)";
+  const auto regressed = reports::RunCase(passes, "suite.csv", &regression);
+  EXPECT_EQ(regressed.outcome, Outcome::kFailure);
+  EXPECT_EQ(regressed.type, "regression");
+
+  const std::string xml = reports::JUnitXml("pipecheck run suite.csv", cases);
+  const std::string counts = "tests=\"6\" failures=\"1\" errors=\"2\" skipped=\"1\"";
+  EXPECT_NE(xml.find("<testsuites name=\"pipecheck\" " + counts), std::string::npos) << xml;
+  EXPECT_NE(xml.find("<testsuite name=\"pipecheck run suite.csv\" " + counts), std::string::npos) << xml;
+  EXPECT_NE(xml.find("<skipped message=\"transport nccl needs a GPU per rank"), std::string::npos) << xml;
+  EXPECT_NE(xml.find("killed by signal 6 &lt;Aborted&gt; &amp; &quot;more&quot;"), std::string::npos) << xml;
+  EXPECT_EQ(xml.find("<Aborted>"), std::string::npos);
+  EXPECT_EQ(reports::XmlEscape("a\nb\x01"), "a&#10;b?");
+}
+
+TEST(Markdown, ArrowsShowTheDirection) {
+  EXPECT_EQ(reports::Arrow("+3.1%"), "▲ +3.1%");
+  EXPECT_EQ(reports::Arrow("-12.0%"), "▼ -12.0%");
+  EXPECT_EQ(reports::Arrow("+0.0%"), "= +0.0%");
+  EXPECT_EQ(reports::Arrow(""), "");
+}
+
+}  // namespace
+}  // namespace pipecheck
