@@ -337,112 +337,147 @@ std::vector<std::string> ComparisonFields(const ComparisonRow& r) {
           r.baseline_grad_rel_err, r.current_grad_rel_err, r.notes};
 }
 
+namespace {
+
+// What one scenario's comparison found: regressions fail it, warnings only say.
+struct Findings {
+  std::vector<std::string> regressions, warnings;
+};
+
+// The files the entries came from, for messages.
+struct Sources {
+  std::string baseline, current;
+};
+
+void JudgeStatus(const SummaryEntry& base, const SummaryEntry& now, Findings& found) {
+  if (base.ok == "1" && now.ok != "1") {
+    found.regressions.push_back(fmt::format("no longer meets expect={}: {} -> {}", now.expect, base.status, now.status));
+  } else if (base.expect == "pass" && Severity(now.status) > Severity(base.status)) {
+    found.regressions.push_back(fmt::format("status worse: {} -> {}", base.status, now.status));
+  }
+}
+
+// Noise-aware: the limit widens to noise_factor x the spread the baseline recorded; without a
+// recorded spread tokens/s is not gated at all.
+void JudgeThroughput(const SummaryEntry& base, const SummaryEntry& now, const Sources& files,
+                     const CompareOptions& options, ComparisonRow& row, Findings& found) {
+  const double base_rate = MeasuredOfPass(base, base.tokens_per_s, "pp_tokens_per_s", files.baseline);
+  const double now_rate = Measured(now, now.tokens_per_s, "pp_tokens_per_s", files.current);
+  const double rate_change = base_rate > 0 ? now_rate / base_rate - 1.0 : std::nan("");
+  row.throughput_change = Percent(rate_change);
+  const double spread = Measured(base, base.spread, "pp_tokens_per_s_spread", files.baseline);
+  const double noise_limit = std::isnan(spread) ? 0.0 : options.noise_factor * spread;
+  const double limit = std::max(options.max_slowdown, noise_limit);
+  const std::string why = noise_limit > options.max_slowdown
+                              ? fmt::format(": {:g} x the baseline's {:.1f}% spread over {} {}", options.noise_factor,
+                                            100 * spread, base.runs.empty() ? "1" : base.runs,
+                                            base.runs.empty() || base.runs == "1" ? "run's timed steps" : "runs")
+                              : "";
+  row.throughput_limit = std::isnan(rate_change) ? "" : fmt::format("-{:.1f}%", 100 * limit);
+  if (std::isnan(rate_change)) return;
+  if (std::isnan(spread)) {
+    // No measure of this runner's noise: one run whose timed steps were too few for a spread.
+    // Gating on a guess fails unchanged reruns (9 of the core suite's 14 on a 2-core machine).
+    row.throughput_limit = "not gated";
+    if (rate_change < -options.max_slowdown) {
+      found.warnings.push_back(fmt::format("tokens/s {}, not gated: the baseline recorded no spread (one run, too few "
+                                           "timed steps); re-record it from three runs (baseline update --from R1 "
+                                           "--from R2 --from R3)", Percent(rate_change)));
+    }
+  } else if (rate_change < -limit) {
+    found.regressions.push_back(fmt::format("tokens/s {} (limit -{:.1f}%{})", Percent(rate_change), 100 * limit, why));
+  } else if (limit >= kUngatedSlowdown && options.max_slowdown < kUngatedSlowdown) {
+    found.warnings.push_back(fmt::format("tokens/s hardly gated: the baseline's spread allows -{:.0f}%{}", 100 * limit,
+                                         why));
+  }
+}
+
+void JudgeMemory(const SummaryEntry& base, const SummaryEntry& now, const Sources& files, const CompareOptions& options,
+                 ComparisonRow& row, Findings& found) {
+  const double base_bytes = MeasuredOfPass(base, base.peak_bytes, "pp_peak_bytes_max", files.baseline);
+  const double now_bytes = Measured(now, now.peak_bytes, "pp_peak_bytes_max", files.current);
+  const double memory_change = base_bytes > 0 ? now_bytes / base_bytes - 1.0 : std::nan("");
+  row.memory_change = Percent(memory_change);
+  if (memory_change > options.max_memory_growth) {
+    found.regressions.push_back(fmt::format("peak memory {} (limit +{:.0f}%)", Percent(memory_change),
+                                            100 * options.max_memory_growth));
+  }
+}
+
+void JudgeParityError(const SummaryEntry& base, const SummaryEntry& now, const Sources& files, Findings& found) {
+  const double base_error = Measured(base, base.grad_rel_err, "grad_max_rel_err", files.baseline);
+  const double now_error = Measured(now, now.grad_rel_err, "grad_max_rel_err", files.current);
+  if (now.status == "PASS" && base_error > 0 && now_error > 10 * base_error) {
+    found.warnings.push_back(fmt::format("gradient error grew {:.0f}x ({:.3g} -> {:.3g}), still passing",
+                                         now_error / base_error, base_error, now_error));
+  }
+}
+
+// One baseline scenario against the current run's (none: it went missing). The verdict is
+// CHANGED (another configuration: nothing else is comparable), REGRESSION, warning or ok.
+ComparisonRow CompareRow(const SummaryEntry& base, const SummaryEntry* now, const Sources& files,
+                         const CompareOptions& options) {
+  ComparisonRow row;
+  row.scenario = base.scenario;
+  row.baseline_status = base.status;
+  row.baseline_tokens_per_s = base.tokens_per_s;
+  row.baseline_peak_bytes = base.peak_bytes;
+  row.baseline_grad_rel_err = base.grad_rel_err;
+  Findings found;
+  if (now == nullptr) {
+    found.regressions.push_back("missing from the current run");
+  } else {
+    row.current_status = now->status;
+    row.current_tokens_per_s = now->tokens_per_s;
+    row.current_peak_bytes = now->peak_bytes;
+    row.current_grad_rel_err = now->grad_rel_err;
+    if (!base.fingerprint.empty() && !now->fingerprint.empty() && base.fingerprint != now->fingerprint) {
+      row.verdict = "CHANGED";
+      row.notes = fmt::format("configuration changed ({}): not comparable; re-record the baseline or restore the "
+                              "scenario", ConfigurationChanges(base.config, now->config));
+      return row;
+    }
+    JudgeStatus(base, *now, found);
+    JudgeThroughput(base, *now, files, options, row, found);
+    JudgeMemory(base, *now, files, options, row, found);
+    JudgeParityError(base, *now, files, found);
+  }
+  std::vector<std::string> notes = found.regressions;
+  notes.insert(notes.end(), found.warnings.begin(), found.warnings.end());
+  row.notes = fmt::format("{}", fmt::join(notes, "; "));
+  row.verdict = !found.regressions.empty() ? "REGRESSION" : (!found.warnings.empty() ? "warning" : "ok");
+  return row;
+}
+
+}  // namespace
+
 Comparison CompareSummaries(const std::string& baseline_path, const std::string& current_path,
                             const CompareOptions& options) {
-  const std::string baseline_file = SummaryPath(baseline_path), current_file = SummaryPath(current_path);
-  const auto baseline = ReadSummary(baseline_file);
-  const auto current = ReadSummary(current_file);
+  const Sources files{SummaryPath(baseline_path), SummaryPath(current_path)};
+  const auto baseline = ReadSummary(files.baseline);
+  const auto current = ReadSummary(files.current);
   Comparison comparison;
   // Rows in suite order: the baseline's, then scenarios new in the current run in its order.
-  for (const auto* entry : InFileOrder(baseline)) {
-    const std::string& name = entry->scenario;
-    const SummaryEntry& base = *entry;
-    ComparisonRow row;
-    row.scenario = name;
-    row.baseline_status = base.status;
-    row.baseline_tokens_per_s = base.tokens_per_s;
-    row.baseline_peak_bytes = base.peak_bytes;
-    row.baseline_grad_rel_err = base.grad_rel_err;
-    std::vector<std::string> regressions, warnings;
-    auto found = current.find(name);
-    if (found == current.end()) {
-      regressions.push_back("missing from the current run");
-    } else {
-      const auto& now = found->second;
-      row.current_status = now.status;
-      row.current_tokens_per_s = now.tokens_per_s;
-      row.current_peak_bytes = now.peak_bytes;
-      row.current_grad_rel_err = now.grad_rel_err;
-      if (!base.fingerprint.empty() && !now.fingerprint.empty() && base.fingerprint != now.fingerprint) {
-        // Another configuration under the same name: its numbers are not comparable with the baseline's.
-        row.verdict = "CHANGED";
-        row.notes = fmt::format("configuration changed ({}): not comparable; re-record the baseline or restore the "
-                                "scenario", ConfigurationChanges(base.config, now.config));
-        ++comparison.regressions;
-        ++comparison.changed;
-        comparison.rows.push_back(row);
-        continue;
-      }
-      if (base.fingerprint.empty()) ++comparison.unfingerprinted;
-      if (base.ok == "1" && now.ok != "1") {
-        regressions.push_back(fmt::format("no longer meets expect={}: {} -> {}", now.expect, base.status, now.status));
-      } else if (base.expect == "pass" && Severity(now.status) > Severity(base.status)) {
-        regressions.push_back(fmt::format("status worse: {} -> {}", base.status, now.status));
-      }
-      const double base_rate = MeasuredOfPass(base, base.tokens_per_s, "pp_tokens_per_s", baseline_file);
-      const double now_rate = Measured(now, now.tokens_per_s, "pp_tokens_per_s", current_file);
-      const double rate_change = base_rate > 0 ? now_rate / base_rate - 1.0 : std::nan("");
-      row.throughput_change = Percent(rate_change);
-      // Noise-aware: the limit widens to noise_factor x the spread the baseline recorded.
-      const double spread = Measured(base, base.spread, "pp_tokens_per_s_spread", baseline_file);
-      const double noise_limit = std::isnan(spread) ? 0.0 : options.noise_factor * spread;
-      const double limit = std::max(options.max_slowdown, noise_limit);
-      const std::string why = noise_limit > options.max_slowdown
-                                  ? fmt::format(": {:g} x the baseline's {:.1f}% spread over {} {}", options.noise_factor,
-                                                100 * spread, base.runs.empty() ? "1" : base.runs,
-                                                base.runs.empty() || base.runs == "1" ? "run's timed steps" : "runs")
-                                  : "";
-      row.throughput_limit = std::isnan(rate_change) ? "" : fmt::format("-{:.1f}%", 100 * limit);
-      if (std::isnan(spread) && !std::isnan(rate_change)) {
-        // No measure of this runner's noise: one run whose timed steps were too few for a spread.
-        // Gating on a guess fails unchanged reruns (9 of the core suite's 14 on a 2-core machine).
-        row.throughput_limit = "not gated";
-        if (rate_change < -options.max_slowdown) {
-          warnings.push_back(fmt::format("tokens/s {}, not gated: the baseline recorded no spread (one run, too few timed "
-                                         "steps); re-record it from three runs (baseline update --from R1 --from R2 "
-                                         "--from R3)", Percent(rate_change)));
-        }
-      } else if (rate_change < -limit) {
-        regressions.push_back(fmt::format("tokens/s {} (limit -{:.1f}%{})", Percent(rate_change), 100 * limit, why));
-      } else if (!std::isnan(rate_change) && limit >= kUngatedSlowdown && options.max_slowdown < kUngatedSlowdown) {
-        warnings.push_back(fmt::format("tokens/s hardly gated: the baseline's spread allows -{:.0f}%{}", 100 * limit, why));
-      }
-      const double base_bytes = MeasuredOfPass(base, base.peak_bytes, "pp_peak_bytes_max", baseline_file);
-      const double now_bytes = Measured(now, now.peak_bytes, "pp_peak_bytes_max", current_file);
-      const double memory_change = base_bytes > 0 ? now_bytes / base_bytes - 1.0 : std::nan("");
-      row.memory_change = Percent(memory_change);
-      if (memory_change > options.max_memory_growth) {
-        regressions.push_back(fmt::format("peak memory {} (limit +{:.0f}%)", Percent(memory_change),
-                                          100 * options.max_memory_growth));
-      }
-      const double base_error = Measured(base, base.grad_rel_err, "grad_max_rel_err", baseline_file);
-      const double now_error = Measured(now, now.grad_rel_err, "grad_max_rel_err", current_file);
-      if (now.status == "PASS" && base_error > 0 && now_error > 10 * base_error) {
-        warnings.push_back(fmt::format("gradient error grew {:.0f}x ({:.3g} -> {:.3g}), still passing",
-                                       now_error / base_error, base_error, now_error));
-      }
-    }
-    std::vector<std::string> notes = regressions;
-    notes.insert(notes.end(), warnings.begin(), warnings.end());
-    row.notes = fmt::format("{}", fmt::join(notes, "; "));
-    row.verdict = !regressions.empty() ? "REGRESSION" : (!warnings.empty() ? "warning" : "ok");
-    comparison.regressions += !regressions.empty();
-    comparison.warnings += regressions.empty() && !warnings.empty();
-    comparison.rows.push_back(row);
+  for (const auto* base : InFileOrder(baseline)) {
+    const auto found = current.find(base->scenario);
+    ComparisonRow row = CompareRow(*base, found == current.end() ? nullptr : &found->second, files, options);
+    comparison.regressions += Fails(row);
+    comparison.changed += row.verdict == "CHANGED";
+    comparison.warnings += row.verdict == "warning";
+    comparison.unfingerprinted += base->fingerprint.empty() && found != current.end();
+    comparison.rows.push_back(std::move(row));
   }
-  for (const auto* entry : InFileOrder(current)) {
-    const std::string& name = entry->scenario;
-    const SummaryEntry& now = *entry;
-    if (baseline.count(name)) continue;
+  for (const auto* now : InFileOrder(current)) {
+    if (baseline.count(now->scenario)) continue;
     ComparisonRow row;
-    row.scenario = name;
+    row.scenario = now->scenario;
     row.verdict = "new";
-    row.current_status = now.status;
-    row.current_tokens_per_s = now.tokens_per_s;
-    row.current_peak_bytes = now.peak_bytes;
-    row.current_grad_rel_err = now.grad_rel_err;
+    row.current_status = now->status;
+    row.current_tokens_per_s = now->tokens_per_s;
+    row.current_peak_bytes = now->peak_bytes;
+    row.current_grad_rel_err = now->grad_rel_err;
     row.notes = "not in the baseline";
-    comparison.rows.push_back(row);
+    comparison.rows.push_back(std::move(row));
   }
   return comparison;
 }
