@@ -232,8 +232,7 @@ void InstallInterruptHandlers() {
 
 double DefaultDeadlineSeconds(const scenarios::Scenario& scenario) {
   const auto model = ToModelConfig(scenario);
-  const double parameters = static_cast<double>(model.EmbeddingParameterCount() + model.HeadParameterCount() +
-                                                model.layers * model.LayerParameterCount());
+  const double parameters = static_cast<double>(model.ParameterCount());
   const double flops_per_step = 6.0 * parameters * static_cast<double>(scenario.batch * scenario.seq_len);
   return 30.0 + 3.0 * static_cast<double>(scenario.steps) * flops_per_step / 1e9;
 }

@@ -74,8 +74,7 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
   const int64_t reference = ReferencePeak(config);
   // Rank 0 keeps every rank's weights and gradients of every step for parity, in the model dtype.
   const auto& model = config.train.model;
-  const double parameters = static_cast<double>(model.EmbeddingParameterCount() + model.HeadParameterCount() +
-                                                model.layers * model.LayerParameterCount());
+  const double parameters = static_cast<double>(model.ParameterCount());
   const int64_t element = static_cast<int64_t>(c10::elementSize(config.train.dtype));
   const int64_t copies = static_cast<int64_t>(parameters) * element * (2 * scenario.steps + 1);
 

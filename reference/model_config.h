@@ -29,6 +29,7 @@ struct ModelConfig {
   int64_t LayerParameterCount() const;
   int64_t EmbeddingParameterCount() const;  // token (and gpt2 position) embeddings
   int64_t HeadParameterCount() const;       // final norm and output matrix (a tied head's copy too)
+  int64_t ParameterCount() const;           // embeddings, every layer and the head, as the three above count them
 };
 
 inline const char* FlavorName(Flavor flavor) { return flavor == Flavor::kLlama ? "llama" : "gpt2"; }
@@ -52,6 +53,10 @@ inline int64_t ModelConfig::EmbeddingParameterCount() const {
 
 inline int64_t ModelConfig::HeadParameterCount() const {
   return (flavor == Flavor::kGpt2 ? 2 : 1) * hidden + vocab * hidden;
+}
+
+inline int64_t ModelConfig::ParameterCount() const {
+  return EmbeddingParameterCount() + HeadParameterCount() + layers * LayerParameterCount();
 }
 
 }  // namespace pipecheck::reference
