@@ -34,7 +34,7 @@ int64_t ReferencePeak(const pipeline::PipelineConfig& config) {
   whole.microbatches = 1;
   whole.schedule = "gpipe";
   whole.partition = "uniform";
-  whole.fault = pipeline::Fault::kNone;
+  whole.fault = "none";
   return pipeline::PredictMemory(whole, pipeline::BuildSchedule(whole)).peak_bytes.at(0);
 }
 
@@ -69,7 +69,7 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
   // Sized as the trainer without its injected fault: a fault such as send_before_recv makes a
   // schedule that deadlocks, which the run itself must show, not this check.
   auto config = ToPipelineConfig(scenario);
-  config.fault = pipeline::Fault::kNone;
+  config.fault = "none";
   const auto prediction = pipeline::PredictMemory(config, pipeline::BuildSchedule(config));
   const int64_t reference = ReferencePeak(config);
   // Rank 0 keeps every rank's weights and gradients of every step for parity, in the model dtype.

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "pipeline/lowering.h"
+#include "pipeline/schedule_csv.h"
 #include "reference/device.h"
 
 namespace pipecheck::harness {

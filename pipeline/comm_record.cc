@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "pipeline/message.h"
 #include "reference/gradient_accumulation.h"
 
 namespace pipecheck::pipeline {
@@ -80,25 +81,11 @@ std::vector<MessageRecord> PlannedMessages(const PipelineConfig& config, const S
   const auto& shape = schedule.shape;
   std::vector<MessageRecord> plan;
   for (const Action& action : schedule.ranks.at(rank)) {
-    const int s = action.stage, mb = action.microbatch;
-    const MessageShape boundary = BoundaryShape(config, microbatches.at(mb));
+    if (action.IsCompute()) continue;
+    const Message message = MessageOf(action);
+    const MessageShape boundary = BoundaryShape(config, microbatches.at(message.microbatch));
     const int64_t bytes = c10::multiply_integers(boundary.sizes) * static_cast<int64_t>(c10::elementSize(boundary.dtype));
-    switch (action.kind) {
-      case ActionKind::kSendForward:
-        plan.push_back({step, true, shape.RankOfStage(s + 1), MessageTag(Direction::kActivation, s + 1, mb), boundary, bytes});
-        break;
-      case ActionKind::kRecvForward:
-        plan.push_back({step, false, shape.RankOfStage(s - 1), MessageTag(Direction::kActivation, s, mb), boundary, bytes});
-        break;
-      case ActionKind::kSendBackward:
-        plan.push_back({step, true, shape.RankOfStage(s - 1), MessageTag(Direction::kGradient, s - 1, mb), boundary, bytes});
-        break;
-      case ActionKind::kRecvBackward:
-        plan.push_back({step, false, shape.RankOfStage(s + 1), MessageTag(Direction::kGradient, s, mb), boundary, bytes});
-        break;
-      default:
-        break;
-    }
+    plan.push_back({step, action.IsSend(), PeerOf(shape, action), message.Tag(), boundary, bytes});
   }
   const int last = shape.stages() - 1;
   const int first_rank = shape.RankOfStage(0), last_rank = shape.RankOfStage(last);

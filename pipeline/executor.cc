@@ -8,7 +8,7 @@
 #include <map>
 #include <tuple>
 
-#include "pipeline/simulator.h"
+#include "pipeline/message.h"
 #include "reference/device.h"
 #include "reference/loss.h"
 #include "reference/model.h"
@@ -37,8 +37,6 @@ void BackwardFrom(const torch::Tensor& output, const torch::Tensor& gradient) {
                                                         /*accumulate_grad=*/true);
 }
 
-const char* Describe(Direction direction) { return direction == Direction::kActivation ? "input" : "output gradient"; }
-
 }  // namespace
 
 // What an I leaves for its W: the backward's root and gradient (the graph hangs off the root),
@@ -59,9 +57,8 @@ struct Executor::StepState {
   std::map<StageMicrobatch, torch::Tensor> losses;       // last stage's loss terms
   std::map<StageMicrobatch, torch::Tensor> input_grads;  // waiting to be sent or handed on
   std::map<StageMicrobatch, WeightWork> weight_work;     // I done, W not yet: what W starts from
-  std::map<std::tuple<Direction, int, int>, std::unique_ptr<PendingRecv>> receives;  // posted
-  std::map<std::tuple<Direction, int, int>, torch::Tensor> arrived;                   // not yet used
-  std::map<std::tuple<Direction, int, int>, std::unique_ptr<PendingRecv>> copies;    // duplicate_send's, drained
+  std::map<Message, std::unique_ptr<PendingRecv>> receives;  // posted
+  std::map<Message, torch::Tensor> arrived;                   // not yet used
   // The send in flight per (peer, direction): the next one to the same place waits for it.
   std::map<std::pair<int, Direction>, std::unique_ptr<PendingSend>> sends;
   torch::Tensor loss_sum;  // 0-dim float64 on the device
@@ -70,8 +67,8 @@ struct Executor::StepState {
 };
 
 Executor::Executor(const PipelineConfig& config, const Schedule& schedule, Stages& stages, Transport& transport,
-                   Faults& faults, reference::GradientAccumulator& accumulator)
-    : config_(config), schedule_(schedule), stages_(stages), transport_(transport), faults_(faults),
+                   Fault& fault, reference::GradientAccumulator& accumulator)
+    : config_(config), schedule_(schedule), stages_(stages), transport_(transport, fault), fault_(fault),
       accumulator_(accumulator), clock_(config.train.device),
       owned_parameters_(OwnedParameters(stages, config.train.model.tied, /*count_tied_copy=*/true)) {}
 
@@ -98,8 +95,7 @@ void Executor::Forward(const Action& action, StepState& state) {
     state.inputs[{s, mb}] = input;
     Probe(input, Direction::kActivation, s, mb, BoundaryRole::kHandedOver, -1, state);
   } else {
-    input = TakeArrived(Direction::kActivation, action, state);  // (b, t, hidden)
-    if (faults_.KeepsInputGraph()) input.requires_grad_(true);
+    input = fault_.ReceivedInput(TakeArrived(action, state).requires_grad_(true));  // (b, t, hidden)
     state.inputs[{s, mb}] = input;
     Probe(input, Direction::kActivation, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s - 1), state);
   }
@@ -116,7 +112,7 @@ void Executor::Forward(const Action& action, StepState& state) {
   }
   // Summed token loss over the *whole batch's* token count: microbatch terms add up exactly.
   auto loss = reference::TokenLossSum(output, reference::ToDevice(part.labels, device)) /
-              faults_.LossDenominator(part.valid_tokens, state.batch.valid_tokens);
+              fault_.LossDenominator(part.valid_tokens, state.batch.valid_tokens);
   // Accumulated on the device: reading it per microbatch would sync the host with the device.
   auto term = loss.detach().to(torch::kFloat64);
   state.loss_sum = state.loss_sum.defined() ? state.loss_sum + term : term;
@@ -129,7 +125,7 @@ Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepStat
   if (StageAt(stages_, s, transport_.rank()).slice.has_head) {
     start.root = state.losses.at({s, mb});
     state.losses.erase({s, mb});
-    start.gradient = torch::ones_like(start.root);
+    start.gradient = fault_.BackwardSeed(torch::ones_like(start.root), mb);
     return start;
   }
   if (OnThisRank(s + 1)) {
@@ -137,23 +133,21 @@ Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepStat
     state.input_grads.erase({s + 1, mb});
     Probe(start.gradient, Direction::kGradient, s, mb, BoundaryRole::kHandedOver, -1, state);
   } else {
-    start.gradient = TakeArrived(Direction::kGradient, action, state);  // (b, t, hidden)
+    start.gradient = TakeArrived(action, state);  // (b, t, hidden)
     Probe(start.gradient, Direction::kGradient, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s + 1),
           state);
   }
   start.root = state.outputs.at({s, mb});
   state.outputs.erase({s, mb});
   start.passthrough = !start.root.grad_fn();
+  start.gradient = fault_.BackwardSeed(start.gradient, mb);
   return start;
 }
 
 void Executor::KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input,
                                  StepState& state) {
   const int mb = action.microbatch;
-  // drop_microbatch sends zeros whatever was computed.
-  if ((!gradient.defined() && faults_.SendsZerosForMissingGradient()) || faults_.DropsBackward(mb)) {
-    gradient = torch::zeros_like(input);
-  }
+  gradient = fault_.InputGradient(gradient, input);
   TORCH_CHECK(gradient.defined(), "rank ", transport_.rank(), ": ", action.ToString(),
               " produced no gradient for its input");
   state.input_grads[{action.stage, mb}] = gradient;
@@ -161,11 +155,10 @@ void Executor::KeepInputGradient(const Action& action, torch::Tensor gradient, c
 
 void Executor::Backward(const Action& action, StepState& state) {
   const int s = action.stage, mb = action.microbatch;
-  const bool dropped = faults_.DropsBackward(mb);
-  faults_.BeforeBackward(owned_parameters_);
+  fault_.BeforeBackward(owned_parameters_);
   const BackwardRoot start = TakeBackwardRoot(action, state);
-  if (!start.passthrough && !dropped) BackwardFrom(start.root, start.gradient);
-  faults_.AfterBackward(owned_parameters_);
+  if (!start.passthrough) BackwardFrom(start.root, start.gradient);
+  fault_.AfterBackward(owned_parameters_);
   accumulator_.AfterBackward();
   if (s == 0) return;
   auto input = state.inputs.at({s, mb});
@@ -184,7 +177,7 @@ void Executor::BackwardInput(const Action& action, StepState& state) {
   torch::Tensor gradient;
   if (start.passthrough) {
     gradient = start.gradient;
-  } else if (s > 0 && input.requires_grad() && !faults_.DropsBackward(mb)) {
+  } else if (s > 0 && input.requires_grad()) {
     // Only the input's edge: no parameter gradient is touched, and the graph stays for W.
     gradient = torch::autograd::Engine::get_default_engine().execute(
         {torch::autograd::impl::gradient_edge(start.root)}, {start.gradient}, /*keep_graph=*/true,
@@ -203,10 +196,10 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
               " has no input-gradient step (I) before it");
   const WeightWork pending = work->second;
   state.weight_work.erase(work);
-  if (!pending.root.defined() || faults_.DropsBackward(mb)) return;  // an empty stage has no weights
-  faults_.BeforeBackward(owned_parameters_);
+  if (!pending.root.defined()) return;  // an empty stage has no weights
+  fault_.BeforeBackward(owned_parameters_);
   const torch::nn::Module& module = *StageAt(stages_, s, transport_.rank()).module;
-  const auto before = faults_.SharedWeightGradient(module);
+  const auto before = fault_.BeforeWeightGradient(module);
   // The graph kept by I once more, towards the parameters' edges only: what leads to nothing
   // but the stage's input (already handed on by I) is not run again.
   torch::autograd::edge_list parameter_edges;
@@ -217,56 +210,27 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
                                                         {pending.gradient}, /*keep_graph=*/false,
                                                         /*create_graph=*/false, /*accumulate_grad=*/true,
                                                         parameter_edges);
-  faults_.AfterWeightGradient(module, before);
-  faults_.AfterBackward(owned_parameters_);
+  fault_.AfterWeightGradient(module, before);
+  fault_.AfterBackward(owned_parameters_);
   accumulator_.AfterBackward();
 }
 
-void Executor::RecvForward(const Action& action, StepState& state) {
-  const int s = action.stage, mb = action.microbatch;
-  const int peer = schedule_.shape.RankOfStage(s - 1), tag = MessageTag(Direction::kActivation, s, mb);
-  state.receives[{Direction::kActivation, s, mb}] =
-      transport_.Recv(peer, tag, config_.train.device, PlannedMessage(mb, state));
-  if (faults_.DuplicatesSends()) {
-    state.copies[{Direction::kActivation, s, mb}] =
-        transport_.Recv(peer, tag, config_.train.device, PlannedMessage(mb, state));
-  }
-}
-
-void Executor::RecvBackward(const Action& action, StepState& state) {
-  const int s = action.stage, mb = action.microbatch;
-  state.receives[{Direction::kGradient, s, mb}] =
-      transport_.Recv(schedule_.shape.RankOfStage(s + 1), MessageTag(Direction::kGradient, s, mb),
-                      config_.train.device, PlannedMessage(mb, state));
+void Executor::Receive(const Action& action, StepState& state) {
+  const Message message = MessageOf(action);
+  state.receives[message] = transport_.Recv(SenderRank(schedule_.shape, message), message.Tag(), config_.train.device,
+                                            PlannedMessage(message.microbatch, state));
 }
 
 void Executor::SendForward(const Action& action, StepState& state) {
-  const int s = action.stage, mb = action.microbatch;
-  auto& output = state.outputs.at({s, mb});
-  const int peer = schedule_.shape.RankOfStage(s + 1);
-  const int tag = MessageTag(Direction::kActivation, s + 1, mb);
-  if (faults_.ReusesSendBuffer()) {
-    // send_buffer_reuse: the activation goes out through a staging buffer that is overwritten at
-    // once (as a pool handing it back early would), so the peer gets whatever it holds then.
-    auto buffer = output.detach().clone();  // (b, t, hidden)
-    Probe(buffer, Direction::kActivation, s + 1, mb, BoundaryRole::kSent, peer, state);
-    IssueSend(buffer, peer, Direction::kActivation, tag, state);
-    buffer.zero_();
-    return;
-  }
-  Probe(output, Direction::kActivation, s + 1, mb, BoundaryRole::kSent, peer, state);
-  IssueSend(output.detach(), peer, Direction::kActivation, tag, state);
-  if (faults_.DuplicatesSends()) IssueSend(output.detach(), peer, Direction::kActivation, tag, state);
+  auto& output = state.outputs.at({action.stage, action.microbatch});
+  IssueSend(output.detach(), MessageOf(action), state);
   ReleaseOutputData(output);  // the send's buffer keeps the data alive only until it has left
 }
 
 void Executor::SendBackward(const Action& action, StepState& state) {
-  const int s = action.stage, mb = action.microbatch;
-  auto gradient = state.input_grads.at({s, mb});
-  state.input_grads.erase({s, mb});
-  const int peer = schedule_.shape.RankOfStage(s - 1);
-  Probe(gradient, Direction::kGradient, s - 1, mb, BoundaryRole::kSent, peer, state);
-  IssueSend(gradient, peer, Direction::kGradient, MessageTag(Direction::kGradient, s - 1, mb), state);
+  const auto key = std::make_pair(action.stage, action.microbatch);
+  IssueSend(state.input_grads.at(key), MessageOf(action), state);
+  state.input_grads.erase(key);
 }
 
 void Executor::Probe(const torch::Tensor& tensor, Direction direction, int stage, int microbatch, BoundaryRole role,
@@ -286,38 +250,28 @@ void Executor::Probe(const torch::Tensor& tensor, Direction direction, int stage
 // Messages of one (peer, direction) are consumed in the order they were sent, so the previous
 // one has left before the next goes, and its buffer is released then. Deadlock-free for any
 // schedule the simulator accepts under rendezvous semantics.
-void Executor::IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state) {
-  auto& in_flight = state.sends[{peer, direction}];
+void Executor::IssueSend(const torch::Tensor& tensor, const Message& message, StepState& state) {
+  const int peer = ReceiverRank(schedule_.shape, message);
+  Probe(tensor, message.direction, message.stage, message.microbatch, BoundaryRole::kSent, peer, state);
+  auto& in_flight = state.sends[{peer, message.direction}];
   if (in_flight) in_flight->Wait();
-  in_flight = transport_.Send(tensor, peer, tag, faults_.AnnouncedShape(direction, tensor));
+  in_flight = transport_.Send(tensor, peer, message.Tag(), std::nullopt);
 }
 
 void Executor::AwaitInput(const Action& action, StepState& state) {
-  const int s = action.stage, mb = action.microbatch;
-  Direction direction;
-  if (action.kind == ActionKind::kForward && s > 0) {
-    direction = Direction::kActivation;
-  } else if ((action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput) &&
-             s + 1 < schedule_.shape.stages()) {
-    direction = Direction::kGradient;
-  } else {
-    return;
-  }
-  auto received = state.receives.find({direction, s, mb});
-  if (received == state.receives.end()) return;  // a local handoff, or a missing receive reported later
-  state.arrived[{direction, s, mb}] = faults_.ReceivedMessage(received->second->Wait(), direction);
+  const auto message = InputMessage(schedule_.shape, action);
+  if (!message) return;  // a local handoff, or no input to wait for
+  auto received = state.receives.find(*message);
+  if (received == state.receives.end()) return;  // a missing receive: TakeArrived reports it
+  state.arrived[*message] = received->second->Wait();
   state.receives.erase(received);
-  auto copy = state.copies.find({direction, s, mb});
-  if (copy != state.copies.end()) {
-    copy->second->Wait();  // duplicate_send: the copy is drained and dropped
-    state.copies.erase(copy);
-  }
 }
 
-torch::Tensor Executor::TakeArrived(Direction direction, const Action& action, StepState& state) {
-  auto arrived = state.arrived.find({direction, action.stage, action.microbatch});
+torch::Tensor Executor::TakeArrived(const Action& action, StepState& state) {
+  const auto message = InputMessage(schedule_.shape, action);
+  auto arrived = message ? state.arrived.find(*message) : state.arrived.end();
   TORCH_CHECK(arrived != state.arrived.end(), "rank ", transport_.rank(), ": ", action.ToString(), " has no received ",
-              Describe(direction), " (no receive was posted)");
+              message ? message->ToString() : "input", " (no receive was posted)");
   auto tensor = arrived->second;
   state.arrived.erase(arrived);
   return tensor;
@@ -329,8 +283,8 @@ void Executor::Dispatch(const Action& action, StepState& state) {
     case ActionKind::kBackward: return Backward(action, state);
     case ActionKind::kBackwardInput: return BackwardInput(action, state);
     case ActionKind::kBackwardWeight: return BackwardWeight(action, state);
-    case ActionKind::kRecvForward: return RecvForward(action, state);
-    case ActionKind::kRecvBackward: return RecvBackward(action, state);
+    case ActionKind::kRecvForward:
+    case ActionKind::kRecvBackward: return Receive(action, state);
     case ActionKind::kSendForward: return SendForward(action, state);
     case ActionKind::kSendBackward: return SendBackward(action, state);
   }
@@ -351,18 +305,6 @@ void Executor::ReadProbes(StepState& state, std::vector<BoundaryRecord>& boundar
   }
 }
 
-int Executor::InputPeer(const Action& action) const {
-  const int rank = transport_.rank();
-  const PipelineShape& shape = schedule_.shape;
-  int from = -1;
-  if (action.kind == ActionKind::kForward && action.stage > 0) from = shape.RankOfStage(action.stage - 1);
-  if ((action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput) &&
-      action.stage < shape.stages() - 1) {
-    from = shape.RankOfStage(action.stage + 1);
-  }
-  return from == rank ? -1 : from;
-}
-
 double Executor::HostMicroseconds() const {
   return std::chrono::duration<double, std::micro>(Clock::now() - clock_origin_).count();
 }
@@ -373,7 +315,7 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
   state.step = step;
   state.batch = batch;
   state.microbatches = reference::SplitMicrobatches(batch, config_.microbatches);
-  faults_.BeginStep();
+  fault_.BeginStep();
   const auto start = Clock::now();
   const double step_start = std::chrono::duration<double, std::micro>(start - clock_origin_).count();
   const int rank = transport_.rank();
@@ -395,10 +337,10 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
     const reference::HostSyncCheck no_host_syncs(config_.train.check_host_syncs, config_.train.device);
     for (size_t index = 0; index < actions.size(); ++index) {
       const Action& action = actions[index];
-      faults_.BeforeAction(rank, transport_.world_size(), step, config_.train.steps, index, actions.size());
+      fault_.BeforeAction(step, index, actions.size());
       const int wait = clock_.Mark();
       if (recorder_) {
-        const int peer = action.IsCompute() ? InputPeer(action) : PeerOf(schedule_.shape, action);
+        const int peer = action.IsCompute() ? InputPeer(schedule_.shape, action) : PeerOf(schedule_.shape, action);
         recorder_->Started(step, action.ToString(), peer, HostMicroseconds());
       }
       int action_start = 0;

@@ -22,6 +22,7 @@
 
 #include "pipeline/faults.h"
 #include "pipeline/flight_recorder.h"
+#include "pipeline/message.h"
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
 #include "pipeline/stage.h"
@@ -35,9 +36,10 @@ namespace pipecheck::pipeline {
 
 class Executor {
  public:
-  // Everything is borrowed and must outlive the executor.
+  // Everything is borrowed and must outlive the executor. Its messages go through `fault`'s
+  // message hooks (FaultyTransport) to `transport`.
   Executor(const PipelineConfig& config, const Schedule& schedule, Stages& stages, Transport& transport,
-           Faults& faults, reference::GradientAccumulator& accumulator);
+           Fault& fault, reference::GradientAccumulator& accumulator);
   ~Executor();
 
   // Runs this rank's actions for `step` on `batch`, appending each action's timing (and the
@@ -64,15 +66,15 @@ class Executor {
   void Backward(const Action& action, StepState& state);
   void BackwardInput(const Action& action, StepState& state);   // I: the input's gradient, graph kept
   void BackwardWeight(const Action& action, StepState& state);  // W: the parameters' gradients
-  void RecvForward(const Action& action, StepState& state);
-  void RecvBackward(const Action& action, StepState& state);
+  void Receive(const Action& action, StepState& state);  // RECV_F and RECV_B alike
   void SendForward(const Action& action, StepState& state);
   void SendBackward(const Action& action, StepState& state);
 
   void Dispatch(const Action& action, StepState& state);
   // Completes the receive a compute action consumes, before it is timed.
   void AwaitInput(const Action& action, StepState& state);
-  torch::Tensor TakeArrived(Direction direction, const Action& action, StepState& state);
+  // The received message compute action `action` takes as its input.
+  torch::Tensor TakeArrived(const Action& action, StepState& state);
   MessageShape PlannedMessage(int microbatch, const StepState& state) const;
   // Where a backward of (s, mb) starts: the loss, or the output with its gradient (received or
   // handed over); `passthrough` when the stage has no layers (its output is its input).
@@ -81,9 +83,11 @@ class Executor {
     bool passthrough = false;
   };
   BackwardRoot TakeBackwardRoot(const Action& action, StepState& state);
-  // The input gradient a stage hands back (zeros under the faults that lose it).
+  // The input gradient a stage hands back, as the fault's InputGradient hook leaves it.
   void KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input, StepState& state);
-  void IssueSend(const torch::Tensor& tensor, int peer, Direction direction, int tag, StepState& state);
+  // Sends `tensor` as `message` (fingerprinted first) once the previous message to the same peer
+  // and direction has left.
+  void IssueSend(const torch::Tensor& tensor, const Message& message, StepState& state);
   // Fingerprints a boundary tensor as it is now (the numbers are read once, at the step's end).
   void Probe(const torch::Tensor& tensor, Direction direction, int stage, int microbatch, BoundaryRole role, int peer,
              StepState& state);
@@ -94,14 +98,12 @@ class Executor {
   const PipelineConfig& config_;
   const Schedule& schedule_;
   Stages& stages_;
-  Transport& transport_;
-  Faults& faults_;
+  FaultyTransport transport_;  // the borrowed transport, behind the fault's message hooks
+  Fault& fault_;
   reference::GradientAccumulator& accumulator_;
   reference::DeviceClock clock_;  // action timings, on the device's own clock
   std::vector<torch::Tensor> owned_parameters_;  // with the tied copy: what backward accumulates into
   FlightRecorder* recorder_ = nullptr;
-  // The rank a compute action's input comes from (-1: from this rank, or none).
-  int InputPeer(const Action& action) const;
   double HostMicroseconds() const;  // now, on the run's clock
 };
 

@@ -1,14 +1,16 @@
-// The injected faults (see faults.h).
+// The injected faults (see faults.h): one class each, then the registry.
 #include "pipeline/faults.h"
 
 #include <fmt/format.h>
 #include <torch/utils.h>
 
 #include <algorithm>
-#include <csignal>
 #include <chrono>
-#include <iterator>
+#include <csignal>
 #include <cstdlib>
+#include <functional>
+#include <iterator>
+#include <map>
 #include <stdexcept>
 #include <thread>
 
@@ -16,142 +18,440 @@
 
 namespace pipecheck::pipeline {
 
-const std::vector<std::string>& FaultNames() {
-  static const std::vector<std::string> names = {
-      "none",           "detach_input",   "mean_of_microbatch_means", "grad_scale_per_microbatch",
-      "zero_grad_per_microbatch", "drop_microbatch", "local_clip",    "tied_norm_twice",
-      "skip_tied_sync", "stale_shape",    "optimizer_state_reset",    "send_before_recv",
-      "crash_rank",     "hang_rank",      "clip_before_tied_sync",    "double_grad_scaling",
-      "send_buffer_reuse", "zb_shared_weight_grad_twice", "swap_boundary_shapes",
-      "duplicate_send", "reversed_accumulation", "slow_steps", "killed_rank"};
-  return names;
+std::unique_ptr<PendingSend> Fault::Send(Transport& inner, const torch::Tensor& tensor, int peer, int tag) {
+  return inner.Send(tensor, peer, tag, std::nullopt);
 }
 
-Fault ParseFault(const std::string& name) {
-  const auto& names = FaultNames();
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == name) return static_cast<Fault>(i);
-  }
-  throw std::invalid_argument("unknown fault '" + name + "'");
+std::unique_ptr<PendingRecv> Fault::Recv(Transport& inner, int peer, int tag, torch::Device device,
+                                         const std::optional<MessageShape>& expected) {
+  return inner.Recv(peer, tag, device, expected);
 }
 
-void Faults::StretchStep(std::chrono::steady_clock::time_point started) const {
-  if (fault_ != Fault::kSlowSteps) return;
-  // Busy, not asleep: a sleeping rank hands its core to the ranks sharing it, which then run
-  // faster, and on 2 cores the step grew by far less than a quarter (tokens/s -14% instead of
-  // -20%, measured with LibTorch 2.11).
-  const auto now = std::chrono::steady_clock::now();
-  const auto until = now + (now - started) / 4;
-  while (std::chrono::steady_clock::now() < until) {
-  }
+std::unique_ptr<PendingSend> FaultyTransport::Send(const torch::Tensor& tensor, int peer, int tag,
+                                                   const std::optional<MessageShape>& /*announced*/) {
+  return fault_.Send(inner_, tensor, peer, tag);
 }
 
-double Faults::LossDenominator(int64_t microbatch_tokens, int64_t batch_tokens) const {
-  if (fault_ == Fault::kMeanOfMicrobatchMeans) {
-    return static_cast<double>(microbatch_tokens) * static_cast<double>(microbatches_);
-  }
-  return static_cast<double>(batch_tokens);
-}
-
-// The first message's shape is kept as the buffer for every later one; what fits is copied in,
-// the rest is left as zeros or cut off.
-torch::Tensor Faults::ReceivedMessage(const torch::Tensor& message, Direction direction) {
-  if (fault_ == Fault::kSwapBoundaryShapes) last_shape_[direction] = message.sizes().vec();
-  if (fault_ != Fault::kStaleShape) return message;
-  auto& sizes = first_shape_[direction];
-  if (sizes.empty()) {
-    sizes = message.sizes().vec();
-    return message;
-  }
-  auto buffer = torch::zeros(sizes, message.options());
-  const int64_t fits = std::min(buffer.numel(), message.numel());
-  buffer.view(-1).narrow(0, 0, fits).copy_(message.reshape(-1).narrow(0, 0, fits));
-  return buffer;
-}
-
-std::optional<MessageShape> Faults::AnnouncedShape(Direction direction, const torch::Tensor& tensor) const {
-  if (fault_ != Fault::kSwapBoundaryShapes) return std::nullopt;
-  const auto other =
-      last_shape_.find(direction == Direction::kActivation ? Direction::kGradient : Direction::kActivation);
-  if (other == last_shape_.end() || other->second == tensor.sizes().vec()) return std::nullopt;
-  return MessageShape{tensor.scalar_type(), other->second};
-}
-
-void Faults::BeforeBackward(const std::vector<torch::Tensor>& parameters) const {
-  if (fault_ != Fault::kZeroGradPerMicrobatch) return;
-  torch::NoGradGuard no_grad;
-  for (const auto& parameter : parameters) {
-    if (parameter.grad().defined()) parameter.grad().zero_();
-  }
-}
-
-void Faults::AfterBackward(const std::vector<torch::Tensor>& parameters) {
-  if (fault_ == Fault::kGradScalePerMicrobatch) reference::ScaleGradients(parameters, 1.0 / microbatches_);
-  if (fault_ != Fault::kReversedAccumulation || rank_ != 0) return;
-  torch::NoGradGuard no_grad;
-  for (const auto& parameter : parameters) {
-    if (!parameter.grad().defined()) continue;
-    held_[parameter.unsafeGetTensorImpl()].push_back(parameter.grad().clone());
-    parameter.grad().zero_();  // the next backward adds into zeros: exactly its own gradient
-  }
-}
-
-void Faults::AfterAccumulation(const std::vector<torch::Tensor>& parameters) {
-  if (fault_ == Fault::kDoubleGradScaling) reference::ScaleGradients(parameters, 1.0 / microbatches_);
-  if (fault_ != Fault::kReversedAccumulation) return;
-  torch::NoGradGuard no_grad;
-  for (const auto& parameter : parameters) {
-    const auto held = held_.find(parameter.unsafeGetTensorImpl());
-    if (held == held_.end()) continue;
-    torch::Tensor sum = held->second.back().clone();
-    for (auto gradient = std::next(held->second.rbegin()); gradient != held->second.rend(); ++gradient) sum.add_(*gradient);
-    parameter.grad().copy_(sum);
-  }
-  held_.clear();
+std::unique_ptr<PendingRecv> FaultyTransport::Recv(int peer, int tag, torch::Device device,
+                                                   const std::optional<MessageShape>& expected) {
+  return fault_.Recv(inner_, peer, tag, device, expected);
 }
 
 namespace {
 
-constexpr const char* kSharedWeight = "tok_embeddings.weight";
+bool IsActivation(int tag) { return DecodeTag(tag).direction == Direction::kActivation; }
 
-torch::Tensor SharedWeight(const torch::nn::Module& module) {
-  for (const auto& item : module.named_parameters()) {
-    if (item.key() == kSharedWeight) return item.value();
+// A receive whose message is changed on arrival.
+class TransformedRecv : public PendingRecv {
+ public:
+  TransformedRecv(std::unique_ptr<PendingRecv> inner, std::function<torch::Tensor(torch::Tensor)> transform)
+      : inner_(std::move(inner)), transform_(std::move(transform)) {}
+  torch::Tensor Wait() override { return transform_(inner_->Wait()); }
+
+ private:
+  std::unique_ptr<PendingRecv> inner_;
+  std::function<torch::Tensor(torch::Tensor)> transform_;
+};
+
+// detach_input: a stage's received activation is used without its graph; the backward that
+// then has no input gradient sends zeros instead of failing.
+class DetachInput : public Fault {
+ public:
+  using Fault::Fault;
+  torch::Tensor ReceivedInput(const torch::Tensor& input) const override { return input.detach(); }
+  torch::Tensor InputGradient(const torch::Tensor& gradient, const torch::Tensor& input) const override {
+    return gradient.defined() ? gradient : torch::zeros_like(input);
   }
-  return {};
+};
+
+// mean_of_microbatch_means: each microbatch's loss divided by its own tokens, then by m.
+class MeanOfMicrobatchMeans : public Fault {
+ public:
+  using Fault::Fault;
+  double LossDenominator(int64_t microbatch_tokens, int64_t /*batch_tokens*/) const override {
+    return static_cast<double>(microbatch_tokens) * static_cast<double>(context().microbatches);
+  }
+};
+
+// grad_scale_per_microbatch: the accumulated gradients divided by m after every backward.
+class GradScalePerMicrobatch : public Fault {
+ public:
+  using Fault::Fault;
+  void AfterBackward(const std::vector<torch::Tensor>& parameters) override {
+    reference::ScaleGradients(parameters, 1.0 / context().microbatches);
+  }
+};
+
+// zero_grad_per_microbatch: gradients zeroed before each microbatch's backward.
+class ZeroGradPerMicrobatch : public Fault {
+ public:
+  using Fault::Fault;
+  void BeforeBackward(const std::vector<torch::Tensor>& parameters) override {
+    torch::NoGradGuard no_grad;
+    for (const auto& parameter : parameters) {
+      if (parameter.grad().defined()) parameter.grad().zero_();
+    }
+  }
+};
+
+// drop_microbatch: the last microbatch's backward contributes nothing (it starts from zeros, so
+// its parameters' gradients add zero and zeros go on to the previous stage).
+class DropMicrobatch : public Fault {
+ public:
+  using Fault::Fault;
+  torch::Tensor BackwardSeed(const torch::Tensor& gradient, int microbatch) const override {
+    return microbatch == context().microbatches - 1 ? torch::zeros_like(gradient) : gradient;
+  }
+};
+
+// local_clip: each rank clips by its own norm.
+class LocalClip : public Fault {
+ public:
+  using Fault::Fault;
+  bool ClipsLocally() const override { return true; }
+};
+
+// tied_norm_twice: the tied weight counted on both owners in the global norm.
+class TiedNormTwice : public Fault {
+ public:
+  using Fault::Fault;
+  bool CountsTiedTwice() const override { return true; }
+};
+
+// skip_tied_sync: the tied gradients are not summed between their owners.
+class SkipTiedSync : public Fault {
+ public:
+  using Fault::Fault;
+  bool SkipsTiedSync() const override { return true; }
+};
+
+// stale_shape: the first message of each direction fixes the buffer later ones are copied into;
+// what fits is copied, the rest is left as zeros or cut off.
+class StaleShape : public Fault {
+ public:
+  using Fault::Fault;
+  void BeginStep() override { first_shape_.clear(); }
+  std::unique_ptr<PendingRecv> Recv(Transport& inner, int peer, int tag, torch::Device device,
+                                    const std::optional<MessageShape>& expected) override {
+    const Direction direction = DecodeTag(tag).direction;
+    return std::make_unique<TransformedRecv>(inner.Recv(peer, tag, device, expected),
+                                             [this, direction](torch::Tensor message) {
+                                               auto& sizes = first_shape_[direction];
+                                               if (sizes.empty()) {
+                                                 sizes = message.sizes().vec();
+                                                 return message;
+                                               }
+                                               auto buffer = torch::zeros(sizes, message.options());
+                                               const int64_t fits = std::min(buffer.numel(), message.numel());
+                                               buffer.view(-1).narrow(0, 0, fits).copy_(
+                                                   message.reshape(-1).narrow(0, 0, fits));
+                                               return buffer;
+                                             });
+  }
+
+ private:
+  std::map<Direction, std::vector<int64_t>> first_shape_;  // per direction, for one step
+};
+
+// optimizer_state_reset: the optimizer is rebuilt at every step.
+class OptimizerStateReset : public Fault {
+ public:
+  using Fault::Fault;
+  bool ResetsOptimizer() const override { return true; }
+};
+
+// send_before_recv: the lowering pass leaves sends ahead of the receives due with them.
+class SendBeforeRecv : public Fault {
+ public:
+  using Fault::Fault;
+  bool PostReceivesFirst() const override { return false; }
+};
+
+// crash_rank / hang_rank / killed_rank: the last rank aborts, stops, or gets SIGKILL half-way
+// through its list in step 1 (step 0 when the scenario has only one step).
+class RankFailure : public Fault {
+ public:
+  explicit RankFailure(const FaultContext& context) : Fault(context) {}
+  void BeforeAction(int64_t step, size_t index, size_t actions) const override {
+    const int64_t fault_step = std::min<int64_t>(1, context().steps - 1);
+    if (context().rank != context().world_size - 1 || step != fault_step || index != actions / 2) return;
+    Fail(step);
+  }
+
+ protected:
+  virtual void Fail(int64_t step) const = 0;
+};
+
+class CrashRank : public RankFailure {
+ public:
+  using RankFailure::RankFailure;
+  void Fail(int64_t step) const override {
+    fmt::print(stderr, "fault crash_rank: rank {} aborts in step {}\n", context().rank, step);
+    std::abort();
+  }
+};
+
+class HangRank : public RankFailure {
+ public:
+  using RankFailure::RankFailure;
+  void Fail(int64_t step) const override {
+    fmt::print(stderr, "fault hang_rank: rank {} stops making progress in step {}\n", context().rank, step);
+    while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+};
+
+// killed_rank: as from the kernel's OOM killer.
+class KilledRank : public RankFailure {
+ public:
+  using RankFailure::RankFailure;
+  void Fail(int64_t step) const override {
+    fmt::print(stderr, "fault killed_rank: rank {} gets SIGKILL in step {}\n", context().rank, step);
+    std::fflush(stderr);
+    raise(SIGKILL);
+  }
+};
+
+// clip_before_tied_sync: the clipping norm computed before the tied gradients are summed.
+class ClipBeforeTiedSync : public Fault {
+ public:
+  using Fault::Fault;
+  bool ClipsBeforeTiedSync() const override { return true; }
+};
+
+// double_grad_scaling: gradients divided by m at step end on top of the whole-batch normalisation.
+class DoubleGradScaling : public Fault {
+ public:
+  using Fault::Fault;
+  void AfterAccumulation(const std::vector<torch::Tensor>& parameters) override {
+    reference::ScaleGradients(parameters, 1.0 / context().microbatches);
+  }
+};
+
+// send_buffer_reuse: an activation goes out through a staging buffer that is overwritten at once
+// (as a pool handing it back early would), so the peer gets whatever it holds then.
+class SendBufferReuse : public Fault {
+ public:
+  using Fault::Fault;
+  std::unique_ptr<PendingSend> Send(Transport& inner, const torch::Tensor& tensor, int peer, int tag) override {
+    if (!IsActivation(tag)) return inner.Send(tensor, peer, tag, std::nullopt);
+    auto buffer = tensor.clone();  // (b, t, hidden)
+    auto pending = inner.Send(buffer, peer, tag, std::nullopt);
+    buffer.zero_();
+    return pending;
+  }
+};
+
+// zb_shared_weight_grad_twice: a split backward's W adds the tied embedding's gradient twice
+// (PyTorch #180952).
+class ZbSharedWeightGradTwice : public Fault {
+ public:
+  using Fault::Fault;
+  torch::Tensor BeforeWeightGradient(const torch::nn::Module& module) const override {
+    const auto weight = SharedWeight(module);
+    if (!weight.defined()) return {};
+    return weight.grad().defined() ? weight.grad().detach().clone() : torch::zeros_like(weight);
+  }
+  void AfterWeightGradient(const torch::nn::Module& module, const torch::Tensor& before) const override {
+    if (!before.defined()) return;
+    auto weight = SharedWeight(module);
+    torch::NoGradGuard no_grad;
+    weight.grad().add_(weight.grad() - before);  // this microbatch's contribution, once more
+  }
+
+ private:
+  static torch::Tensor SharedWeight(const torch::nn::Module& module) {
+    for (const auto& item : module.named_parameters()) {
+      if (item.key() == "tok_embeddings.weight") return item.value();
+    }
+    return {};
+  }
+};
+
+// swap_boundary_shapes: a message's header states the last shape received in the other
+// direction (activation <-> gradient) where that differs (Megatron MCORE-382).
+class SwapBoundaryShapes : public Fault {
+ public:
+  using Fault::Fault;
+  void BeginStep() override { last_shape_.clear(); }
+  std::unique_ptr<PendingSend> Send(Transport& inner, const torch::Tensor& tensor, int peer, int tag) override {
+    const Direction direction = DecodeTag(tag).direction;
+    const auto other =
+        last_shape_.find(direction == Direction::kActivation ? Direction::kGradient : Direction::kActivation);
+    std::optional<MessageShape> announced;
+    if (other != last_shape_.end() && other->second != tensor.sizes().vec()) {
+      announced = MessageShape{tensor.scalar_type(), other->second};
+    }
+    return inner.Send(tensor, peer, tag, announced);
+  }
+  std::unique_ptr<PendingRecv> Recv(Transport& inner, int peer, int tag, torch::Device device,
+                                    const std::optional<MessageShape>& expected) override {
+    const Direction direction = DecodeTag(tag).direction;
+    return std::make_unique<TransformedRecv>(inner.Recv(peer, tag, device, expected),
+                                             [this, direction](torch::Tensor message) {
+                                               last_shape_[direction] = message.sizes().vec();
+                                               return message;
+                                             });
+  }
+
+ private:
+  std::map<Direction, std::vector<int64_t>> last_shape_;  // per direction, for one step
+};
+
+// duplicate_send: each activation goes out twice and the receiver posts a second receive for the
+// copy and drops it, as a retry wrapper that re-sends a delivered message would (and its
+// receiver-side counterpart). Every number stays right; only the communication check sees it.
+class DuplicateSend : public Fault {
+ public:
+  using Fault::Fault;
+  std::unique_ptr<PendingSend> Send(Transport& inner, const torch::Tensor& tensor, int peer, int tag) override {
+    auto first = inner.Send(tensor, peer, tag, std::nullopt);
+    if (!IsActivation(tag)) return first;
+    return std::make_unique<BothSent>(std::move(first), inner.Send(tensor, peer, tag, std::nullopt));
+  }
+  std::unique_ptr<PendingRecv> Recv(Transport& inner, int peer, int tag, torch::Device device,
+                                    const std::optional<MessageShape>& expected) override {
+    auto first = inner.Recv(peer, tag, device, expected);
+    if (!IsActivation(tag)) return first;
+    return std::make_unique<CopyDrained>(std::move(first), inner.Recv(peer, tag, device, expected));
+  }
+
+ private:
+  struct BothSent : PendingSend {
+    BothSent(std::unique_ptr<PendingSend> a, std::unique_ptr<PendingSend> b) : first(std::move(a)), copy(std::move(b)) {}
+    void Wait() override {
+      first->Wait();
+      copy->Wait();
+    }
+    std::unique_ptr<PendingSend> first, copy;
+  };
+  struct CopyDrained : PendingRecv {
+    CopyDrained(std::unique_ptr<PendingRecv> a, std::unique_ptr<PendingRecv> b) : first(std::move(a)), copy(std::move(b)) {}
+    torch::Tensor Wait() override {
+      auto message = first->Wait();
+      copy->Wait();  // drained and dropped
+      return message;
+    }
+    std::unique_ptr<PendingRecv> first, copy;
+  };
+};
+
+// reversed_accumulation: rank 0 holds each microbatch's gradients apart and sums them newest
+// first, as a trainer that keeps per-microbatch gradients for overlap and reduces them
+// last-in-first-out would. Every value stays right to rounding (parity passes); only the
+// invariance matrix sees the changed order.
+class ReversedAccumulation : public Fault {
+ public:
+  using Fault::Fault;
+  void AfterBackward(const std::vector<torch::Tensor>& parameters) override {
+    if (context().rank != 0) return;
+    torch::NoGradGuard no_grad;
+    for (const auto& parameter : parameters) {
+      if (!parameter.grad().defined()) continue;
+      held_[parameter.unsafeGetTensorImpl()].push_back(parameter.grad().clone());
+      parameter.grad().zero_();  // the next backward adds into zeros: exactly its own gradient
+    }
+  }
+  void AfterAccumulation(const std::vector<torch::Tensor>& parameters) override {
+    torch::NoGradGuard no_grad;
+    for (const auto& parameter : parameters) {
+      const auto held = held_.find(parameter.unsafeGetTensorImpl());
+      if (held == held_.end()) continue;
+      torch::Tensor sum = held->second.back().clone();
+      for (auto gradient = std::next(held->second.rbegin()); gradient != held->second.rend(); ++gradient) {
+        sum.add_(*gradient);
+      }
+      parameter.grad().copy_(sum);
+    }
+    held_.clear();
+  }
+
+ private:
+  std::map<const void*, std::vector<torch::Tensor>> held_;  // per parameter, its microbatches' gradients
+};
+
+// slow_steps: every rank keeps its core busy for a quarter of its step's time before the step
+// ends, as a regression that adds work would; numbers stay exact, so only a baseline comparison
+// of tokens/s (-20%) sees it.
+class SlowSteps : public Fault {
+ public:
+  using Fault::Fault;
+  void EndStep(std::chrono::steady_clock::time_point started) const override {
+    // Busy, not asleep: a sleeping rank hands its core to the ranks sharing it, which then run
+    // faster, and on 2 cores the step grew by far less than a quarter.
+    const auto now = std::chrono::steady_clock::now();
+    const auto until = now + (now - started) / 4;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
+};
+
+template <typename T>
+std::unique_ptr<Fault> Make(const FaultContext& context) {
+  return std::make_unique<T>(context);
 }
 
 }  // namespace
 
-torch::Tensor Faults::SharedWeightGradient(const torch::nn::Module& module) const {
-  if (fault_ != Fault::kZbSharedWeightGradTwice) return {};
-  const auto weight = SharedWeight(module);
-  if (!weight.defined()) return {};
-  return weight.grad().defined() ? weight.grad().detach().clone() : torch::zeros_like(weight);
+const std::vector<FaultInfo>& FaultRegistry() {
+  static const std::vector<FaultInfo> registry = {
+      {"none", "the correct pipeline", Make<Fault>},
+      {"detach_input", "a stage's received activation is detached before use", Make<DetachInput>},
+      {"mean_of_microbatch_means", "each microbatch's loss divided by its own tokens, then by m",
+       Make<MeanOfMicrobatchMeans>},
+      {"grad_scale_per_microbatch", "accumulated gradients divided by m after every microbatch",
+       Make<GradScalePerMicrobatch>},
+      {"zero_grad_per_microbatch", "gradients zeroed before each microbatch's backward", Make<ZeroGradPerMicrobatch>},
+      {"drop_microbatch", "the last microbatch's backward contributes nothing (zeros sent on)", Make<DropMicrobatch>},
+      {"local_clip", "each rank clips by its own norm", Make<LocalClip>},
+      {"tied_norm_twice", "the tied weight counted on both owners in the global norm", Make<TiedNormTwice>},
+      {"skip_tied_sync", "tied gradients not summed between their owners", Make<SkipTiedSync>},
+      {"stale_shape", "receive buffers sized from the first microbatch, reused", Make<StaleShape>},
+      {"optimizer_state_reset", "the optimizer rebuilt at every step", Make<OptimizerStateReset>},
+      {"send_before_recv", "blocking sends issued before the matching receives are posted", Make<SendBeforeRecv>},
+      {"crash_rank", "the last rank aborts in the middle of step 1", Make<CrashRank>},
+      {"hang_rank", "the last rank stops making progress in the middle of step 1", Make<HangRank>},
+      {"clip_before_tied_sync", "the clipping norm computed before the tied gradients are summed",
+       Make<ClipBeforeTiedSync>},
+      {"double_grad_scaling", "gradients divided by m at step end on top of the whole-batch normalisation",
+       Make<DoubleGradScaling>},
+      {"send_buffer_reuse", "an activation's send buffer overwritten before its send completed",
+       Make<SendBufferReuse>},
+      {"zb_shared_weight_grad_twice", "a split backward's W adds the tied embedding's gradient twice",
+       Make<ZbSharedWeightGradTwice>},
+      {"swap_boundary_shapes", "a boundary message's header states the other direction's last shape",
+       Make<SwapBoundaryShapes>},
+      {"duplicate_send", "every activation sent twice, the copy drained by its receiver", Make<DuplicateSend>},
+      {"reversed_accumulation", "rank 0 sums each microbatch's gradients newest first", Make<ReversedAccumulation>},
+      {"slow_steps", "every rank busy a quarter longer each step", Make<SlowSteps>},
+      {"killed_rank", "the last rank gets SIGKILL in the middle of step 1", Make<KilledRank>},
+  };
+  return registry;
 }
 
-void Faults::AfterWeightGradient(const torch::nn::Module& module, const torch::Tensor& before) const {
-  if (fault_ != Fault::kZbSharedWeightGradTwice || !before.defined()) return;
-  auto weight = SharedWeight(module);
-  torch::NoGradGuard no_grad;
-  weight.grad().add_(weight.grad() - before);  // this microbatch's contribution, once more
+const std::vector<std::string>& FaultNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all;
+    for (const auto& info : FaultRegistry()) all.push_back(info.name);
+    return all;
+  }();
+  return names;
 }
 
-void Faults::BeforeAction(int rank, int world_size, int64_t step, int64_t steps, size_t index, size_t actions) const {
-  if (fault_ != Fault::kCrashRank && fault_ != Fault::kHangRank && fault_ != Fault::kKilledRank) return;
-  const int64_t fault_step = std::min<int64_t>(1, steps - 1);
-  if (rank != world_size - 1 || step != fault_step || index != actions / 2) return;
-  if (fault_ == Fault::kCrashRank) {
-    fmt::print(stderr, "fault crash_rank: rank {} aborts in step {}\n", rank, step);
-    std::abort();
+namespace {
+
+const FaultInfo& FindFault(const std::string& name) {
+  for (const auto& info : FaultRegistry()) {
+    if (info.name == name) return info;
   }
-  if (fault_ == Fault::kKilledRank) {
-    fmt::print(stderr, "fault killed_rank: rank {} gets SIGKILL in step {}\n", rank, step);
-    std::fflush(stderr);
-    raise(SIGKILL);
-  }
-  fmt::print(stderr, "fault hang_rank: rank {} stops making progress in step {}\n", rank, step);
-  while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+  throw std::invalid_argument("unknown fault '" + name + "'");
 }
+
+}  // namespace
+
+std::unique_ptr<Fault> MakeFault(const std::string& name, const FaultContext& context) {
+  return FindFault(name).make(context);
+}
+
+const std::string& ParseFault(const std::string& name) { return FindFault(name).name; }
 
 }  // namespace pipecheck::pipeline

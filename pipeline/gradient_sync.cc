@@ -14,7 +14,7 @@ std::vector<std::pair<int, int>> TiedChannels(const PipelineConfig& config, cons
 }
 
 void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const PipelineShape& shape,
-                       const Faults& faults, Transport& transport) {
+                       const Fault& faults, Transport& transport) {
   const int num_stages = shape.stages();
   if (!config.train.model.tied || num_stages == 1 || faults.SkipsTiedSync()) return;
   const int last = num_stages - 1;
@@ -50,7 +50,7 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
   own.copy_(sum);
 }
 
-double ClipGradients(const Stages& stages, const PipelineConfig& config, const Faults& faults, Transport& transport) {
+double ClipGradients(const Stages& stages, const PipelineConfig& config, const Fault& faults, Transport& transport) {
   const bool tied = config.train.model.tied;
   // tied_norm_twice counts the last stage's copy of the tied weight as well.
   const double local = reference::GradSquaredSum(OwnedParameters(stages, tied, faults.CountsTiedTwice()));

@@ -12,13 +12,13 @@ namespace pipecheck::pipeline {
 
 // Sums the tied weight's gradients of the first and last stage on both owners (no-op untied).
 void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const PipelineShape& shape,
-                       const Faults& faults, Transport& transport);
+                       const Fault& faults, Transport& transport);
 
 // The ordered pairs of ranks the tied sum sends over: both ways between the first and last
 // stage's ranks when they differ; none otherwise.
 std::vector<std::pair<int, int>> TiedChannels(const PipelineConfig& config, const PipelineShape& shape);
 
 // Scales every owned gradient by the global-norm clip factor; returns the norm before clipping.
-double ClipGradients(const Stages& stages, const PipelineConfig& config, const Faults& faults, Transport& transport);
+double ClipGradients(const Stages& stages, const PipelineConfig& config, const Fault& faults, Transport& transport);
 
 }  // namespace pipecheck::pipeline

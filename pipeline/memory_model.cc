@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "pipeline/message.h"
 #include "pipeline/partition.h"
 #include "pipeline/transport.h"
 #include "reference/data.h"
@@ -230,6 +231,212 @@ int64_t BatchBytes(const reference::Batch& batch, const std::vector<reference::B
   return bytes;
 }
 
+// One rank's step through its action list, mirroring the executor: one method per action kind,
+// each moving `held` as the executor's tensors come and go, and noting the most held during the
+// action (its transients on top).
+class RankWalk {
+ public:
+  RankWalk(const Sizes& z, const std::vector<reference::SliceSpec>& slices, const PipelineShape& shape,
+           const std::vector<reference::Batch>& parts, int64_t held)
+      : z_(z), slices_(slices), shape_(shape), parts_(parts), held_(held) {}
+
+  // Walks `actions`, appending the bytes held after each and the most held during it.
+  void Run(const std::vector<Action>& actions, std::vector<int64_t>& held_after, std::vector<int64_t>& peak_during) {
+    for (const Action& a : actions) {
+      action_peak_ = held_;
+      switch (a.kind) {
+        case ActionKind::kRecvForward:
+        case ActionKind::kRecvBackward: Receive(a); break;
+        case ActionKind::kForward: Forward(a); break;
+        case ActionKind::kSendForward:
+        case ActionKind::kSendBackward: Send(a); break;
+        case ActionKind::kBackward:
+        case ActionKind::kBackwardInput:
+        case ActionKind::kBackwardWeight: Backward(a); break;
+      }
+      held_after.push_back(held_);
+      peak_during.push_back(std::max(action_peak_, held_));
+      peak_ = std::max(peak_, peak_during.back());
+    }
+    for (auto& [key, bytes] : in_flight_) held_ -= bytes;  // every send completes by step end
+  }
+
+  int64_t held() const { return held_; }
+  int64_t peak() const { return peak_; }
+
+ private:
+  using StageMicrobatch = std::pair<int, int>;
+  using SendKey = std::pair<int, int>;  // (peer, send kind)
+
+  void Reach(int64_t bytes) { action_peak_ = std::max(action_peak_, bytes); }
+  // One boundary message of microbatch `mb`: (b, t, hidden).
+  int64_t MessageBytes(int mb) const { return parts_[mb].tokens.size(0) * parts_[mb].time() * z_.model.hidden * z_.e; }
+  bool Passthrough(const reference::SliceSpec& slice) const {
+    return slice.end_layer == slice.first_layer && !slice.has_embedding && !slice.has_head;
+  }
+
+  // A receive is posted with its payload buffer.
+  void Receive(const Action& a) {
+    held_ += MessageBytes(a.microbatch) + kMessageHeaderBytes;
+    Reach(held_);
+  }
+
+  // The received buffer (counted at RECV) becomes the stage's input; its header goes.
+  void Forward(const Action& a) {
+    const auto& slice = slices_[a.stage];
+    const int mb = a.microbatch;
+    const int64_t b = parts_[mb].tokens.size(0), t = parts_[mb].time();
+    const bool remote_input = InputMessage(shape_, a).has_value();
+    const Input input = a.stage == 0 ? Input::kTokens : remote_input ? Input::kReceived : Input::kLocal;
+    const int64_t kept = Retained(z_, slice, input, b, t);
+    const int64_t output = slice.has_head || Passthrough(slice) ? 0 : MessageBytes(mb);
+    held_ += kept + output - (remote_input ? MessageBytes(mb) + kMessageHeaderBytes : 0);
+    Reach(held_ + ForwardTransient(z_, slice, b, t));
+    retained_[{a.stage, mb}] = kept + output;
+  }
+
+  // The previous message to this peer and direction has left; the data now belongs to the send
+  // (a passthrough's output is its input, still held).
+  void Send(const Action& a) {
+    const int mb = a.microbatch;
+    const bool forward = a.kind == ActionKind::kSendForward;
+    const bool passthrough = Passthrough(slices_[a.stage]);
+    const SendKey key{PeerOf(shape_, a), static_cast<int>(a.kind)};
+    auto& buffer = in_flight_[key];
+    held_ -= buffer;
+    const int64_t moved = forward && passthrough ? 0 : MessageBytes(mb);
+    buffer = moved + kMessageHeaderBytes;
+    if (forward && passthrough) {
+      shared_input_[key] = {a.stage, mb};
+    } else {
+      shared_input_.erase(key);
+    }
+    held_ += kMessageHeaderBytes;
+    if (forward) {
+      retained_[{a.stage, mb}] -= moved;
+    } else {
+      pending_grad_.erase({a.stage, mb});
+    }
+    Reach(held_);
+  }
+
+  // B is I then W at once. I hands the input gradient on and keeps the graph (and the output
+  // gradient it started from) for W; W frees them and creates the parameters'.
+  void Backward(const Action& a) {
+    const auto& slice = slices_[a.stage];
+    const int mb = a.microbatch;
+    const int64_t b = parts_[mb].tokens.size(0), t = parts_[mb].time();
+    const bool passthrough = Passthrough(slice);
+    const bool input_part = a.kind != ActionKind::kBackwardWeight;
+    const bool weight_part = a.kind != ActionKind::kBackwardInput;
+    // Where the output gradient comes from: another rank (a message), this rank's next stage, or
+    // the loss (the head).
+    const bool remote_gradient = InputMessage(shape_, {ActionKind::kBackwardInput, a.stage, mb}).has_value();
+    const bool local_gradient = a.stage + 1 < shape_.stages() && !remote_gradient && !slice.has_head;
+    const int64_t gradient_in = remote_gradient ? MessageBytes(mb) + kMessageHeaderBytes : 0;
+    // A passthrough hands its output gradient on as its input gradient.
+    const int64_t input_gradient = a.stage == 0 ? 0 : passthrough ? -kMessageHeaderBytes : MessageBytes(mb);
+    // Stage 0's I has no input gradient to compute, and an empty stage nothing at all (its W
+    // recomputes nothing either): they run nothing.
+    const bool runs = !passthrough && (a.kind != ActionKind::kBackwardInput || a.stage > 0);
+    const bool accumulates = z_.grad == z_.e && has_gradients_.count(a.stage) > 0;
+    // W also recomputes the input's gradient where its weights need it.
+    const int64_t recomputed = a.kind == ActionKind::kBackwardWeight && a.stage > 0 ? MessageBytes(mb) : 0;
+    if (runs) {
+      const Pass pass = !weight_part ? Pass::kInput : input_part ? Pass::kFull : Pass::kWeight;
+      Reach(held_ + BackwardTransient(z_, slice, b, t, pass, weight_part && accumulates, retained_[{a.stage, mb}],
+                                      recomputed));
+    }
+    if (input_part) InputPart(a, passthrough, local_gradient, gradient_in, input_gradient);
+    if (weight_part) WeightPart(a, passthrough, local_gradient, gradient_in);
+  }
+
+  void InputPart(const Action& a, bool passthrough, bool local_gradient, int64_t gradient_in, int64_t input_gradient) {
+    const StageMicrobatch here{a.stage, a.microbatch};
+    held_ += input_gradient;
+    if (a.stage > 0) pending_grad_[here] = passthrough ? gradient_in - kMessageHeaderBytes : input_gradient;
+    if (a.kind != ActionKind::kBackwardInput) return;
+    if (passthrough) {
+      // An empty stage's W runs nothing and keeps nothing: its input goes at I, unless the send of
+      // its output (the same tensor) still holds it until the next send.
+      const SendKey send_key{shape_.RankOfStage(a.stage + 1), static_cast<int>(ActionKind::kSendForward)};
+      const auto shared = shared_input_.find(send_key);
+      if (shared != shared_input_.end() && shared->second == here) {
+        in_flight_[send_key] += retained_[here];
+      } else {
+        held_ -= retained_[here];
+      }
+      retained_.erase(here);
+    }
+    // What W still needs: the graph, the output gradient (and W recomputes the input's).
+    held_for_weight_[here] = passthrough ? 0 : gradient_in;
+    if (local_gradient) {
+      held_for_weight_[here] += pending_grad_[{a.stage + 1, a.microbatch}];
+      pending_grad_.erase({a.stage + 1, a.microbatch});
+    }
+  }
+
+  void WeightPart(const Action& a, bool passthrough, bool local_gradient, int64_t gradient_in) {
+    const StageMicrobatch here{a.stage, a.microbatch};
+    const auto& slice = slices_[a.stage];
+    const int64_t stage_params = StageParameterCount(z_.model, slice);
+    const bool first_backward = has_gradients_.insert(a.stage).second;
+    const int64_t grads = first_backward ? stage_params * z_.grad : 0;
+    // Reduced precision: each backward's gradients arrive in the parameter dtype and are converted
+    // one parameter at a time to fp32 and added to the sums (the first backward's conversions
+    // become the sums).
+    const int64_t largest_here = LargestParameter(z_.model, slice);
+    const int64_t conversion = z_.grad == z_.e ? 0
+                               : first_backward ? largest_here * z_.e
+                                                : stage_params * z_.e + largest_here * z_.grad;
+    if (a.kind == ActionKind::kBackwardWeight) {
+      held_ -= held_for_weight_[here];
+      held_for_weight_.erase(here);
+    } else {
+      held_ -= passthrough ? 0 : gradient_in;
+      if (local_gradient) {
+        held_ -= pending_grad_[{a.stage + 1, a.microbatch}];
+        pending_grad_.erase({a.stage + 1, a.microbatch});
+      }
+    }
+    held_ += grads - retained_[here];
+    retained_.erase(here);
+    Reach(held_ + conversion);
+  }
+
+  const Sizes& z_;
+  const std::vector<reference::SliceSpec>& slices_;
+  const PipelineShape& shape_;
+  const std::vector<reference::Batch>& parts_;
+  int64_t held_ = 0;
+  int64_t peak_ = 0;
+  int64_t action_peak_ = 0;
+  std::set<int> has_gradients_;                          // stages whose gradients exist this step
+  std::map<StageMicrobatch, int64_t> retained_;          // bytes kept until the backward
+  std::map<StageMicrobatch, int64_t> pending_grad_;      // input gradient waiting for SEND_B (or the next stage)
+  std::map<StageMicrobatch, int64_t> held_for_weight_;   // I done: output gradients kept for W
+  std::map<SendKey, int64_t> in_flight_;                 // send buffer bytes per (peer, direction)
+  std::map<SendKey, StageMicrobatch> shared_input_;      // an empty stage's forward send shares its input
+};
+
+// After the actions: clipping takes each gradient's squared sum in float64 (a tied weight's two
+// gradients summed first, the peer's copy received), AdamW makes two temporaries per parameter,
+// and the first step creates its state. Returns the step's peak from `peak` on.
+int64_t StepEndPeak(const Sizes& z, const PipelineShape& shape, int rank, int64_t step, int64_t& held, int64_t peak,
+                    int64_t largest, int64_t largest_clipped, int64_t state_bytes) {
+  int64_t clip = largest_clipped * (z.e == 8 ? 8 : 16);
+  const int last = shape.stages() - 1;
+  const bool owns_tied = z.model.tied && last > 0 && (shape.RankOfStage(0) == rank || shape.RankOfStage(last) == rank);
+  if (owns_tied) {
+    const int64_t tied = z.model.vocab * z.model.hidden * z.grad;
+    clip = std::max(clip, shape.RankOfStage(0) == shape.RankOfStage(last) ? tied : 2 * tied + 2 * kMessageHeaderBytes);
+  }
+  const int64_t update = (z.adamw ? 2 * largest * z.e : 0) + (z.grad != z.e ? largest * z.e : 0);
+  peak = std::max(peak, held + clip);
+  if (step == 0) held += state_bytes;
+  return std::max(peak, held + update);
+}
+
 }  // namespace
 
 MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& schedule) {
@@ -248,172 +455,21 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
     largest[r] = std::max(largest[r], LargestParameter(z.model, slices[s]));
     largest_clipped[r] = std::max(largest_clipped[r], LargestParameter(z.model, slices[s], /*clipped=*/true));
   }
-  const int64_t h = z.model.hidden;
   for (int64_t step = 0; step < config.train.steps; ++step) {
     const auto batch = reference::MakeBatch(config.train.data, config.train.seed, step);
     const auto parts = reference::SplitMicrobatches(batch, config.microbatches);
     const int64_t batch_bytes = BatchBytes(batch, parts);
-    auto& held_after = prediction.held_after[step];
-    held_after.resize(shape.ranks);
+    prediction.held_after[step].resize(shape.ranks);
     prediction.peak_during[step].resize(shape.ranks);
     for (int rank = 0; rank < shape.ranks; ++rank) {
       const int64_t param_bytes = params[rank] * z.e;
       const int64_t state_bytes = z.adamw ? 2 * param_bytes : 0;
-      int64_t held = param_bytes + (step > 0 ? state_bytes : 0) + batch_bytes;
-      int64_t peak = held;
-      std::set<int> has_gradients;
-      std::map<std::pair<int, int>, int64_t> retained;      // (stage, mb) -> bytes until its backward
-      std::map<std::pair<int, int>, int64_t> pending_grad;  // input gradient waiting for SEND_B
-      std::map<std::pair<int, int>, int64_t> held_for_weight;  // I done: output gradients kept for W
-      std::map<std::pair<int, int>, int64_t> in_flight;     // (peer, direction) -> send buffer bytes
-      // An empty stage's forward send shares its input: (peer, direction) -> the (stage, mb) sent.
-      std::map<std::pair<int, int>, std::pair<int, int>> shared_input;
-      auto message = [&](int mb) { return parts[mb].tokens.size(0) * parts[mb].time() * h * z.e; };
-      auto& peak_during = prediction.peak_during[step][rank];
-      for (const Action& a : schedule.ranks[rank]) {
-        int64_t action_peak = held;
-        auto reach = [&](int64_t bytes) { action_peak = std::max(action_peak, bytes); };
-        const auto& slice = slices[a.stage];
-        const int mb = a.microbatch;
-        const int64_t b = parts[mb].tokens.size(0), t = parts[mb].time();
-        const bool remote_input = a.stage > 0 && shape.RankOfStage(a.stage - 1) != rank;
-        const int64_t stage_params = StageParameterCount(z.model, slice);
-        const bool passthrough = slice.end_layer == slice.first_layer && !slice.has_embedding && !slice.has_head;
-        switch (a.kind) {
-          case ActionKind::kRecvForward:
-          case ActionKind::kRecvBackward:
-            held += message(mb) + kMessageHeaderBytes;  // posted with its payload buffer
-            reach(held);
-            break;
-          case ActionKind::kForward: {
-            // The received buffer (counted at RECV) becomes the stage's input; its header goes.
-            const Input input = a.stage == 0 ? Input::kTokens : remote_input ? Input::kReceived : Input::kLocal;
-            const int64_t kept = Retained(z, slice, input, b, t);
-            const int64_t output = slice.has_head || passthrough ? 0 : message(mb);
-            held += kept + output - (remote_input ? message(mb) + kMessageHeaderBytes : 0);
-            reach(held + ForwardTransient(z, slice, b, t));
-            retained[{a.stage, mb}] = kept + output;
-            break;
-          }
-          case ActionKind::kSendForward:
-          case ActionKind::kSendBackward: {
-            const bool forward = a.kind == ActionKind::kSendForward;
-            const int peer = shape.RankOfStage(forward ? a.stage + 1 : a.stage - 1);
-            auto& buffer = in_flight[{peer, static_cast<int>(a.kind)}];
-            held -= buffer;  // the previous message to this peer and direction has left
-            // The data now belongs to the send (a passthrough's output is its input, still held).
-            const int64_t moved = forward && passthrough ? 0 : message(mb);
-            buffer = moved + kMessageHeaderBytes;
-            if (forward && passthrough) {
-              shared_input[{peer, static_cast<int>(a.kind)}] = {a.stage, mb};
-            } else {
-              shared_input.erase({peer, static_cast<int>(a.kind)});
-            }
-            held += kMessageHeaderBytes;
-            if (forward) {
-              retained[{a.stage, mb}] -= moved;
-            } else {
-              pending_grad.erase({a.stage, mb});
-            }
-            reach(held);
-            break;
-          }
-          case ActionKind::kBackward:
-          case ActionKind::kBackwardInput:
-          case ActionKind::kBackwardWeight: {
-            // B is I then W at once. I hands the input gradient on and keeps the graph (and the
-            // output gradient it started from) for W; W frees them and creates the parameters'.
-            const bool input_part = a.kind != ActionKind::kBackwardWeight;
-            const bool weight_part = a.kind != ActionKind::kBackwardInput;
-            const bool remote_gradient = !slice.has_head && shape.RankOfStage(a.stage + 1) != rank;
-            const bool local_gradient = a.stage + 1 < shape.stages() && !remote_gradient && !slice.has_head;
-            const int64_t gradient_in = remote_gradient ? message(mb) + kMessageHeaderBytes : 0;
-            // A passthrough hands its output gradient on as its input gradient.
-            const int64_t input_gradient = a.stage == 0 ? 0 : passthrough ? -kMessageHeaderBytes : message(mb);
-            // Stage 0's I has no input gradient to compute, and an empty stage nothing at all
-            // (its W recomputes nothing either): they run nothing.
-            const bool runs = !passthrough && (a.kind != ActionKind::kBackwardInput || a.stage > 0);
-            const bool accumulates = z.grad == z.e && has_gradients.count(a.stage) > 0;
-            // W also recomputes the input's gradient where its weights need it.
-            const int64_t recomputed = a.kind == ActionKind::kBackwardWeight && a.stage > 0 ? message(mb) : 0;
-            if (runs) {
-              const Pass pass = !weight_part ? Pass::kInput : input_part ? Pass::kFull : Pass::kWeight;
-              reach(held + BackwardTransient(z, slice, b, t, pass, weight_part && accumulates, retained[{a.stage, mb}],
-                                             recomputed));
-            }
-            if (input_part) {
-              held += input_gradient;
-              if (a.stage > 0) pending_grad[{a.stage, mb}] = passthrough ? gradient_in - kMessageHeaderBytes : input_gradient;
-              if (a.kind == ActionKind::kBackwardInput && passthrough) {
-                // An empty stage's W runs nothing and keeps nothing: its input goes at I, unless
-                // the send of its output (the same tensor) still holds it until the next send.
-                const std::pair<int, int> send_key{shape.RankOfStage(a.stage + 1),
-                                                   static_cast<int>(ActionKind::kSendForward)};
-                const auto shared = shared_input.find(send_key);
-                if (shared != shared_input.end() && shared->second == std::make_pair(a.stage, mb)) {
-                  in_flight[send_key] += retained[{a.stage, mb}];
-                } else {
-                  held -= retained[{a.stage, mb}];
-                }
-                retained.erase({a.stage, mb});
-              }
-              if (a.kind == ActionKind::kBackwardInput) {
-                // What W still needs: the graph, the output gradient (and W recomputes the input's).
-                held_for_weight[{a.stage, mb}] = passthrough ? 0 : gradient_in;
-                if (local_gradient) {
-                  held_for_weight[{a.stage, mb}] += pending_grad[{a.stage + 1, mb}];
-                  pending_grad.erase({a.stage + 1, mb});
-                }
-              }
-            }
-            if (weight_part) {
-              const bool first_backward = has_gradients.insert(a.stage).second;
-              const int64_t grads = first_backward ? stage_params * z.grad : 0;
-              // Reduced precision: each backward's gradients arrive in the parameter dtype and are
-              // converted one parameter at a time to fp32 and added to the sums (the first
-              // backward's conversions become the sums).
-              const int64_t largest_here = LargestParameter(z.model, slice);
-              const int64_t conversion = z.grad == z.e ? 0
-                                         : first_backward ? largest_here * z.e
-                                                          : stage_params * z.e + largest_here * z.grad;
-              if (a.kind == ActionKind::kBackwardWeight) {
-                held -= held_for_weight[{a.stage, mb}];
-                held_for_weight.erase({a.stage, mb});
-              } else {
-                held -= passthrough ? 0 : gradient_in;
-                if (local_gradient) {
-                  held -= pending_grad[{a.stage + 1, mb}];
-                  pending_grad.erase({a.stage + 1, mb});
-                }
-              }
-              held += grads - retained[{a.stage, mb}];
-              retained.erase({a.stage, mb});
-              reach(held + conversion);
-            }
-            break;
-          }
-          default:
-            break;
-        }
-        held_after[rank].push_back(held);
-        peak_during.push_back(std::max(action_peak, held));
-        peak = std::max(peak, peak_during.back());
-      }
-      for (auto& [key, bytes] : in_flight) held -= bytes;  // every send completes by step end
-      // Clipping takes each gradient's squared sum in float64; AdamW makes two temporaries per
-      // parameter; the first step also creates its state.
-      int64_t clip = largest_clipped[rank] * (z.e == 8 ? 8 : 16);
-      // Summing a tied weight's two gradients: the peer's copy arrives and the sum is formed.
-      const int last = shape.stages() - 1;
-      const bool owns_tied = z.model.tied && last > 0 && (shape.RankOfStage(0) == rank || shape.RankOfStage(last) == rank);
-      if (owns_tied) {
-        const int64_t tied = z.model.vocab * h * z.grad;
-        clip = std::max(clip, shape.RankOfStage(0) == shape.RankOfStage(last) ? tied : 2 * tied + 2 * kMessageHeaderBytes);
-      }
-      const int64_t update = (z.adamw ? 2 * largest[rank] * z.e : 0) + (z.grad != z.e ? largest[rank] * z.e : 0);
-      peak = std::max(peak, held + clip);
-      if (step == 0) held += state_bytes;
-      peak = std::max(peak, held + update);
+      const int64_t start = param_bytes + (step > 0 ? state_bytes : 0) + batch_bytes;
+      RankWalk walk(z, slices, shape, parts, start);
+      walk.Run(schedule.ranks[rank], prediction.held_after[step][rank], prediction.peak_during[step][rank]);
+      int64_t held = walk.held();
+      const int64_t peak = StepEndPeak(z, shape, rank, step, held, std::max(start, walk.peak()), largest[rank],
+                                       largest_clipped[rank], state_bytes);
       prediction.peak_bytes[rank] = std::max(prediction.peak_bytes[rank], peak);
     }
   }

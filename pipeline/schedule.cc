@@ -32,7 +32,10 @@ constexpr KindName kKindNames[] = {
 };
 
 
-Schedule EmptySchedule(const std::string& name, const PipelineShape& shape, bool virtual_stages_allowed = false) {
+
+}  // namespace
+
+Schedule EmptySchedule(const std::string& name, const PipelineShape& shape, bool virtual_stages_allowed) {
   if (shape.ranks < 1 || shape.microbatches < 1 || shape.virtual_stages < 1) {
     throw ScheduleError(fmt::format("schedule {} needs ranks, virtual stages and microbatches >= 1 (got {}, {}, {})",
                                     name, shape.ranks, shape.virtual_stages, shape.microbatches));
@@ -43,23 +46,6 @@ Schedule EmptySchedule(const std::string& name, const PipelineShape& shape, bool
   }
   return Schedule{name, shape, std::vector<std::vector<Action>>(shape.ranks)};
 }
-
-// A receive is always safe to post earlier. Each one goes ahead of the sends right before it,
-// so no rank can sit in a send while its peer waits for it to post a receive, and then ahead of
-// the compute action before those, so its message can land while that action runs: the sender
-// finds the receiver ready instead of waiting for it to get round to posting. The sends of the
-// action before stay ahead of it (a peer may be waiting on them). The cost, each receive's
-// buffer held for one action longer, is in the memory model, which walks these same lists.
-void PostReceivesEarly(std::vector<Action>& actions) {
-  for (size_t i = 1; i < actions.size(); ++i) {
-    if (!actions[i].IsRecv()) continue;
-    size_t j = i;
-    for (; j > 0 && actions[j - 1].IsSend(); --j) std::swap(actions[j], actions[j - 1]);
-    if (j > 0 && actions[j - 1].IsCompute()) std::swap(actions[j], actions[j - 1]);
-  }
-}
-
-}  // namespace
 
 std::string PipelineShape::PlacementRule() const {
   if (placement == Placement::kV) {
@@ -300,6 +286,73 @@ Schedule ZeroBubbleVSchedule(const PipelineShape& shape) {
   return schedule;
 }
 
+Schedule DualPipeVSchedule(const PipelineShape& shape) {
+  if (shape.virtual_stages != 1 && shape.virtual_stages != 2) {
+    throw ScheduleError(fmt::format("dualpipev places two stages per rank in a V: virtual_stages must be 2 (or left "
+                                    "out), got {}", shape.virtual_stages));
+  }
+  PipelineShape v_shape = shape;
+  v_shape.virtual_stages = 2;
+  v_shape.placement = Placement::kV;
+  Schedule schedule = EmptySchedule("dualpipev", v_shape, /*virtual_stages_allowed=*/true);
+  const int p = v_shape.ranks, m = v_shape.microbatches;
+  if (m < 2 * p) {
+    throw ScheduleError(fmt::format("dualpipev needs at least as many microbatches as stages: {} microbatches for {} "
+                                    "stages ({} ranks)", m, 2 * p, p));
+  }
+  for (int r = 0; r < p; ++r) {
+    auto& actions = schedule.ranks[r];
+    const int down = r, up = 2 * p - 1 - r;  // the V's two stages on this rank
+    std::map<int, int> forwards, backwards;    // per stage: the next microbatch to forward, to backward
+    std::deque<std::pair<int, int>> weights;   // (stage, mb) of I's whose W has not run, oldest first
+    bool split = false;                        // backwards split into I and W (the cool-down's second half)
+    const auto forward = [&](int stage) { actions.push_back({ActionKind::kForward, stage, forwards[stage]++}); };
+    const auto backward = [&](int stage, bool split_it) {
+      const int mb = backwards[stage]++;
+      actions.push_back({split_it ? ActionKind::kBackwardInput : ActionKind::kBackward, stage, mb});
+      if (split_it) weights.emplace_back(stage, mb);
+    };
+    const auto pending_weight = [&] {
+      if (weights.empty()) return;
+      actions.push_back({ActionKind::kBackwardWeight, weights.front().first, weights.front().second});
+      weights.pop_front();
+    };
+    // A forward of one stage overlapped with a whole backward of the other (DualPipe's F&B pair):
+    // here the two run one after the other, the forward first.
+    const auto forward_and_backward = [&](int forward_stage, int backward_stage) {
+      forward(forward_stage);
+      backward(backward_stage, false);
+    };
+    for (int i = 0; i < 2 * (p - r - 1); ++i) forward(down);  // 1: the down stage fills the V
+    for (int i = 0; i < r + 1; ++i) forward(down), forward(up);  // 2: both stages
+    for (int i = 0; i < p - r - 1; ++i) {                         // 3: I, W, F on the up stage
+      backward(up, true);
+      pending_weight();
+      forward(up);
+    }
+    for (int i = 0; i < m - 2 * p + r + 1; ++i) {  // 4: the steady state, F&B pairs both ways
+      forward_and_backward(down, up);
+      forward_and_backward(up, down);
+    }
+    for (int i = 0; i < p - r - 1; ++i) {  // 5: the up stage's backwards, with the last forwards
+      backward(up, false);
+      forward_and_backward(up, down);
+    }
+    for (int i = 0; i < r + 1; ++i) {  // 6: both stages' backwards, split from the middle on
+      if (i == (r + 1) / 2 && r % 2 == 1) split = true;
+      backward(up, split);
+      if (i == (r + 1) / 2 && r % 2 == 0) split = true;
+      backward(down, split);
+    }
+    for (int i = 0; i < p - r - 1; ++i) {  // 7: the down stage's last backwards, W's between
+      pending_weight();
+      backward(down, split);
+    }
+    while (!weights.empty()) pending_weight();  // 8: the W's left
+  }
+  return schedule;
+}
+
 const std::vector<ScheduleInfo>& ScheduleRegistry() {
   static const std::vector<ScheduleInfo> registry = {
       {"gpipe", GPipeSchedule, "all forwards, then all backwards", 1, false, 0, Placement::kRoundRobin},
@@ -309,6 +362,8 @@ const std::vector<ScheduleInfo>& ScheduleRegistry() {
       {"zbh1", ZeroBubbleH1Schedule, "ZB-H1: 1F1B with split backwards, W's deferred into the waits", 1, false, 0,
        Placement::kRoundRobin},
       {"zbv", ZeroBubbleVSchedule, "ZB-V: two stages per rank in a V, split backwards", 2, true, 2, Placement::kV},
+      {"dualpipev", DualPipeVSchedule, "DualPipeV: two stages per rank in a V, forward-backward pairs both ways", 2,
+       true, 2, Placement::kV},
   };
   return registry;
 }
@@ -316,252 +371,6 @@ const std::vector<ScheduleInfo>& ScheduleRegistry() {
 Schedule MakeSchedule(const std::string& name, const PipelineShape& shape) {
   if (const ScheduleInfo* info = FindSchedule(name)) return info->generate(shape);
   throw ScheduleError(fmt::format("unknown schedule '{}': expected one of {}", name, fmt::join(ScheduleNames(), ", ")));
-}
-
-std::string ScheduleToCsv(const Schedule& schedule) {
-  std::string text;
-  for (const auto& actions : schedule.ranks) {
-    std::vector<std::string> cells;
-    for (const auto& action : actions) {
-      if (action.IsCompute()) cells.push_back(action.ToString());
-    }
-    text += fmt::format("{}\n", fmt::join(cells, ","));
-  }
-  return text;
-}
-
-namespace {
-
-std::vector<std::string> CsvCells(const std::string& row) {
-  std::vector<std::string> cells;
-  std::string cell;
-  for (char c : row + ",") {
-    if (c == ',') {
-      cells.push_back(cell);
-      cell.clear();
-    } else if (c != ' ' && c != '\t') {
-      cell += c;
-    }
-  }
-  return cells;
-}
-
-// One cell of PyTorch's compute-only CSV, as the actions pipecheck runs for it:
-// - `0F0`, `1B3`, `0I1`, `0W1`: that action;
-// - `(0F3;3B1)OVERLAP_F_B` (DualPipeV): its sub-actions, run one after the other in the order
-//   written (PyTorch overlaps them on two streams; the arithmetic is the same);
-// - `2REDUCE_GRAD` (every PyTorch schedule's `pipeline_order` ends each stage with one): the
-//   point where stage 2's gradients are final and a data-parallel reduction would run; no action
-//   (`reduce_grad_stage` says which stage, for the placement checks).
-// Throws ScheduleError naming the rule the cell breaks.
-constexpr const char* kOverlapSuffix = ")OVERLAP_F_B";
-constexpr const char* kReduceGrad = "REDUCE_GRAD";
-
-std::vector<Action> CellActions(const std::string& cell, std::optional<int>& reduce_grad_stage) {
-  reduce_grad_stage.reset();
-  const std::string overlap = kOverlapSuffix;
-  if (cell.size() > overlap.size() + 1 && cell.front() == '(' &&
-      cell.compare(cell.size() - overlap.size(), overlap.size(), overlap) == 0) {
-    std::vector<Action> actions;
-    std::string inner = cell.substr(1, cell.size() - overlap.size() - 1) + ";";
-    for (size_t start = 0, end; (end = inner.find(';', start)) != std::string::npos; start = end + 1) {
-      const std::string part = inner.substr(start, end - start);
-      Action action;
-      try {
-        action = ParseAction(part);
-      } catch (const ScheduleError&) {
-        throw ScheduleError(fmt::format("sub-action '{}' is not an action (expected (F;B) pairs such as (0F3;3B1))",
-                                        part));
-      }
-      if (!action.IsCompute()) throw ScheduleError(fmt::format("sub-action '{}' is not a compute action", part));
-      actions.push_back(action);
-    }
-    if (actions.size() != 2) {
-      throw ScheduleError(fmt::format("OVERLAP_F_B holds {} sub-actions; PyTorch's holds two", actions.size()));
-    }
-    return actions;
-  }
-  const std::string reduce = kReduceGrad;
-  const size_t digits = cell.find_first_not_of("0123456789");
-  if (digits != std::string::npos && digits > 0 && digits <= 6 && cell.compare(digits, std::string::npos, reduce) == 0) {
-    reduce_grad_stage = std::stoi(cell.substr(0, digits));
-    return {};
-  }
-  Action action;
-  try {
-    action = ParseAction(cell);
-  } catch (const ScheduleError&) {
-    throw ScheduleError("not an action (expected STAGE KIND MICROBATCH such as 0F0, 1B3, 0I1, 0W1, "
-                        "an OVERLAP_F_B pair such as (0F3;3B1)OVERLAP_F_B, or STAGE REDUCE_GRAD)");
-  }
-  if (!action.IsCompute()) {
-    throw ScheduleError("communication is added by pipecheck: a compute-only CSV has F, B, I, W, OVERLAP_F_B and "
-                        "REDUCE_GRAD");
-  }
-  return {action};
-}
-
-// PyTorch's CSV names no placement. With two stages per rank, the first cell whose stage the
-// two placements put on different ranks decides: on the V's rank it is a V (ZBV, DualPipeV),
-// otherwise round robin, against which every cell is then checked.
-Placement CsvPlacement(const std::vector<std::string>& rows, const PipelineShape& shape) {
-  PipelineShape v = shape;
-  v.placement = Placement::kV;
-  if (shape.virtual_stages != 2) return Placement::kRoundRobin;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    for (const auto& cell : CsvCells(rows[r])) {
-      if (cell.empty()) continue;
-      try {
-        std::optional<int> reduce_grad_stage;
-        for (const Action& action : CellActions(cell, reduce_grad_stage)) {
-          if (action.stage < shape.stages() && v.RankOfStage(action.stage) != shape.RankOfStage(action.stage)) {
-            return v.RankOfStage(action.stage) == static_cast<int>(r) ? Placement::kV : Placement::kRoundRobin;
-          }
-        }
-      } catch (const ScheduleError&) {
-        // reported, with its place, when the cells are read
-      }
-    }
-  }
-  return Placement::kRoundRobin;
-}
-
-}  // namespace
-
-Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const PipelineShape& shape) {
-  Schedule schedule = EmptySchedule("csv:" + file, shape, /*virtual_stages_allowed=*/true);
-  std::vector<std::string> rows;
-  std::string row;
-  // A UTF-8 byte-order mark (spreadsheets write one) is not part of the first cell.
-  const size_t first = text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
-  for (char c : text.substr(first)) {
-    if (c == '\n') {
-      rows.push_back(row);
-      row.clear();
-    } else if (c != '\r') {
-      row += c;
-    }
-  }
-  if (!row.empty()) rows.push_back(row);
-  while (!rows.empty() && rows.back().find_first_not_of(" \t,") == std::string::npos) rows.pop_back();
-  if (static_cast<int>(rows.size()) != shape.ranks) {
-    throw ScheduleError(fmt::format("{}: {} rows, but the scenario has {} ranks (one row per rank)", file, rows.size(),
-                                    shape.ranks));
-  }
-  schedule.shape.placement = CsvPlacement(rows, shape);
-  std::map<std::tuple<int, int, int>, std::pair<size_t, size_t>> seen;  // (kind, stage, mb) -> (row, cell)
-  std::map<int, std::pair<size_t, size_t>> reduced;                     // stage -> its REDUCE_GRAD's (row, cell)
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const std::vector<std::string> cells = CsvCells(rows[r]);
-    for (size_t c = 0; c < cells.size(); ++c) {
-      if (cells[c].empty()) continue;  // idle
-      const auto where = [&](const std::string& rule) {
-        return ScheduleError(fmt::format("{}: row {}, cell {}: '{}': {}", file, r + 1, c + 1, cells[c], rule));
-      };
-      const auto check_stage = [&](int stage) {
-        if (stage >= shape.stages()) {
-          throw where(fmt::format("stage {} does not exist ({} ranks x {} virtual stages = {} stages)", stage,
-                                  shape.ranks, shape.virtual_stages, shape.stages()));
-        }
-        if (schedule.shape.RankOfStage(stage) != static_cast<int>(r)) {
-          throw where(fmt::format("stage {} runs on rank {} ({}), not on row {}'s rank {}", stage,
-                                  schedule.shape.RankOfStage(stage), schedule.shape.PlacementRule(), r + 1, r));
-        }
-      };
-      std::vector<Action> actions;
-      std::optional<int> reduce_grad_stage;
-      try {
-        actions = CellActions(cells[c], reduce_grad_stage);
-      } catch (const ScheduleError& error) {
-        throw where(error.what());
-      }
-      if (reduce_grad_stage) {
-        check_stage(*reduce_grad_stage);
-        auto [previous, inserted] = reduced.emplace(*reduce_grad_stage, std::make_pair(r + 1, c + 1));
-        if (!inserted) throw where(fmt::format("repeats row {}, cell {}", previous->second.first, previous->second.second));
-      }
-      for (const Action& action : actions) {
-        check_stage(action.stage);
-        if (action.microbatch >= shape.microbatches) {
-          throw where(fmt::format("microbatch {} does not exist (the scenario has {})", action.microbatch,
-                                  shape.microbatches));
-        }
-        if (action.kind != ActionKind::kForward && reduced.count(action.stage) > 0) {
-          throw where(fmt::format("comes after {}REDUCE_GRAD (row {}, cell {}), which marks stage {}'s gradients final",
-                                  action.stage, reduced[action.stage].first, reduced[action.stage].second,
-                                  action.stage));
-        }
-        auto [previous, inserted] = seen.emplace(std::make_tuple(static_cast<int>(action.kind), action.stage,
-                                                                 action.microbatch), std::make_pair(r + 1, c + 1));
-        if (!inserted) {
-          throw where(fmt::format("repeats row {}, cell {}", previous->second.first, previous->second.second));
-        }
-        schedule.ranks[r].push_back(action);
-      }
-    }
-  }
-  // Every stage needs every microbatch forward and backward, whole (B) or split (I and W).
-  for (int stage = 0; stage < shape.stages(); ++stage) {
-    for (int mb = 0; mb < shape.microbatches; ++mb) {
-      auto has = [&](ActionKind kind) { return seen.count({static_cast<int>(kind), stage, mb}) > 0; };
-      const int rank = schedule.shape.RankOfStage(stage);
-      if (!has(ActionKind::kForward)) {
-        throw ScheduleError(fmt::format("{}: row {} lacks {}F{}", file, rank + 1, stage, mb));
-      }
-      const bool whole = has(ActionKind::kBackward), input = has(ActionKind::kBackwardInput),
-                 weight = has(ActionKind::kBackwardWeight);
-      if (whole && (input || weight)) {
-        throw ScheduleError(fmt::format("{}: row {} has both {}B{} and a split backward (I/W) of it", file, rank + 1,
-                                        stage, mb));
-      }
-      if (!whole && !(input && weight)) {
-        throw ScheduleError(fmt::format("{}: row {} lacks {}{}{} (a backward needs B, or both I and W)", file, rank + 1,
-                                        stage, !input ? (weight ? "I" : "B") : "W", mb));
-      }
-    }
-  }
-  return schedule;
-}
-
-Schedule ScheduleByName(const std::string& name, const PipelineShape& shape) {
-  const std::string prefix = "csv:";
-  if (name.rfind(prefix, 0) != 0) return MakeSchedule(name, shape);
-  const std::string path = name.substr(prefix.size());
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw ScheduleError(fmt::format("{}: cannot open schedule CSV: {}", path, std::strerror(errno)));
-  std::stringstream text;
-  text << stream.rdbuf();
-  return ScheduleFromCsv(text.str(), path, shape);
-}
-
-Schedule AddCommunication(const Schedule& schedule, bool post_receives_first) {
-  const auto& shape = schedule.shape;
-  Schedule lowered{schedule.name, shape, std::vector<std::vector<Action>>(shape.ranks)};
-  for (int rank = 0; rank < shape.ranks; ++rank) {
-    auto& out = lowered.ranks[rank];
-    for (const Action& action : schedule.ranks[rank]) {
-      const int s = action.stage, mb = action.microbatch;
-      const bool previous_remote = s > 0 && shape.RankOfStage(s - 1) != rank;
-      const bool next_remote = s + 1 < shape.stages() && shape.RankOfStage(s + 1) != rank;
-      switch (action.kind) {
-        case ActionKind::kForward:
-          if (previous_remote) out.push_back({ActionKind::kRecvForward, s, mb});
-          out.push_back(action);
-          if (next_remote) out.push_back({ActionKind::kSendForward, s, mb});
-          break;
-        case ActionKind::kBackward:
-        case ActionKind::kBackwardInput:
-          if (next_remote) out.push_back({ActionKind::kRecvBackward, s, mb});
-          out.push_back(action);
-          if (previous_remote) out.push_back({ActionKind::kSendBackward, s, mb});
-          break;
-        default:
-          out.push_back(action);
-      }
-    }
-    if (post_receives_first) PostReceivesEarly(out);
-  }
-  return lowered;
 }
 
 std::string FormatActions(const Schedule& schedule) {

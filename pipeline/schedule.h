@@ -69,6 +69,11 @@ struct Schedule {
   std::vector<std::vector<Action>> ranks;  // ranks[r]: rank r's actions in order
 };
 
+// A schedule of `shape` with no actions yet, named `name`; throws ScheduleError for a shape with
+// fewer than one rank, microbatch or virtual stage, or several virtual stages where
+// `virtual_stages_allowed` is false.
+Schedule EmptySchedule(const std::string& name, const PipelineShape& shape, bool virtual_stages_allowed = false);
+
 // One entry per generator: the only list of schedule names. Names, help text, the scenario
 // loader's rules on virtual stages, the invariance variants and MakeSchedule all read it, so a
 // new schedule is its generator plus one entry here (schedule.cc's ScheduleRegistry).
@@ -105,35 +110,17 @@ Schedule ZeroBubbleH1Schedule(const PipelineShape& shape);
 // fewer than 2p stage-microbatches (1F1B's peak activation memory: each V stage has half a
 // 1F1B stage's layers), else a pending W. Its bubble is a fraction of 1F1B's.
 Schedule ZeroBubbleVSchedule(const PipelineShape& shape);
+// DualPipeV (DeepSeek's DualPipe cut in half, as PyTorch's ScheduleDualPipeV builds it): two
+// stages per rank in a V, microbatches >= 2p. The down stage fills the V, then both stages
+// forward; the steady state pairs one stage's forward with the other's whole backward, both
+// ways; the cool-down splits the last backwards into I and W to fill the drain.
+Schedule DualPipeVSchedule(const PipelineShape& shape);
 // Why `shape` cannot run interleaved, or "" when it can.
 std::string InterleavedConstraint(const PipelineShape& shape);
 
 // The generator called `name`; throws ScheduleError for unknown names or shapes it cannot
 // serve (virtual stages for a one-stage-per-rank schedule).
 Schedule MakeSchedule(const std::string& name, const PipelineShape& shape);
-
-// Adds the communication: a RECV before each compute whose input comes from another rank, a
-// SEND after each compute whose output goes to another rank; then every receive is moved ahead
-// of the sends just before it, so a rank always posts its receives before it sends, and ahead
-// of the compute action before those, so its message can land during that action (neither
-// when `post_receives_first` is false: the send_before_recv fault).
-Schedule AddCommunication(const Schedule& schedule, bool post_receives_first = true);
-
-// PyTorch pipelining's compute-only CSV (`_dump_csv` / `_load_csv`): one row per rank, one
-// action per cell (`0F0`, `1B3`, `0I1`, `0W1`). Writing keeps compute actions only.
-std::string ScheduleToCsv(const Schedule& schedule);
-
-// Reads such a CSV for `shape` (rows must be exactly its ranks), including what PyTorch's own
-// schedules put in their `pipeline_order`: DualPipeV's `(0F3;3B1)OVERLAP_F_B` runs as its two
-// sub-actions in the order written, and `2REDUCE_GRAD` (stage 2's gradients are final) runs
-// nothing but must follow every backward of its stage. Every error names `file`, the row and
-// cell (1-based) and the rule broken: an unparseable cell, a communication action, a stage
-// outside the shape or on another rank, a microbatch outside the shape, work repeated or missing,
-// a backward after its stage's REDUCE_GRAD. Dependencies and deadlocks are the simulator's to find.
-Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const PipelineShape& shape);
-
-// The schedule a scenario names: a generator's name, or "csv:PATH" read from PATH.
-Schedule ScheduleByName(const std::string& name, const PipelineShape& shape);
 
 // One line per rank: "rank 0: 0F0 0SEND_F0 0F1 ...".
 std::string FormatActions(const Schedule& schedule);

@@ -1,6 +1,8 @@
 // The lockstep schedule simulator (see simulator.h).
 #include "pipeline/simulator.h"
 
+#include "pipeline/message.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -14,7 +16,7 @@
 namespace pipecheck::pipeline {
 namespace {
 
-using Key = std::tuple<int, int, int>;  // (kind, stage, microbatch)
+using Key = std::tuple<int, int, int>;  // an action: (kind, stage, microbatch)
 
 Key KeyOf(ActionKind kind, int stage, int microbatch) { return {static_cast<int>(kind), stage, microbatch}; }
 Key KeyOf(const Action& action) { return KeyOf(action.kind, action.stage, action.microbatch); }
@@ -43,16 +45,6 @@ void SetMakespanAndBubble(SimulationResult& result) {
   result.bubble = result.makespan > 0 ? 1.0 - busy / (ranks * result.makespan) : 0.0;
 }
 
-// The message a send produces or a receive consumes: (direction, receiving stage, microbatch).
-Key MessageOf(const Action& action) {
-  switch (action.kind) {
-    case ActionKind::kSendForward: return {0, action.stage + 1, action.microbatch};
-    case ActionKind::kRecvForward: return {0, action.stage, action.microbatch};
-    case ActionKind::kSendBackward: return {1, action.stage - 1, action.microbatch};
-    default: return {1, action.stage, action.microbatch};  // kRecvBackward
-  }
-}
-
 std::string At(int rank, size_t index, const Action& action) {
   return fmt::format("rank {} step {} ({})", rank, index, action.ToString());
 }
@@ -65,7 +57,7 @@ std::string CheckStatically(const Schedule& schedule) {
     return fmt::format("schedule has {} rank lists for {} ranks", schedule.ranks.size(), shape.ranks);
   }
   std::map<Key, std::pair<int, size_t>> where;  // action -> (rank, index)
-  std::map<Key, int> sends, recvs;              // message -> rank
+  std::map<Message, int> sends, recvs;          // message -> rank
   for (int rank = 0; rank < shape.ranks; ++rank) {
     for (size_t i = 0; i < schedule.ranks[rank].size(); ++i) {
       const Action& a = schedule.ranks[rank][i];
@@ -115,16 +107,16 @@ std::string CheckStatically(const Schedule& schedule) {
   }
   for (const auto& [message, rank] : sends) {
     if (!recvs.count(message)) {
-      const auto& [direction, stage, mb] = message;
+      const bool activation = message.direction == Direction::kActivation;
       return fmt::format("rank {}: a send of stage {}'s {} for microbatch {} has no matching receive", rank,
-                         direction == 0 ? stage - 1 : stage + 1, direction == 0 ? "activation" : "gradient", mb);
+                         message.FromStage(), activation ? "activation" : "gradient", message.microbatch);
     }
   }
   for (const auto& [message, rank] : recvs) {
     if (!sends.count(message)) {
-      const auto& [direction, stage, mb] = message;
-      return fmt::format("rank {}: a receive of stage {}'s {} for microbatch {} has no matching send", rank, stage,
-                         direction == 0 ? "input" : "output gradient", mb);
+      const bool activation = message.direction == Direction::kActivation;
+      return fmt::format("rank {}: a receive of stage {}'s {} for microbatch {} has no matching send", rank,
+                         message.stage, activation ? "input" : "output gradient", message.microbatch);
     }
   }
   return "";
@@ -182,8 +174,8 @@ class Lockstep {
       if (found == finished_.end()) return std::nullopt;
       return found->second;
     };
-    auto arrived = [&](int direction, int stage) -> std::optional<double> {
-      const Key message{direction, stage, mb};
+    auto arrived = [&](Direction direction) -> std::optional<double> {
+      const Message message{direction, s, mb};
       if (!posted_.count(message)) return std::nullopt;
       auto sent = sent_.find(message);
       if (sent == sent_.end()) return std::nullopt;
@@ -196,7 +188,7 @@ class Lockstep {
     switch (a.kind) {
       case ActionKind::kForward: {
         if (s == 0) return clock_[r];
-        auto input = shape_.RankOfStage(s - 1) == r ? done(ActionKind::kForward, s - 1) : arrived(0, s);
+        auto input = shape_.RankOfStage(s - 1) == r ? done(ActionKind::kForward, s - 1) : arrived(Direction::kActivation);
         if (!input) return std::nullopt;
         return std::max(clock_[r], *input);
       }
@@ -204,7 +196,7 @@ class Lockstep {
       case ActionKind::kBackwardInput: {
         if (!done(ActionKind::kForward, s)) return std::nullopt;
         if (s + 1 == shape_.stages()) return clock_[r];
-        auto gradient = shape_.RankOfStage(s + 1) == r ? backward_done(s + 1) : arrived(1, s);
+        auto gradient = shape_.RankOfStage(s + 1) == r ? backward_done(s + 1) : arrived(Direction::kGradient);
         if (!gradient) return std::nullopt;
         return std::max(clock_[r], *gradient);
       }
@@ -293,8 +285,8 @@ class Lockstep {
   std::vector<double> clock_;
   std::vector<int> in_flight_;
   std::map<Key, double> finished_;  // compute action -> end time
-  std::map<Key, double> sent_;      // message -> send time
-  std::map<Key, double> posted_;    // message -> receive posted time
+  std::map<Message, double> sent_;    // message -> send time
+  std::map<Message, double> posted_;  // message -> receive posted time
   std::vector<std::vector<std::string>> grid_;
   SimulationResult result_;
 };
@@ -305,7 +297,7 @@ class DeviceStreams {
  public:
   DeviceStreams(const Schedule& schedule, const CostModel& costs) : schedule_(schedule), costs_(costs) {
     const auto& shape = schedule.shape;
-    std::map<Key, std::pair<int, size_t>> sender, receiver;  // message -> (rank, index) of each end
+    std::map<Message, std::pair<int, size_t>> sender, receiver;  // message -> (rank, index) of each end
     for (int r = 0; r < shape.ranks; ++r) {
       start_.emplace_back(schedule.ranks[r].size(), std::nullopt);
       done_.emplace_back(schedule.ranks[r].size(), std::nullopt);
@@ -320,7 +312,7 @@ class DeviceStreams {
     for (int r = 0; r < shape.ranks; ++r) {
       input_of_.emplace_back(schedule.ranks[r].size(), std::nullopt);
       for (size_t i = 0; i < schedule.ranks[r].size(); ++i) {
-        const auto message = InputMessage(r, schedule.ranks[r][i]);
+        const auto message = InputMessage(shape, schedule.ranks[r][i]);
         if (!message) continue;
         const auto found = receiver.find(*message);
         if (found != receiver.end() && found->second.first == r) input_of_[r][i] = found->second.second;
@@ -480,19 +472,6 @@ class DeviceStreams {
     return changed;
   }
 
-  // The message compute action `a` of rank r takes from another rank; none for a local input.
-  std::optional<Key> InputMessage(int r, const Action& a) const {
-    const auto& shape = schedule_.shape;
-    if (a.kind == ActionKind::kForward && a.stage > 0 && shape.RankOfStage(a.stage - 1) != r) {
-      return MessageOf({ActionKind::kRecvForward, a.stage, a.microbatch});
-    }
-    if ((a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) && a.stage + 1 < shape.stages() &&
-        shape.RankOfStage(a.stage + 1) != r) {
-      return MessageOf({ActionKind::kRecvBackward, a.stage, a.microbatch});
-    }
-    return std::nullopt;
-  }
-
   // The index of the receive whose message compute action (r, i) takes; none for a local input.
   std::optional<size_t> InputOf(int r, size_t i) const { return input_of_[r][i]; }
 
@@ -537,16 +516,6 @@ class DeviceStreams {
 
 }  // namespace
 
-int PeerOf(const PipelineShape& shape, const Action& action) {
-  switch (action.kind) {
-    case ActionKind::kRecvForward:
-    case ActionKind::kSendBackward: return shape.RankOfStage(action.stage - 1);
-    case ActionKind::kRecvBackward:
-    case ActionKind::kSendForward: return shape.RankOfStage(action.stage + 1);
-    default: return -1;
-  }
-}
-
 SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, const CostModel& costs) {
   const std::string problem = CheckStatically(schedule);
   if (!problem.empty()) {
@@ -558,115 +527,13 @@ SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, con
   return Lockstep(schedule, semantics, costs).Run();
 }
 
-Schedule PostReceivesWhereNeeded(Schedule lowered) {
-  size_t receives = 0;
-  for (const auto& actions : lowered.ranks) receives += std::count_if(actions.begin(), actions.end(),
-                                                                       [](const Action& a) { return a.IsRecv(); });
-  // Each round posts at least one receive earlier, so there are at most `receives` rounds.
-  for (size_t round = 0; round <= receives; ++round) {
-    const SimulationResult result = Simulate(lowered, SendSemantics::kRendezvous);
-    if (result.ok || result.stuck_at.empty()) return lowered;
-    bool moved = false;
-    for (int r = 0; r < lowered.shape.ranks; ++r) {
-      const size_t at = result.stuck_at[r];
-      if (at >= lowered.ranks[r].size() || !lowered.ranks[r][at].IsSend()) continue;
-      const Action& send = lowered.ranks[r][at];
-      const bool forward = send.kind == ActionKind::kSendForward;
-      const Action receive{forward ? ActionKind::kRecvForward : ActionKind::kRecvBackward,
-                           forward ? send.stage + 1 : send.stage - 1, send.microbatch};
-      const int peer = lowered.shape.RankOfStage(receive.stage);
-      auto& theirs = lowered.ranks[peer];
-      const size_t here = result.stuck_at[peer];
-      const auto found = std::find(theirs.begin() + static_cast<std::ptrdiff_t>(std::min(here, theirs.size())),
-                                   theirs.end(), receive);
-      if (found == theirs.end() || static_cast<size_t>(found - theirs.begin()) == here) continue;
-      // Post it where the peer is stuck: before whatever it is waiting on.
-      const Action moving = *found;
-      theirs.erase(found);
-      theirs.insert(theirs.begin() + static_cast<std::ptrdiff_t>(here), moving);
-      moved = true;
-      break;  // one at a time: the peer's position has changed
-    }
-    if (!moved) return lowered;
-  }
-  return lowered;
-}
-
-namespace {
-
-// The receive that takes a send's message, and the rank that posts it.
-Action ReceiveOf(const Action& send) {
-  const bool forward = send.kind == ActionKind::kSendForward;
-  return {forward ? ActionKind::kRecvForward : ActionKind::kRecvBackward, forward ? send.stage + 1 : send.stage - 1,
-          send.microbatch};
-}
-
-int SourceOf(const Action& receive, const PipelineShape& shape) {
-  return shape.RankOfStage(receive.kind == ActionKind::kRecvForward ? receive.stage - 1 : receive.stage + 1);
-}
-
-// The receives `to` posts for `from`'s messages, in the order `from` sends them.
-std::vector<Action> ReceivesInSendOrder(const Schedule& schedule, int from, int to) {
-  std::vector<Action> order;
-  for (const Action& action : schedule.ranks[from]) {
-    if (!action.IsSend()) continue;
-    const Action receive = ReceiveOf(action);
-    if (schedule.shape.RankOfStage(receive.stage) == to) order.push_back(receive);
-  }
-  return order;
-}
-
-}  // namespace
-
-Schedule OrderReceivesAsSent(Schedule lowered) {
-  const auto& shape = lowered.shape;
-  for (int to = 0; to < shape.ranks; ++to) {
-    for (int from = 0; from < shape.ranks; ++from) {
-      if (from == to) continue;
-      auto& actions = lowered.ranks[to];
-      const std::vector<Action> sent = ReceivesInSendOrder(lowered, from, to);
-      if (sent.empty()) continue;
-      // Where each of them is posted now (looked up, not searched: long schedules have thousands
-      // of receives per rank); then the k-th may go no later than the (k+1)-th.
-      std::map<Action, size_t> position;
-      for (size_t i = 0; i < actions.size(); ++i) {
-        if (actions[i].IsRecv()) position.emplace(actions[i], i);
-      }
-      std::vector<size_t> at(sent.size(), actions.size());
-      for (size_t k = 0; k < sent.size(); ++k) {
-        const auto found = position.find(sent[k]);
-        if (found != position.end()) at[k] = found->second;
-      }
-      if (std::find(at.begin(), at.end(), actions.size()) != at.end()) continue;  // a missing receive: reported later
-      for (size_t k = sent.size(); k-- > 1;) at[k - 1] = std::min(at[k - 1], at[k]);
-      std::vector<std::vector<Action>> posted_at(actions.size());
-      for (size_t k = 0; k < sent.size(); ++k) posted_at[at[k]].push_back(sent[k]);
-      std::vector<Action> reordered;
-      reordered.reserve(actions.size());
-      for (size_t i = 0; i < actions.size(); ++i) {
-        const bool ours = actions[i].IsRecv() && SourceOf(actions[i], shape) == from;
-        if (!ours) {
-          reordered.push_back(actions[i]);
-          continue;
-        }
-        for (const Action& receive : posted_at[i]) reordered.push_back(receive);
-      }
-      actions = std::move(reordered);
-    }
-  }
-  return lowered;
-}
-
 std::string MessageOrderProblem(const Schedule& schedule) {
   const auto& shape = schedule.shape;
   for (int to = 0; to < shape.ranks; ++to) {
     for (int from = 0; from < shape.ranks; ++from) {
       if (from == to) continue;
       const std::vector<Action> sent = ReceivesInSendOrder(schedule, from, to);
-      std::vector<Action> posted;
-      for (const Action& action : schedule.ranks[to]) {
-        if (action.IsRecv() && SourceOf(action, shape) == from) posted.push_back(action);
-      }
+      const std::vector<Action> posted = ReceivesPosted(schedule, from, to);
       for (size_t k = 0; k < std::min(sent.size(), posted.size()); ++k) {
         if (sent[k] == posted[k]) continue;
         return fmt::format("rank {} posts its receive #{} from rank {} for {}, but rank {}'s message #{} to it is for "
@@ -676,11 +543,6 @@ std::string MessageOrderProblem(const Schedule& schedule) {
     }
   }
   return "";
-}
-
-Schedule LowerSchedule(const Schedule& compute, bool post_receives_first) {
-  Schedule lowered = AddCommunication(compute, post_receives_first);
-  return post_receives_first ? OrderReceivesAsSent(PostReceivesWhereNeeded(std::move(lowered))) : lowered;
 }
 
 SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs, CommunicationModel model) {
@@ -717,6 +579,14 @@ std::optional<double> PublishedMakespan(const std::string& schedule_name, const 
     makespan = m * (f + i + w) + (p - 1) * (f + i - w);
     text = fmt::format("m(F + I + W) + (p - 1)(F + I - W) = {:g}({:g} + {:g} + {:g}) + ({:g} - 1)({:g} + {:g} - {:g})",
                        m, f, i, w, p, f, i, w);
+  } else if (schedule_name == "dualpipev") {
+    // Per rank, two stages' work plus DeepSeek's bubble for DualPipe(V), (p/2 - 1)(F&B + B - 3W),
+    // where F&B is a forward and a whole backward of the rank's two stages overlapped; pipecheck
+    // runs the pair one after the other, so F&B = F + B here.
+    const double pair = f + i + w, whole = i + w;
+    makespan = 2 * m * (f + whole) + (p / 2 - 1) * (pair + whole - 3 * w);
+    text = fmt::format("2m(F + B) + (p/2 - 1)(F&B + B - 3W), F&B = F + B = 2 x {:g}({:g} + {:g}) + ({:g}/2 - 1)({:g} + "
+                       "{:g} - 3 x {:g})", m, f, whole, p, pair, whole, w);
   }
   if (makespan && formula) *formula = fmt::format("{} = {:g}", text, *makespan);
   return makespan;

@@ -55,25 +55,8 @@ struct SimulationResult {
   std::vector<size_t> stuck_at;        // when deadlocked: each rank's next action index
 };
 
-// The rank a communication action talks to; -1 for a compute action.
-int PeerOf(const PipelineShape& shape, const Action& action);
-
 // Simulates a lowered schedule (with communication).
 SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, const CostModel& costs = {});
-
-// Receives posted early enough that no rank waits forever in a send: where the schedule
-// deadlocks when sends wait for their receives (interleaved schedules do, with each receive
-// just before the compute that needs it), the receive a stuck send waits for is moved up to
-// where its rank is stuck, one at a time, until the schedule runs. A receive is always safe to
-// post earlier (its buffer is known from the plan); what is moved is what the schedule needs,
-// so buffers are held no longer than that. Unchanged when nothing deadlocks.
-Schedule PostReceivesWhereNeeded(Schedule lowered);
-
-// The transport discipline (transport.h): a rank's receives from one peer are posted in the
-// order that peer sends them, since messages are matched by order. Each receive moves earlier
-// where needed (never later: a receive may always be posted earlier), so the k-th is posted no
-// later than the (k+1)-th; receives posted together keep the sender's order.
-Schedule OrderReceivesAsSent(Schedule lowered);
 
 // Empty when every rank posts its receives from each peer in the order that peer sends them;
 // otherwise the first pair and message where they differ.
@@ -83,11 +66,6 @@ std::string MessageOrderProblem(const Schedule& schedule);
 // kDeviceStreams). Both run the same lowering: a receive posted early lets its message land
 // during the compute before it, on the host or on its channel's stream.
 enum class CommunicationModel { kHost, kDeviceStreams };
-
-// What every rank runs, on every transport: AddCommunication, PostReceivesWhereNeeded, then
-// OrderReceivesAsSent (only AddCommunication when the send_before_recv fault asks for sends
-// ahead of receives, a bug the others must not repair).
-Schedule LowerSchedule(const Schedule& compute, bool post_receives_first = true);
 
 // Simulates under both host send semantics and checks the message order (MessageOrderProblem),
 // and for device streams also simulates kDeviceStreams; throws ScheduleError with the first
@@ -101,6 +79,10 @@ SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& cos
 //   gpipe, 1f1b:  (m + p - 1)(F + B)                      (GPipe; Narayanan et al., PipeDream-Flush)
 //   interleaved:  (v m + p - 1)(F + B)                    (Megatron-LM's interleaved 1F1B, v chunks)
 //   zbh1:         m(F + I + W) + (p - 1)(F + I - W)       (Qi et al., ZB-H1)
+//   dualpipev:    2m(F + B) + (p/2 - 1)(F&B + B - 3W)     (DeepSeek's DualPipe bubble; B = I + W, and
+//                 F&B = F + B: pipecheck runs a forward-backward pair one after the other, with no
+//                 overlap inside the rank, where the published figure assumes one; the simulated
+//                 makespan is that much longer)
 // `formula` receives the formula as text with its values substituted.
 std::optional<double> PublishedMakespan(const std::string& schedule_name, const PipelineShape& shape,
                                         const CostModel& costs, std::string* formula = nullptr);

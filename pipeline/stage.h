@@ -26,7 +26,7 @@ struct PipelineConfig {
   int microbatches = 1;
   std::string schedule = "1f1b";
   std::string partition = "uniform";
-  Fault fault = Fault::kNone;  // a known bug to inject (faults.h); kNone in every real run
+  std::string fault = "none";  // a known bug to inject (faults.h); none in every real run
   // How the transport's messages wait (simulator.h): kDeviceStreams on nccl, where the schedule
   // is also validated on NCCL's channels and streams.
   CommunicationModel communication = CommunicationModel::kHost;

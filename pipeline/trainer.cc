@@ -11,14 +11,17 @@
 #include <string>
 
 #include "pipeline/gradient_sync.h"
+#include "pipeline/lowering.h"
+#include "pipeline/message.h"
+#include "pipeline/schedule_csv.h"
 #include "reference/host_memory.h"
 
 namespace pipecheck::pipeline {
 
 Schedule BuildSchedule(const PipelineConfig& config) {
   const PipelineShape shape{config.world_size, config.virtual_stages, config.microbatches};
-  const Faults faults(config.fault, config.microbatches);
-  Schedule lowered = LowerSchedule(ScheduleByName(config.schedule, shape), faults.PostReceivesFirst());
+  const auto fault = MakeFault(config.fault, {config.microbatches, 0, config.world_size, config.train.steps});
+  Schedule lowered = LowerSchedule(ScheduleByName(config.schedule, shape), fault->PostReceivesFirst());
   ValidateSchedule(lowered, {}, config.communication);
   return lowered;
 }
@@ -36,14 +39,14 @@ std::vector<std::pair<int, int>> MessageChannels(const PipelineConfig& config, c
 }
 
 PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport)
-    : config_(config), transport_(transport), faults_(config.fault, config.microbatches, transport.rank()),
+    : config_(config), transport_(transport), fault_(MakeFault(config.fault, {config.microbatches, transport.rank(), config.world_size, config.train.steps})),
       schedule_(BuildSchedule(config)), baseline_bytes_(reference::HeldTensorBytes(config.train.device)) {
   TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
               " but ", transport.world_size(), " ranks were started");
   reference::CheckDtypeSupported(config.train.dtype, config.train.device);
   stages_ = BuildStages(config, schedule_.shape, transport.rank());
   accumulator_ = std::make_unique<reference::GradientAccumulator>(OwnedParameters());
-  executor_ = std::make_unique<Executor>(config_, schedule_, stages_, transport_, faults_, *accumulator_);
+  executor_ = std::make_unique<Executor>(config_, schedule_, stages_, transport_, *fault_, *accumulator_);
   recorder_ = config.flight_record.empty() ? std::make_unique<FlightRecorder>()
                                            : std::make_unique<FlightRecorder>(config.flight_record);
   executor_->SetFlightRecorder(recorder_.get());
@@ -93,13 +96,13 @@ reference::NamedTensors PipelineTrainer::GradientCopies() const {
 
 // Tied sums, then the global clip (in the other order under clip_before_tied_sync).
 void PipelineTrainer::SynchroniseGradients(RankResult& result) {
-  if (faults_.ClipsBeforeTiedSync()) {
-    result.grad_norms.push_back(ClipGradients(stages_, config_, faults_, transport_));
-    SyncTiedGradients(stages_, config_, schedule_.shape, faults_, transport_);
+  if (fault_->ClipsBeforeTiedSync()) {
+    result.grad_norms.push_back(ClipGradients(stages_, config_, *fault_, transport_));
+    SyncTiedGradients(stages_, config_, schedule_.shape, *fault_, transport_);
     return;
   }
-  SyncTiedGradients(stages_, config_, schedule_.shape, faults_, transport_);
-  result.grad_norms.push_back(ClipGradients(stages_, config_, faults_, transport_));
+  SyncTiedGradients(stages_, config_, schedule_.shape, *fault_, transport_);
+  result.grad_norms.push_back(ClipGradients(stages_, config_, *fault_, transport_));
 }
 
 // One clock for every rank, from the moment rank 0 leaves a barrier all ranks pass. On rank 0's
@@ -129,14 +132,14 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   if (config_.train.record_gradients) result.weights.push_back(WeightCopies());
   accumulator_->Begin();
   transport_.Start(step);
-  if (faults_.ResetsOptimizer()) {
+  if (fault_->ResetsOptimizer()) {
     for (auto& stage : stages_) stage->optimizer = reference::MakeOptimizer(config_.train.optimizer, stage->parameters);
   }
   reference::StepWindow window(baseline_bytes_, config_.train.device);
   const auto batch = reference::MakeBatch(config_.train.data, config_.train.seed, step);
   const torch::Tensor loss = executor_->Run(step, batch, window, result.timeline, result.boundaries);
   accumulator_->Finish();
-  faults_.AfterAccumulation(OwnedParameters());
+  fault_->AfterAccumulation(OwnedParameters());
   RecordPhase(step, "gradient_sync", -1);  // tied sums and the clipping norm: collectives with every owner
   SynchroniseGradients(result);
   EndPhase();
@@ -147,7 +150,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   window.ResumeAfterCopies();
   reference::GradientsToParameterDtype(OwnedParameters());
   for (auto& stage : stages_) stage->optimizer->step();
-  faults_.StretchStep(started);
+  fault_->EndStep(started);
   const auto measured = window.End();
 
   result.peak_bytes.push_back(measured.peak_bytes);

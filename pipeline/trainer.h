@@ -59,7 +59,7 @@ class PipelineTrainer {
 
   PipelineConfig config_;
   RecordingTransport transport_;  // every step's messages recorded, for the communication check
-  Faults faults_;
+  std::unique_ptr<Fault> fault_;  // the injected fault: the correct pipeline's no-op hooks unless a scenario names one
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending
   int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed

@@ -232,41 +232,6 @@ std::string MessageShape::ToString() const {
   return fmt::format("{} ({})", reference::DtypeName(dtype), fmt::join(sizes, ", "));
 }
 
-int MessageTag(Direction direction, int stage, int microbatch) {
-  TORCH_CHECK(stage >= 0 && stage < 1024 && microbatch >= 0 && microbatch < 65536, "no tag for stage ", stage,
-              " microbatch ", microbatch);
-  return (static_cast<int>(direction) * 1024 + stage) * 65536 + microbatch;
-}
-
-TagParts DecodeTag(int tag) {
-  return {static_cast<Direction>(tag / (1024 * 65536)), tag / 65536 % 1024, tag % 65536};
-}
-
-const char* DirectionName(Direction direction) {
-  switch (direction) {
-    case Direction::kActivation: return "activation";
-    case Direction::kGradient: return "gradient";
-    case Direction::kTiedGradient: return "tied_gradient";
-    case Direction::kResult: return "result";
-  }
-  return "?";
-}
-
-std::string DescribeTag(int tag) {
-  const auto [direction, stage, microbatch] = DecodeTag(tag);
-  switch (direction) {
-    case Direction::kActivation:
-      return fmt::format("the activation for stage {}, microbatch {}", stage, microbatch);
-    case Direction::kGradient:
-      return fmt::format("the output gradient for stage {}, microbatch {}", stage, microbatch);
-    case Direction::kTiedGradient:
-      return fmt::format("the tied weight's gradient of stage {}", stage);
-    case Direction::kResult:
-      return fmt::format("the results of rank {}", stage);
-  }
-  return fmt::format("message tag {}", tag);
-}
-
 compat::GlooGroup MakeGloo(const c10::intrusive_ptr<c10d::Store>& store, const RendezvousOptions& options) {
   // Gloo's own default (the address the hostname resolves to) is often 127.0.1.1 on Debian, which
   // a peer on another host cannot reach: use the address that faces the rendezvous host.

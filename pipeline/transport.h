@@ -31,9 +31,9 @@
 #include <utility>
 #include <vector>
 
-namespace pipecheck::pipeline {
+#include "pipeline/message.h"
 
-enum class Direction { kActivation = 0, kGradient = 1, kTiedGradient = 2, kResult = 3 };
+namespace pipecheck::pipeline {
 
 // Of the ordered pairs (from, to) every rank was given, those `rank` is an end of, sorted and each
 // once: the order in which the nccl transport sets up its channels, the same relative order on
@@ -41,20 +41,6 @@ enum class Direction { kActivation = 0, kGradient = 1, kTiedGradient = 2, kResul
 // a pair that is no pair of two ranks of `world_size`.
 std::vector<std::pair<int, int>> ChannelsOfRank(const std::vector<std::pair<int, int>>& channels, int rank,
                                                 int world_size);
-
-// A tag unique per (direction, stage, microbatch); stages < 1024, microbatches < 65536.
-int MessageTag(Direction direction, int stage, int microbatch);
-
-// What a tag names, read back.
-struct TagParts {
-  Direction direction;
-  int stage;
-  int microbatch;
-};
-TagParts DecodeTag(int tag);
-
-// The direction as reports spell it: activation, gradient, tied_gradient, result.
-const char* DirectionName(Direction direction);
 
 class PendingSend {
  public:
@@ -71,9 +57,6 @@ class PendingRecv {
 // The header every message starts with: tag, dtype, number of dimensions and up to 8 sizes, int64.
 constexpr int kMaxMessageDims = 8;
 constexpr int64_t kMessageHeaderBytes = (3 + kMaxMessageDims) * 8;
-
-// What a tag says: "activation to stage 2, microbatch 5".
-std::string DescribeTag(int tag);
 
 // What a receiver expects a message to be.
 struct MessageShape {

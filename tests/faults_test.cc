@@ -139,10 +139,13 @@ TEST(Names, LoaderGeneratorsAndFaultsAgreeOnEveryName) {
   EXPECT_THROW(harness::ParseSuite("name,schedule\nx,zigzag\n", "s.csv"), scenarios::ScenarioError);
   const auto& faults = pipeline::FaultNames();
   for (size_t i = 0; i < faults.size(); ++i) {
-    EXPECT_EQ(static_cast<size_t>(pipeline::ParseFault(faults[i])), i) << faults[i];
+    EXPECT_EQ(pipeline::ParseFault(faults[i]), faults[i]);
+    EXPECT_EQ(pipeline::FaultRegistry()[i].name, faults[i]);
+    EXPECT_FALSE(pipeline::FaultRegistry()[i].summary.empty()) << faults[i];
     EXPECT_EQ(harness::ParseSuite("name,fault\nx," + faults[i] + "\n", "f.csv")[0].fault, faults[i]);
   }
   EXPECT_EQ(faults.front(), "none");
+  EXPECT_THROW(pipeline::ParseFault("typo"), std::invalid_argument);
 }
 
 }  // namespace

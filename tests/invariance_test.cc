@@ -223,8 +223,9 @@ TEST(Invariance, RealRanksAreBitwiseEqualWhereTheArithmeticIsTheSame) {
     }
     if (row.at("same_arithmetic") == "0" && row.at("bitwise") == "0") ++differing;
   }
-  // Eight variants share the pipelines' arithmetic (28 pairs); ws2 m1 shares the reference's (1).
-  EXPECT_EQ(asserted, 29) << output;
+  // Nine variants share the pipelines' arithmetic (36 pairs: dualpipev among them); ws2 m1 shares the
+  // reference's (1).
+  EXPECT_EQ(asserted, 37) << output;
   EXPECT_GE(differing, 10) << output;  // the comparison sees rounding where the arithmetic differs
   // One microbatch on two ranks does the reference's own arithmetic, to the bit.
   const auto& single = by_pair.at({"reference", "ws2.1f1b.uniform.m1"});

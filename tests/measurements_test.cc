@@ -10,6 +10,9 @@
 #include "harness/measurements.h"
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
+#include "pipeline/lowering.h"
+#include "pipeline/message.h"
+#include "pipeline/schedule_csv.h"
 #include "pipeline/simulator.h"
 #include "reference/trainer.h"
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/parity.h"
+#include "pipeline/lowering.h"
 #include "harness/scenario_model.h"
 #include "tests/test_support.h"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch pipelining's compute-only schedule CSV, both ways, checked by PyTorch and by pipecheck.
 
-1. pipecheck -> PyTorch: every schedule pipecheck generates (GPipe, 1F1B, interleaved, ZB-H1, ZB-V,
+1. pipecheck -> PyTorch: every schedule pipecheck generates (GPipe, 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV,
    on 2 and 4 ranks), written by `pipecheck schedule --csv`, is loaded by PyTorch's own
    `_PipelineScheduleRuntime._load_csv` (which runs PyTorch's `_validate_schedule` and lowers it
    with PyTorch's `_add_send_recv`), reads back cell for cell, and PyTorch's dry-run simulator
@@ -13,6 +13,9 @@
    PyTorch's own validator rejects a class's `pipeline_order` (Schedule1F1B's in PyTorch 2.11:
    the last rank starts at microbatch 1 and ends at microbatch m), pipecheck must reject that
    file too, naming its row and cell; a class PyTorch accepts must pass in pipecheck.
+
+3. pipecheck's own dualpipev generator builds, on every rank, the very actions PyTorch's
+   ScheduleDualPipeV builds (its overlapped forward-backward pairs as their two sub-actions).
 
 The schedule classes only need their stages' indices to build `pipeline_order`, so they are
 given stand-ins holding exactly those (no process group, nothing runs in PyTorch here).
@@ -36,7 +39,13 @@ PIPECHECK_SCHEDULES = [  # (name, ranks, virtual stages, microbatches)
     ("interleaved", 2, 2, 4), ("interleaved", 4, 2, 8),
     ("zbh1", 2, 1, 4), ("zbh1", 4, 1, 8),
     ("zbv", 2, 2, 4), ("zbv", 4, 2, 8),
+    ("dualpipev", 2, 2, 4), ("dualpipev", 4, 2, 8),
 ]
+V_PLACED = {"zbv", "dualpipev"}
+
+# pipecheck's dualpipev generator against PyTorch's ScheduleDualPipeV, action for action (PyTorch's
+# overlapped F&B pairs as their two sub-actions, forward first): (ranks, microbatches).
+DUALPIPEV_SHAPES = [(1, 2), (1, 5), (2, 4), (2, 7), (3, 6), (3, 10), (4, 8), (4, 13)]
 
 PYTORCH_CLASSES = [  # (class name, ranks, virtual stages, microbatches, V placement)
     ("ScheduleGPipe", 2, 1, 4, False),
@@ -114,7 +123,7 @@ def check_pipecheck_to_pytorch(pipecheck, workdir):
         with open(path, newline="") as f:
             cells = list(csv.reader(f))
         runtime = schedules._PipelineScheduleRuntime(
-            stand_in_stages(ranks, virtual, name == "zbv"), microbatches, loss_fn=lambda o, t: o.sum(),
+            stand_in_stages(ranks, virtual, name in V_PLACED), microbatches, loss_fn=lambda o, t: o.sum(),
             scale_grads=False)
         try:
             runtime._load_csv(path, format="compute_only")
@@ -140,6 +149,46 @@ def check_pipecheck_to_pytorch(pipecheck, workdir):
             continue
         steps = max(len(actions) for actions in simulated.values())
         print(f"PASS {label}: PyTorch loads, validates and lowers it; its simulator runs it in {steps} steps")
+    return failures
+
+
+def flat_actions(actions):
+    """A rank's compute actions as text, PyTorch's OVERLAP_F_B as its sub-actions in order."""
+    flat = []
+    for action in actions:
+        if action is None:
+            continue
+        if getattr(action, "sub_actions", None):
+            flat.extend(str(sub) for sub in action.sub_actions)
+        else:
+            flat.append(str(action))
+    return flat
+
+
+def check_dualpipev_matches_pytorch(pipecheck, workdir):
+    failures = []
+    for ranks, microbatches in DUALPIPEV_SHAPES:
+        label = f"dualpipev p={ranks} m={microbatches}"
+        path = os.path.join(workdir, f"dualpipev_{ranks}_m{microbatches}.csv")
+        done = subprocess.run([pipecheck, "schedule", "--schedule", "dualpipev", "--stages", str(ranks),
+                               "--microbatches", str(microbatches), "--csv", path],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            failures.append(f"{label}: pipecheck schedule exited {done.returncode}: {done.stderr.strip()}")
+            continue
+        with open(path, newline="") as f:
+            ours = [[cell for cell in row if cell] for row in csv.reader(f)]
+        theirs = make_schedule("ScheduleDualPipeV", ranks, 2, microbatches, True)
+        for rank in range(ranks):
+            expected = flat_actions(theirs.pipeline_order[rank])
+            if ours[rank] != expected:
+                first = next((i for i, (a, b) in enumerate(zip(ours[rank], expected)) if a != b),
+                             min(len(ours[rank]), len(expected)))
+                failures.append(f"{label} rank {rank}: differs from PyTorch's ScheduleDualPipeV at action {first}: "
+                                f"pipecheck {ours[rank][first:first + 4]}, PyTorch {expected[first:first + 4]}")
+                break
+        else:
+            print(f"PASS {label}: the same actions as PyTorch's ScheduleDualPipeV on every rank")
     return failures
 
 
@@ -192,7 +241,8 @@ def main():
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
     print(f"torch {torch.__version__}")
-    failures = check_pipecheck_to_pytorch(pipecheck, workdir) + check_pytorch_to_pipecheck(pipecheck, workdir)
+    failures = (check_pipecheck_to_pytorch(pipecheck, workdir) + check_dualpipev_matches_pytorch(pipecheck, workdir) +
+                check_pytorch_to_pipecheck(pipecheck, workdir))
     for failure in failures:
         print("FAIL " + failure)
     sys.exit(1 if failures else 0)

@@ -127,7 +127,7 @@ TEST(ScenarioLoader, RejectsUnknownEnumValuesListingTheAllowedOnes) {
   EXPECT_EQ(ErrorFor("name,flavor\nx,bert\n"),
             "suite.csv:2:2: column 'flavor', value 'bert': expected one of: llama, gpt2");
   EXPECT_EQ(ErrorFor("name,schedule\nx,zigzag\n"),
-            "suite.csv:2:2: column 'schedule', value 'zigzag': expected one of: gpipe, 1f1b, interleaved, zbh1, zbv");
+            "suite.csv:2:2: column 'schedule', value 'zigzag': expected one of: gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev");
   // zbv is two stages per rank: its virtual_stages is 2 when left out, and nothing above 2.
   EXPECT_EQ(ErrorFor("name,schedule,virtual_stages\nx,zbv,3\n"),
             "suite.csv:2:3: column 'virtual_stages', value '3': schedule 'zbv' places two stages per rank in a V: "
