@@ -7,9 +7,12 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <iostream>
 #include <numeric>
 #include <thread>
@@ -41,46 +44,6 @@ constexpr int kExitBadInput = 2;
 constexpr const char* kDefaultSuite = "scenarios/core.csv";
 
 constexpr const char* kDefaultOut = "reports/latest";
-
-struct Options {
-  std::string scenarios = kDefaultSuite;
-  std::vector<std::string> only;  // globs; each may hold several, comma-separated
-  bool list = false;
-  bool microbatched = false;  // reference: accumulate over each scenario's microbatches
-  bool bind_cpus = false;  // run: bind CPU ranks to their own cores
-  std::string scenario;
-  std::string out = kDefaultOut;
-  std::string device;
-  int threads = 0;
-  double timeout = 0.0;
-  double rendezvous_timeout = 300.0;  // worker
-  // schedule
-  std::string schedule = "1f1b";
-  int stages = 2;
-  int microbatches = 4;
-  int virtual_stages = 1;
-  std::string schedule_csv;
-  double backward_cost = 2.0;
-  // compare, and run against a baseline
-  std::vector<std::string> compare_paths;  // [BASELINE] CURRENT
-  std::string baseline_dir = "reports/baselines";
-  std::string runner;
-  double noise_factor = 2.0;
-  std::string junit;
-  std::string markdown;
-  double max_slowdown = 0.10;
-  double max_memory_growth = 0.10;
-  std::string compare_out;  // where compare.csv goes ("" beside the current summary)
-  // baseline update
-  std::vector<std::string> baseline_from = {kDefaultOut};
-  std::string baseline_to;
-  bool allow_failures = false;
-  // invariance
-  bool full = false;
-  std::vector<int64_t> world_sizes;
-  std::vector<int64_t> more_microbatches;
-  bool save_tensors = false;
-};
 
 // A finite number in [min, max]: CLI11's own range checks let NaN through and print bounds
 // such as DBL_MAX in full.
@@ -184,126 +147,331 @@ bool RunnableHere(const std::vector<pipecheck::scenarios::Scenario>& scenarios, 
   return true;
 }
 
-int Validate(Options options) {
-  auto suite = pipecheck::harness::LoadSuite(options.scenarios);
-  if (!options.device.empty()) {
-    for (auto& scenario : suite) scenario.device = options.device;
-  }
-  if (!RunnableHere(suite, " validate")) return kExitBadInput;
-  fmt::print("{}: {} scenarios, all valid and runnable here\n", options.scenarios, suite.size());
-  return 0;
+// ---- Option groups several subcommands share.
+
+void AddScenarios(CLI::App* command, std::string& scenarios) {
+  command->add_option("--scenarios", scenarios, "Scenario CSV file")->capture_default_str();
 }
 
-int Reference(const Options& options) {
-  const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
-  const auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")),
-                                                                options.scenarios);
-  if (selected.empty()) {
-    fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios,
-               fmt::join(options.only, ","));
-    return kExitBadInput;
-  }
-  ApplyThreads(options.threads);
-  return pipecheck::harness::RunReferenceSuite(selected, options.microbatched, std::cout);
+void AddOnly(CLI::App* command, std::vector<std::string>& only) {
+  command->add_option("--only", only, "Shell globs on scenario names (repeat, or separate with commas)")->take_all();
+}
+
+void AddThreads(CLI::App* command, int& threads, const char* help) {
+  command->add_option("--threads", threads, help)->check(ThreadCount());
+}
+
+void AddDevice(CLI::App* command, std::string& device, const char* help) {
+  command->add_option("--device", device, help)->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
+void AddTimeout(CLI::App* command, double& timeout, const char* help) {
+  command->add_option("--timeout", timeout, help)->check(FiniteIn(0.001, 86400, "seconds from 0.001 to 86400 (a day)"));
+}
+
+// Which baseline a run or comparison is held to, and how far it may fall behind.
+struct GateOptions {
+  std::string baseline_dir = "reports/baselines";
+  std::string runner;
+  double max_slowdown = 0.10;
+  double max_memory_growth = 0.10;
+  double noise_factor = 2.0;
+
+  pipecheck::reports::CompareOptions Limits() const { return {max_slowdown, max_memory_growth, noise_factor}; }
+};
+
+// With `optional` (run), the limits apply only with --runner, and their help says so.
+void AddGate(CLI::App* command, GateOptions& gate, const std::string& runner_help, bool optional) {
+  const auto help = [optional](std::string text) {
+    if (!optional) text[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(text[0])));
+    return optional ? "With --runner: " + text : text;
+  };
+  command->add_option("--baseline-dir", gate.baseline_dir, "Where the runners' baselines live")->capture_default_str();
+  command->add_option("--runner", gate.runner, runner_help);
+  command->add_option("--max-slowdown", gate.max_slowdown, help("tolerated loss of tokens/s, as a fraction"))
+      ->check(FiniteIn(0.0, 1.0, "a fraction from 0 to 1"))->capture_default_str();
+  command->add_option("--max-memory-growth", gate.max_memory_growth,
+                      help("tolerated growth of peak bytes, as a fraction"))
+      ->check(FiniteIn(0.0, 100.0, "a fraction from 0 to 100"))->capture_default_str();
+  command->add_option("--noise-factor", gate.noise_factor,
+                      help("tokens/s may fall by this many times the spread the baseline recorded, if more than "
+                           "--max-slowdown"))
+      ->check(FiniteIn(0.0, 100.0, "a factor from 0 to 100"))->capture_default_str();
+}
+
+// The CI files a command may also write.
+struct CiFiles {
+  std::string junit;
+  std::string markdown;
+};
+
+void AddCiFiles(CLI::App* command, CiFiles& files, const char* junit_help) {
+  command->add_option("--junit", files.junit, junit_help);
+  command->add_option("--markdown", files.markdown,
+                      "Also write a Markdown summary (appended when FILE is $GITHUB_STEP_SUMMARY)");
+}
+
+bool CiFilesWritable(const CiFiles& files, const char* command) {
+  return WritableFile(files.junit, command, "--junit") && WritableFile(files.markdown, command, "--markdown");
 }
 
 // The baseline a command compares with: --baseline-dir/--runner, else the one given; a missing or
 // unreadable one is bad input, found before anything runs.
-std::string ResolveBaseline(const Options& options, const std::string& given) {
+std::string ResolveBaseline(const GateOptions& gate, const std::string& given) {
   std::string baseline = given;
-  if (!options.runner.empty()) baseline = pipecheck::reports::RunnerBaseline(options.baseline_dir, options.runner);
+  if (!gate.runner.empty()) baseline = pipecheck::reports::RunnerBaseline(gate.baseline_dir, gate.runner);
   if (baseline.empty()) return "";
   const std::string summary = pipecheck::reports::SummaryPath(baseline);
   if (!std::filesystem::exists(summary)) {
     throw pipecheck::reports::CompareError(fmt::format(
         "no baseline at {}{}: record one with `pipecheck baseline update --from RUN{}`", summary,
-        options.runner.empty() ? "" : fmt::format(" for runner {}", options.runner),
-        options.runner.empty() ? " --to DIR" : fmt::format(" --baseline-dir {} --runner {}", options.baseline_dir,
-                                                            options.runner)));
+        gate.runner.empty() ? "" : fmt::format(" for runner {}", gate.runner),
+        gate.runner.empty() ? " --to DIR" : fmt::format(" --baseline-dir {} --runner {}", gate.baseline_dir,
+                                                         gate.runner)));
   }
   pipecheck::reports::ScenariosNotOk(summary);  // readable, a pipecheck summary
   return baseline;
 }
 
-int Run(Options options) {
-  auto suite = pipecheck::harness::LoadSuite(options.scenarios);
-  auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(options.only, ",")),
-                                                                options.scenarios);
+// The suite's scenarios that --only selects, each on --device if given; none is bad input.
+std::vector<pipecheck::scenarios::Scenario> SelectedScenarios(const std::string& path,
+                                                              const std::vector<std::string>& only,
+                                                              const std::string& device) {
+  const auto suite = pipecheck::harness::LoadSuite(path);
+  auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(only, ",")), path);
   if (selected.empty()) {
-    fmt::print(stderr, "pipecheck: no scenario of {} matches --only '{}'\n", options.scenarios,
-               fmt::join(options.only, ","));
-    return kExitBadInput;
+    throw pipecheck::scenarios::ScenarioError(fmt::format("no scenario of {} matches --only '{}'", path,
+                                                          fmt::join(only, ",")));
   }
-  if (!options.device.empty()) {
-    for (auto& scenario : selected) scenario.device = options.device;
+  if (!device.empty()) {
+    for (auto& scenario : selected) scenario.device = device;
   }
-  // A scenario this build or machine cannot run at all is bad input, found before anything runs.
-  if (!RunnableHere(selected, options.list ? " run --list" : " run")) return kExitBadInput;
-  if (options.list) {
-    for (const auto& s : selected) {
-      int64_t needed = 0;
-      for (const auto& need : pipecheck::harness::MemoryNeeds(s)) needed += need.needed;
-      fmt::print("{}  world_size {} {} m={} {} {} {} steps, needs at least {}  ({})\n", s.name, s.world_size,
-                 s.schedule_written.empty() ? s.schedule : s.schedule_written, s.microbatches, s.dtype, s.device,
-                 s.steps, pipecheck::harness::HumanBytes(static_cast<double>(needed)), s.source);
-    }
-    return 0;
-  }
-  // An unwritable --out, --junit or --markdown, or a missing baseline, is bad input, found before
-  // anything runs; so is an --out another run is writing into.
-  if (!WritableOut(options.out, "run") || !WritableFile(options.junit, "run", "--junit") ||
-      !WritableFile(options.markdown, "run", "--markdown")) {
-    return kExitBadInput;
-  }
-  const pipecheck::harness::RunDirectory directory(options.out, {"views", "work", "compare.csv"});
-  pipecheck::harness::RunOptions run;
-  run.baseline = ResolveBaseline(options, "");
-  run.limits = {options.max_slowdown, options.max_memory_growth, options.noise_factor};
-  run.junit = options.junit;
-  run.markdown = options.markdown;
-  run.scenarios_path = options.scenarios;
-  run.out = options.out;
-  run.timeout_seconds = options.timeout;
-  run.threads_per_rank = options.threads;
-  run.device = options.device;
-  run.bind_cpus = options.bind_cpus;
-  return pipecheck::harness::RunSuite(selected, run, std::cout);
+  return selected;
 }
 
-int Worker(const Options& options) {
-  pipecheck::harness::WorkerOptions worker;
-  worker.scenarios_path = options.scenarios;
-  worker.scenario = options.scenario;
-  worker.out = options.out;
-  worker.threads = options.threads;
-  worker.device = options.device;
-  worker.save_tensors = options.save_tensors;
-  worker.rendezvous_timeout_seconds = options.rendezvous_timeout;
-  return pipecheck::harness::RunWorker(worker);
+// One subcommand: its parser, what it is called in messages, and what runs when it is parsed.
+struct Command {
+  CLI::App* app = nullptr;
+  std::string label;
+  std::function<int()> run;
+};
+
+// ---- The subcommands, each its options, its registration and its body.
+
+Command AddValidate(CLI::App& app) {
+  struct Options {
+    std::string scenarios = kDefaultSuite;
+    std::string device;
+  };
+  auto options = std::make_shared<Options>();
+  auto* command = app.add_subcommand("validate", "Load a scenario suite and report the first error, or the first "
+                                                 "row this machine cannot run (exit 2)");
+  AddScenarios(command, options->scenarios);
+  AddDevice(command, options->device, "Check every scenario as if it ran on this device");
+  return {command, "validate", [options] {
+            auto suite = pipecheck::harness::LoadSuite(options->scenarios);
+            if (!options->device.empty()) {
+              for (auto& scenario : suite) scenario.device = options->device;
+            }
+            if (!RunnableHere(suite, " validate")) return kExitBadInput;
+            fmt::print("{}: {} scenarios, all valid and runnable here\n", options->scenarios, suite.size());
+            return 0;
+          }};
 }
 
-int Invariance(const Options& options) {
-  const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
-  auto scenario = pipecheck::scenarios::FindScenario(suite, options.scenario, options.scenarios);
-  if (!options.device.empty()) scenario.device = options.device;
-  if (!CudaPresentFor(scenario, " invariance")) return kExitBadInput;
-  if (!WritableOut(options.out, "invariance")) return kExitBadInput;
-  const pipecheck::harness::RunDirectory directory(options.out, {});
-  ApplyThreads(options.threads);  // the reference, computed here, with the ranks' thread count
-  pipecheck::harness::InvarianceOptions invariance;
-  invariance.scenarios_path = options.scenarios;
-  invariance.out = options.out;
-  invariance.full = options.full;
-  invariance.world_sizes = options.world_sizes;
-  invariance.microbatches = options.more_microbatches;
-  invariance.threads = options.threads;
-  invariance.timeout_seconds = options.timeout;
-  return pipecheck::harness::RunInvariance(scenario, invariance, std::cout);
+Command AddReference(CLI::App& app) {
+  struct Options {
+    std::string scenarios = kDefaultSuite;
+    std::vector<std::string> only;
+    int threads = 0;
+    bool microbatched = false;  // accumulate over each scenario's microbatches
+  };
+  auto options = std::make_shared<Options>();
+  auto* command = app.add_subcommand("reference", "Train the reference on each scenario: losses, step time");
+  AddScenarios(command, options->scenarios);
+  AddOnly(command, options->only);
+  AddThreads(command, options->threads, "Intra-op threads (0: LibTorch's default)");
+  command->add_flag("--microbatched", options->microbatched,
+                    "Accumulate over each scenario's microbatches, one after another on one device (world size "
+                    "1's arithmetic): what the microbatch size costs, without a pipeline");
+  return {command, "reference", [options] {
+            const auto selected = SelectedScenarios(options->scenarios, options->only, "");
+            ApplyThreads(options->threads);
+            return pipecheck::harness::RunReferenceSuite(selected, options->microbatched, std::cout);
+          }};
 }
 
-int PrintSchedule(const Options& options) {
+Command AddDump(CLI::App& app) {
+  struct Options {
+    std::string scenarios = kDefaultSuite;
+    std::string scenario;
+    std::string out;
+    int threads = 0;
+  };
+  auto options = std::make_shared<Options>();
+  auto* command = app.add_subcommand("dump", "Write the reference's first step as torch.load-able files");
+  command->add_option("--scenario", options->scenario, "Scenario name")->required();
+  AddScenarios(command, options->scenarios);
+  command->add_option("--out", options->out, "Output directory")->required();
+  AddThreads(command, options->threads, "Intra-op threads (0: LibTorch's default)");
+  return {command, "dump", [options] {
+            const auto suite = pipecheck::harness::LoadSuite(options->scenarios);
+            const auto& scenario = pipecheck::scenarios::FindScenario(suite, options->scenario, options->scenarios);
+            if (!WritableOut(options->out, "dump")) return kExitBadInput;
+            ApplyThreads(options->threads);
+            pipecheck::harness::DumpReference(scenario, options->out);
+            fmt::print("wrote {}/{{weights,batch,grads,loss}}.pt and scenario.csv for {}\n", options->out,
+                       scenario.name);
+            return 0;
+          }};
+}
+
+// `run --list`: each selected scenario, what it runs and the memory it needs.
+void ListScenarios(const std::vector<pipecheck::scenarios::Scenario>& selected) {
+  for (const auto& s : selected) {
+    int64_t needed = 0;
+    for (const auto& need : pipecheck::harness::MemoryNeeds(s)) needed += need.needed;
+    fmt::print("{}  world_size {} {} m={} {} {} {} steps, needs at least {}  ({})\n", s.name, s.world_size,
+               s.schedule_written.empty() ? s.schedule : s.schedule_written, s.microbatches, s.dtype, s.device,
+               s.steps, pipecheck::harness::HumanBytes(static_cast<double>(needed)), s.source);
+  }
+}
+
+Command AddRun(CLI::App& app) {
+  struct Options {
+    std::string scenarios = kDefaultSuite;
+    std::vector<std::string> only;
+    std::string out = kDefaultOut;
+    bool list = false;
+    std::string device;
+    double timeout = 0.0;
+    int threads = 0;
+    bool bind_cpus = false;
+    CiFiles files;
+    GateOptions gate;
+  };
+  auto options = std::make_shared<Options>();
+  auto* command = app.add_subcommand("run", "Run scenarios through the pipeline and the reference; write reports");
+  AddCiFiles(command, options->files, "Also write JUnit XML: a testcase per scenario");
+  AddGate(command, options->gate,
+          "Compare the run with --baseline-dir/RUNNER (this runner's baseline); a regression fails the run",
+          /*optional=*/true);
+  AddScenarios(command, options->scenarios);
+  AddOnly(command, options->only);
+  command->add_option("--out", options->out, "Report directory (default reports/latest)");
+  command->add_flag("--list", options->list, "List the selected scenarios and exit; nothing runs");
+  AddDevice(command, options->device, "Override every scenario's device");
+  AddTimeout(command, options->timeout, "Deadline per scenario in seconds (default: sized to each scenario, 30 s and up)");
+  AddThreads(command, options->threads, "Intra-op threads per rank (0: cores / world_size)");
+  command->add_flag("--bind-cpus", options->bind_cpus,
+                    "Bind each CPU rank to its own contiguous share of this process's CPUs (not with runs side by side)");
+  return {command, "run", [options] {
+            const Options& o = *options;
+            const auto selected = SelectedScenarios(o.scenarios, o.only, o.device);
+            // A scenario this build or machine cannot run at all is bad input, found before anything runs.
+            if (!RunnableHere(selected, o.list ? " run --list" : " run")) return kExitBadInput;
+            if (o.list) {
+              ListScenarios(selected);
+              return 0;
+            }
+            // An unwritable --out, --junit or --markdown, or a missing baseline, is bad input, found
+            // before anything runs; so is an --out another run is writing into.
+            if (!WritableOut(o.out, "run") || !CiFilesWritable(o.files, "run")) return kExitBadInput;
+            const pipecheck::harness::RunDirectory directory(o.out, {"views", "work", "compare.csv"});
+            pipecheck::harness::RunOptions run;
+            run.baseline = ResolveBaseline(o.gate, "");
+            run.limits = o.gate.Limits();
+            run.junit = o.files.junit;
+            run.markdown = o.files.markdown;
+            run.scenarios_path = o.scenarios;
+            run.out = o.out;
+            run.timeout_seconds = o.timeout;
+            run.threads_per_rank = o.threads;
+            run.device = o.device;
+            run.bind_cpus = o.bind_cpus;
+            return pipecheck::harness::RunSuite(selected, run, std::cout);
+          }};
+}
+
+Command AddWorker(CLI::App& app) {
+  auto options = std::make_shared<pipecheck::harness::WorkerOptions>();
+  options->scenarios_path = kDefaultSuite;
+  options->out = kDefaultOut;
+  auto* command = app.add_subcommand("worker", "One rank of one scenario (environment: RANK, WORLD_SIZE, "
+                                               "MASTER_ADDR, MASTER_PORT, as torchrun and SLURM set them)");
+  AddScenarios(command, options->scenarios_path);
+  command->add_option("--scenario", options->scenario, "Scenario name")->required();
+  command->add_option("--out", options->out, "Where rank 0 writes the reports (default reports/latest)");
+  AddDevice(command, options->device, "Override the scenario's device");
+  AddThreads(command, options->threads, "Intra-op threads (0: LibTorch's default)");
+  command->add_option("--rendezvous-timeout", options->rendezvous_timeout_seconds,
+                      "Seconds to wait for the other ranks to rendezvous; then exit 2 naming what was missing")
+      ->check(FiniteIn(1, 86400, "seconds from 1 to 86400 (a day)"))->capture_default_str();
+  command->add_flag("--save-tensors", options->save_tensors,
+                    "Rank 0 also writes tensors.pt: every step's loss and applied gradients, the final weights");
+  return {command, "worker", [options] { return pipecheck::harness::RunWorker(*options); }};
+}
+
+Command AddInvariance(CLI::App& app) {
+  struct Options {
+    std::string scenarios = kDefaultSuite;
+    std::string scenario;
+    std::string out = "reports/invariance";
+    std::string device;
+    pipecheck::harness::InvarianceOptions invariance;
+  };
+  auto options = std::make_shared<Options>();
+  options->invariance.threads = 1;
+  auto& invariance = options->invariance;
+  auto* command = app.add_subcommand(
+      "invariance", "Run one scenario across world sizes, partitions and schedules; compare every pair, bitwise "
+                    "where the arithmetic is the same (float64, CPU)");
+  command->add_option("--scenario", options->scenario, "Scenario name")->required();
+  AddScenarios(command, options->scenarios);
+  command->add_option("--out", options->out, "Output directory (default reports/invariance)");
+  command->add_flag("--full", invariance.full,
+                    "Every world size x schedule x partition (default: one axis at a time from the scenario)");
+  command->add_option("--world-sizes", invariance.world_sizes, "World sizes to try (default 1 up to max(4, the "
+                                                               "scenario's))")
+      ->delimiter(',')->check(CLI::Range(1, 64));
+  command->add_option("--microbatches", invariance.microbatches,
+                      "Further microbatch counts to try (each changes the arithmetic)")
+      ->delimiter(',')->check(CLI::Range(1, 65535));
+  AddDevice(command, options->device, "Override the scenario's device");
+  command->add_option("--threads", invariance.threads, "Intra-op threads per rank, the same in every variant")
+      ->check(ThreadCount())->capture_default_str();
+  AddTimeout(command, invariance.timeout_seconds, "Deadline per variant in seconds (default: sized to each)");
+  return {command, "invariance", [options] {
+            const auto suite = pipecheck::harness::LoadSuite(options->scenarios);
+            auto scenario = pipecheck::scenarios::FindScenario(suite, options->scenario, options->scenarios);
+            if (!options->device.empty()) scenario.device = options->device;
+            if (!CudaPresentFor(scenario, " invariance")) return kExitBadInput;
+            if (!WritableOut(options->out, "invariance")) return kExitBadInput;
+            const pipecheck::harness::RunDirectory directory(options->out, {});
+            ApplyThreads(options->invariance.threads);  // the reference, computed here, with the ranks' count
+            auto invariance = options->invariance;
+            invariance.scenarios_path = options->scenarios;
+            invariance.out = options->out;
+            return pipecheck::harness::RunInvariance(scenario, invariance, std::cout);
+          }};
+}
+
+struct ScheduleOptions {
+  std::string schedule = "1f1b";
+  std::string csv;
+  int stages = 2;
+  int microbatches = 4;
+  int virtual_stages = 1;
+  bool virtual_given = false;
+  double backward_cost = 2.0;
+};
+
+int PrintSchedule(ScheduleOptions options) {
   using namespace pipecheck::pipeline;
-  if (!WritableFile(options.schedule_csv, "schedule", "--csv")) return kExitBadInput;
+  // Without --virtual, the schedule's own default: interleaved, zbv and dualpipev run two stages per rank.
+  const auto* info = FindSchedule(options.schedule);
+  if (!options.virtual_given && info) options.virtual_stages = info->default_virtual_stages;
+  if (!WritableFile(options.csv, "schedule", "--csv")) return kExitBadInput;
   const PipelineShape shape{options.stages, options.virtual_stages, options.microbatches};
   const Schedule compute = ScheduleByName(options.schedule, shape);
   // Said first: lowering and simulating thousands of actions per rank takes seconds.
@@ -321,11 +489,10 @@ int PrintSchedule(const Options& options) {
   fmt::print("actions per rank (communication included):\n{}\n", FormatActions(lowered));
   fmt::print("timeline with F=1, B={} (one column per time unit):\n{}\n", options.backward_cost,
              FormatTimeline(lowered, result, weighted));
-  std::vector<int> peaks = result.peak_in_flight;
   fmt::print("bubble: {:.4f} with F=1, B={}; {:.4f} with equal costs (1F1B's (p-1)/(m+p-1) = {:.4f})\n", result.bubble,
              options.backward_cost, equal_result.bubble,
              static_cast<double>(shape.ranks - 1) / (shape.microbatches + shape.ranks - 1));
-  fmt::print("peak in-flight microbatches per rank: {}\n", fmt::join(peaks, " "));
+  fmt::print("peak in-flight microbatches per rank: {}\n", fmt::join(result.peak_in_flight, " "));
   std::string formula;
   if (const auto published = PublishedMakespan(compute.name, compute.shape, weighted, &formula)) {
     const double busy = std::accumulate(result.busy.begin(), result.busy.end(), 0.0);
@@ -335,64 +502,126 @@ int PrintSchedule(const Options& options) {
   fmt::print("valid on every transport: gloo and staged (messages wait on the host: makespan {:g} with F=1, B={}), "
              "nccl (on device streams, one channel per ordered pair of ranks: makespan {:g})\n",
              result.makespan, options.backward_cost, streams.makespan);
-  if (!options.schedule_csv.empty()) {
-    pipecheck::reports::WriteFileAtomically(options.schedule_csv, ScheduleToCsv(compute));
-    fmt::print("wrote {} (PyTorch pipelining's compute-only CSV)\n", options.schedule_csv);
+  if (!options.csv.empty()) {
+    pipecheck::reports::WriteFileAtomically(options.csv, ScheduleToCsv(compute));
+    fmt::print("wrote {} (PyTorch pipelining's compute-only CSV)\n", options.csv);
   }
   return 0;
 }
 
-int Compare(const Options& options) {
+// --schedule: a registry name or csv:PATH.
+CLI::Validator ScheduleName() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        const auto& names = pipecheck::pipeline::ScheduleNames();
+        if (value.rfind("csv:", 0) == 0 && value.size() > 4) return "";
+        if (std::find(names.begin(), names.end(), value) != names.end()) return "";
+        return fmt::format("{} is not a schedule: expected one of {} or csv:PATH", value, fmt::join(names, ", "));
+      },
+      "SCHEDULE");
+}
+
+Command AddSchedule(CLI::App& app) {
+  auto options = std::make_shared<ScheduleOptions>();
+  auto* command = app.add_subcommand("schedule", "Print a schedule's per-rank actions, timeline and bubble");
+  std::string schedule_help = "Schedule: ";
+  for (const auto& info : pipecheck::pipeline::ScheduleRegistry()) {
+    schedule_help += fmt::format("{} ({}), ", info.name, info.summary);
+  }
+  schedule_help += "or csv:PATH (PyTorch pipelining's compute-only CSV)";
+  command->add_option("--schedule", options->schedule, schedule_help)->check(ScheduleName())->capture_default_str();
+  command->add_option("--csv", options->csv, "Also write the schedule as PyTorch pipelining's compute-only CSV");
+  command->add_option("--stages", options->stages, "Pipeline ranks")->check(CLI::Range(1, 1024))->capture_default_str();
+  command->add_option("--microbatches", options->microbatches, "Microbatches")->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  auto* virtual_stages = command->add_option("--virtual", options->virtual_stages,
+                                             "Stages per rank (default: the schedule's own, 2 for interleaved, zbv "
+                                             "and dualpipev, else 1)")
+                             ->check(CLI::Range(1, 64));
+  command->add_option("--backward-cost", options->backward_cost, "Backward duration relative to forward")
+      ->check(FiniteIn(0.01, 100, "a backward/forward cost ratio from 0.01 to 100"))->capture_default_str();
+  return {command, "schedule", [options, virtual_stages] {
+            ScheduleOptions given = *options;
+            given.virtual_given = virtual_stages->count() > 0;
+            return PrintSchedule(given);
+          }};
+}
+
+struct CompareCommandOptions {
+  std::vector<std::string> paths;  // [BASELINE] CURRENT
+  GateOptions gate;
+  CiFiles files;
+  std::string out;  // where compare.csv goes ("" beside the current summary)
+};
+
+int Compare(const CompareCommandOptions& options) {
   using namespace pipecheck::reports;
-  if (options.compare_paths.size() != (options.runner.empty() ? 2u : 1u)) {
+  if (options.paths.size() != (options.gate.runner.empty() ? 2u : 1u)) {
     fmt::print(stderr, "pipecheck compare: {}\n",
-               options.runner.empty() ? "expected BASELINE and CURRENT (or --runner NAME and CURRENT)"
-                                      : "with --runner, give only CURRENT: the baseline is --baseline-dir/NAME");
+               options.gate.runner.empty() ? "expected BASELINE and CURRENT (or --runner NAME and CURRENT)"
+                                           : "with --runner, give only CURRENT: the baseline is --baseline-dir/NAME");
     return kExitBadInput;
   }
-  const std::string current = options.compare_paths.back();
-  const std::string baseline = ResolveBaseline(options, options.runner.empty() ? options.compare_paths[0] : "");
+  const std::string current = options.paths.back();
+  const std::string baseline = ResolveBaseline(options.gate, options.gate.runner.empty() ? options.paths[0] : "");
   // compare.csv goes to --out, else beside the current summary; unwritable is bad input, found first.
-  const std::string out_directory =
-      options.compare_out.empty() ? std::filesystem::path(SummaryPath(current)).parent_path().string()
-                                  : options.compare_out;
-  if (!WritableOut(out_directory.empty() ? "." : out_directory, "compare") ||
-      !WritableFile(options.junit, "compare", "--junit") || !WritableFile(options.markdown, "compare", "--markdown")) {
-    return kExitBadInput;
-  }
-  const CompareOptions limits{options.max_slowdown, options.max_memory_growth, options.noise_factor};
+  std::string out_directory =
+      options.out.empty() ? std::filesystem::path(SummaryPath(current)).parent_path().string() : options.out;
+  if (out_directory.empty()) out_directory = ".";
+  if (!WritableOut(out_directory, "compare") || !CiFilesWritable(options.files, "compare")) return kExitBadInput;
+  const CompareOptions limits = options.gate.Limits();
   const Comparison comparison = CompareSummaries(baseline, current, limits);
   fmt::print("{}", FormatComparison(comparison, limits));
-  const auto out = std::filesystem::path(out_directory.empty() ? "." : out_directory) / "compare.csv";
+  const auto out = std::filesystem::path(out_directory) / "compare.csv";
   WriteFileAtomically(out.string(), ComparisonCsv(comparison));
   fmt::print("wrote {}\n", out.string());
-  if (!options.junit.empty()) {
+  if (!options.files.junit.empty()) {
     std::vector<JUnitCase> cases;
     for (const auto& row : comparison.rows) cases.push_back(CompareCase(row, baseline));
-    WriteFileAtomically(options.junit, JUnitXml("pipecheck compare " + baseline, cases));
-    fmt::print("wrote {}\n", options.junit);
+    WriteFileAtomically(options.files.junit, JUnitXml("pipecheck compare " + baseline, cases));
+    fmt::print("wrote {}\n", options.files.junit);
   }
-  if (!options.markdown.empty()) {
-    const bool appended = WriteMarkdown(options.markdown, CompareMarkdown(comparison, baseline, current));
-    fmt::print("{} {}\n", appended ? "appended to" : "wrote", options.markdown);
+  if (!options.files.markdown.empty()) {
+    const bool appended = WriteMarkdown(options.files.markdown, CompareMarkdown(comparison, baseline, current));
+    fmt::print("{} {}\n", appended ? "appended to" : "wrote", options.files.markdown);
   }
   return comparison.regressions == 0 ? 0 : 1;
 }
 
-int UpdateBaseline(const Options& options) {
-  const std::string to = options.runner.empty() ? options.baseline_to
+Command AddCompare(CLI::App& app) {
+  auto options = std::make_shared<CompareCommandOptions>();
+  auto* command = app.add_subcommand("compare", "Compare a run's summary.csv with a baseline's; exit 1 on regression");
+  command->add_option("BASELINE CURRENT", options->paths,
+                      "Baseline and current summary.csv, or their directories (with --runner: CURRENT only)")
+      ->required()->expected(1, 2);
+  AddGate(command, options->gate, "Compare with --baseline-dir/RUNNER, this runner's baseline", /*optional=*/false);
+  AddCiFiles(command, options->files, "Also write JUnit XML: a testcase per scenario, a failure per regression");
+  command->add_option("--out", options->out, "Directory for compare.csv (default: the current summary's)");
+  return {command, "compare", [options] { return Compare(*options); }};
+}
+
+struct BaselineUpdateOptions {
+  std::vector<std::string> from = {kDefaultOut};
+  std::string to;
+  std::string baseline_dir = "reports/baselines";
+  std::string runner;
+  bool allow_failures = false;
+};
+
+int UpdateBaseline(const BaselineUpdateOptions& options) {
+  const std::string to = options.runner.empty() ? options.to
                                                 : pipecheck::reports::RunnerBaseline(options.baseline_dir, options.runner);
   if (to.empty()) {
     fmt::print(stderr, "pipecheck baseline update: name the baseline: --to DIR, or --runner NAME [--baseline-dir DIR]\n");
     return kExitBadInput;
   }
   if (!WritableOut(to, "baseline update")) return kExitBadInput;
-  const auto written = pipecheck::reports::PromoteToBaseline(options.baseline_from, to, options.allow_failures);
-  fmt::print("baseline {} now holds {} {}: {}\n", to, options.baseline_from.size() == 1 ? "the run of" : "the runs of",
-             fmt::join(options.baseline_from, ", "), fmt::join(written, ", "));
-  if (options.baseline_from.size() > 1) {
+  const auto written = pipecheck::reports::PromoteToBaseline(options.from, to, options.allow_failures);
+  fmt::print("baseline {} now holds {} {}: {}\n", to, options.from.size() == 1 ? "the run of" : "the runs of",
+             fmt::join(options.from, ", "), fmt::join(written, ", "));
+  if (options.from.size() > 1) {
     fmt::print("merged: per scenario the median tokens/s of the {} runs and their spread, which `compare` allows "
-               "for\n", options.baseline_from.size());
+               "for\n", options.from.size());
   }
   const auto ungated = pipecheck::reports::ScenariosWithoutSpread(to);
   if (!ungated.empty()) {
@@ -405,14 +634,44 @@ int UpdateBaseline(const Options& options) {
   return 0;
 }
 
-int Dump(const Options& options) {
-  const auto suite = pipecheck::harness::LoadSuite(options.scenarios);
-  const auto& scenario = pipecheck::scenarios::FindScenario(suite, options.scenario, options.scenarios);
-  if (!WritableOut(options.out, "dump")) return kExitBadInput;
-  ApplyThreads(options.threads);
-  pipecheck::harness::DumpReference(scenario, options.out);
-  fmt::print("wrote {}/{{weights,batch,grads,loss}}.pt and scenario.csv for {}\n", options.out, scenario.name);
-  return 0;
+Command AddBaselineUpdate(CLI::App& app) {
+  auto options = std::make_shared<BaselineUpdateOptions>();
+  auto* baseline = app.add_subcommand("baseline", "Manage committed baselines");
+  baseline->require_subcommand(1);
+  auto* command = baseline->add_subcommand("update", "Promote a reviewed run's reports to a baseline directory");
+  command->add_option("--from", options->from,
+                      "The run's report directory or summary.csv; repeat for several runs of the suite, merged "
+                      "with their spread (noise-aware compare)")
+      ->capture_default_str();
+  auto* to = command->add_option("--to", options->to, "Baseline directory, e.g. reports/baselines/RUNNER");
+  command->add_option("--baseline-dir", options->baseline_dir, "Where the runners' baselines live (with --runner)")
+      ->capture_default_str();
+  auto* runner = command->add_option("--runner", options->runner, "Promote to --baseline-dir/RUNNER");
+  to->excludes(runner);
+  command->add_flag("--allow-failures", options->allow_failures,
+                    "Promote even if some scenarios did not meet their expectation");
+  return {command, "baseline update", [options] { return UpdateBaseline(*options); }};
+}
+
+// Runs `command`, turning what it throws into the exit codes of docs/design.md §5.
+int RunCommand(const Command& command) {
+  try {
+    return command.run();
+  } catch (const pipecheck::scenarios::ScenarioError& error) {
+    fmt::print(stderr, "pipecheck: {}\n", error.what());
+  } catch (const pipecheck::reports::CompareError& error) {
+    fmt::print(stderr, "pipecheck {}: {}\n", command.label, error.what());
+  } catch (const pipecheck::harness::RunDirectoryError& error) {
+    fmt::print(stderr, "pipecheck: {}\n", error.what());
+  } catch (const pipecheck::pipeline::ScheduleError& error) {
+    fmt::print(stderr, "pipecheck: {}\n", error.what());
+  } catch (const std::filesystem::filesystem_error& error) {
+    fmt::print(stderr, "pipecheck: {}\n", error.what());
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "pipecheck: {}\n", pipecheck::harness::ErrorMessage(error));
+    return 1;
+  }
+  return kExitBadInput;
 }
 
 }  // namespace
@@ -424,202 +683,17 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", fmt::format("pipecheck {} (LibTorch {}.{}.{}, CUDA devices: {})", PIPECHECK_VERSION,
                                                   TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH,
                                                   torch::cuda::device_count()));
-  Options options;
-
-  auto* validate = app.add_subcommand("validate", "Load a scenario suite and report the first error, or the first "
-                                                  "row this machine cannot run (exit 2)");
-  validate->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
-  validate->add_option("--device", options.device, "Check every scenario as if it ran on this device")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-
-  auto* reference = app.add_subcommand("reference", "Train the reference on each scenario: losses, step time");
-  reference->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
-  reference->add_option("--only", options.only, "Shell globs on scenario names (repeat, or separate with commas)")
-      ->take_all();
-  reference->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
-      ->check(ThreadCount());
-  reference->add_flag("--microbatched", options.microbatched,
-                      "Accumulate over each scenario's microbatches, one after another on one device (world size "
-                      "1's arithmetic): what the microbatch size costs, without a pipeline");
-
-  auto* dump = app.add_subcommand("dump", "Write the reference's first step as torch.load-able files");
-  dump->add_option("--scenario", options.scenario, "Scenario name")->required();
-  dump->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
-  dump->add_option("--out", options.out, "Output directory")->required();
-  dump->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
-      ->check(ThreadCount());
-
-  auto* run = app.add_subcommand("run", "Run scenarios through the pipeline and the reference; write reports");
-  run->add_option("--junit", options.junit, "Also write JUnit XML: a testcase per scenario");
-  run->add_option("--markdown", options.markdown,
-                  "Also write a Markdown summary (appended when FILE is $GITHUB_STEP_SUMMARY)");
-  run->add_option("--baseline-dir", options.baseline_dir, "Where the runners' baselines live")->capture_default_str();
-  run->add_option("--runner", options.runner,
-                  "Compare the run with --baseline-dir/RUNNER (this runner's baseline); a regression fails the run");
-  run->add_option("--max-slowdown", options.max_slowdown, "With --runner: tolerated loss of tokens/s, as a fraction")
-      ->check(FiniteIn(0.0, 1.0, "a fraction from 0 to 1"))->capture_default_str();
-  run->add_option("--max-memory-growth", options.max_memory_growth,
-                  "With --runner: tolerated growth of peak bytes, as a fraction")
-      ->check(FiniteIn(0.0, 100.0, "a fraction from 0 to 100"))->capture_default_str();
-  run->add_option("--noise-factor", options.noise_factor,
-                  "With --runner: tokens/s may fall by this many times the baseline's recorded spread")
-      ->check(FiniteIn(0.0, 100.0, "a factor from 0 to 100"))->capture_default_str();
-  run->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
-  run->add_option("--only", options.only, "Shell globs on scenario names (repeat, or separate with commas)")
-      ->take_all();
-  run->add_option("--out", options.out, "Report directory (default reports/latest)");
-  run->add_flag("--list", options.list, "List the selected scenarios and exit; nothing runs");
-  run->add_option("--device", options.device, "Override every scenario's device")->check(CLI::IsMember({"cpu", "cuda"}));
-  run->add_option("--timeout", options.timeout,
-                  "Deadline per scenario in seconds (default: sized to each scenario, 30 s and up)")
-      ->check(FiniteIn(0.001, 86400, "seconds from 0.001 to 86400 (a day)"));
-  run->add_option("--threads", options.threads, "Intra-op threads per rank (0: cores / world_size)")
-      ->check(ThreadCount());
-  run->add_flag("--bind-cpus", options.bind_cpus,
-                "Bind each CPU rank to its own contiguous share of this process's CPUs (not with runs side by side)");
-
-  auto* worker = app.add_subcommand("worker", "One rank of one scenario (environment: RANK, WORLD_SIZE, "
-                                              "MASTER_ADDR, MASTER_PORT, as torchrun and SLURM set them)");
-  worker->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
-  worker->add_option("--scenario", options.scenario, "Scenario name")->required();
-  worker->add_option("--out", options.out, "Where rank 0 writes the reports (default reports/latest)");
-  worker->add_option("--device", options.device, "Override the scenario's device")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  worker->add_option("--threads", options.threads, "Intra-op threads (0: LibTorch's default)")
-      ->check(ThreadCount());
-
-  worker->add_option("--rendezvous-timeout", options.rendezvous_timeout,
-                     "Seconds to wait for the other ranks to rendezvous; then exit 2 naming what was missing")
-      ->check(FiniteIn(1, 86400, "seconds from 1 to 86400 (a day)"))->capture_default_str();
-  worker->add_flag("--save-tensors", options.save_tensors,
-                   "Rank 0 also writes tensors.pt: every step's loss and applied gradients, the final weights");
-
-  auto* invariance = app.add_subcommand(
-      "invariance", "Run one scenario across world sizes, partitions and schedules; compare every pair, bitwise "
-                    "where the arithmetic is the same (float64, CPU)");
-  invariance->add_option("--scenario", options.scenario, "Scenario name")->required();
-  invariance->add_option("--scenarios", options.scenarios, "Scenario CSV file")->capture_default_str();
-  invariance->add_option("--out", options.out, "Output directory (default reports/invariance)");
-  invariance->add_flag("--full", options.full,
-                       "Every world size x schedule x partition (default: one axis at a time from the scenario)");
-  invariance->add_option("--world-sizes", options.world_sizes, "World sizes to try (default 1 up to max(4, the "
-                                                                "scenario's))")
-      ->delimiter(',')->check(CLI::Range(1, 64));
-  invariance->add_option("--microbatches", options.more_microbatches,
-                         "Further microbatch counts to try (each changes the arithmetic)")
-      ->delimiter(',')->check(CLI::Range(1, 65535));
-  invariance->add_option("--device", options.device, "Override the scenario's device")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  invariance->add_option("--threads", options.threads, "Intra-op threads per rank, the same in every variant")
-      ->check(ThreadCount())->default_val(1)->capture_default_str();
-  invariance->add_option("--timeout", options.timeout, "Deadline per variant in seconds (default: sized to each)")
-      ->check(FiniteIn(0.001, 86400, "seconds from 0.001 to 86400 (a day)"));
-
-  auto* schedule = app.add_subcommand("schedule", "Print a schedule's per-rank actions, timeline and bubble");
-  std::string schedule_help = "Schedule: ";
-  for (const auto& info : pipecheck::pipeline::ScheduleRegistry()) {
-    schedule_help += fmt::format("{} ({}), ", info.name, info.summary);
-  }
-  schedule_help += "or csv:PATH (PyTorch pipelining's compute-only CSV)";
-  schedule->add_option("--schedule", options.schedule, schedule_help)
-      ->check(CLI::Validator(
-          [](std::string& value) -> std::string {
-            const auto& names = pipecheck::pipeline::ScheduleNames();
-            if (value.rfind("csv:", 0) == 0 && value.size() > 4) return "";
-            if (std::find(names.begin(), names.end(), value) != names.end()) return "";
-            return fmt::format("{} is not a schedule: expected one of {} or csv:PATH", value, fmt::join(names, ", "));
-          },
-          "SCHEDULE"))
-      ->capture_default_str();
-  schedule->add_option("--csv", options.schedule_csv, "Also write the schedule as PyTorch pipelining's compute-only CSV");
-  schedule->add_option("--stages", options.stages, "Pipeline ranks")->check(CLI::Range(1, 1024))->capture_default_str();
-  schedule->add_option("--microbatches", options.microbatches, "Microbatches")->check(CLI::Range(1, 65535))
-      ->capture_default_str();
-  schedule->add_option("--virtual", options.virtual_stages, "Stages per rank (default: the schedule's own, 2 for "
-                                                            "interleaved and zbv, else 1)")->check(CLI::Range(1, 64));
-  schedule->add_option("--backward-cost", options.backward_cost, "Backward duration relative to forward")
-      ->check(FiniteIn(0.01, 100, "a backward/forward cost ratio from 0.01 to 100"))->capture_default_str();
-
-  auto* compare = app.add_subcommand("compare", "Compare a run's summary.csv with a baseline's; exit 1 on regression");
-  compare->add_option("BASELINE CURRENT", options.compare_paths,
-                      "Baseline and current summary.csv, or their directories (with --runner: CURRENT only)")
-      ->required()->expected(1, 2);
-  compare->add_option("--baseline-dir", options.baseline_dir, "Where the runners' baselines live")
-      ->capture_default_str();
-  compare->add_option("--runner", options.runner, "Compare with --baseline-dir/RUNNER, this runner's baseline");
-  compare->add_option("--noise-factor", options.noise_factor,
-                      "Tokens/s may fall by this many times the spread the baseline recorded, if more than "
-                      "--max-slowdown")
-      ->check(FiniteIn(0.0, 100.0, "a factor from 0 to 100"))->capture_default_str();
-  compare->add_option("--junit", options.junit, "Also write JUnit XML: a testcase per scenario, a failure per regression");
-  compare->add_option("--markdown", options.markdown,
-                      "Also write a Markdown summary (appended when FILE is $GITHUB_STEP_SUMMARY)");
-  compare->add_option("--max-slowdown", options.max_slowdown, "Tolerated loss of tokens/s, as a fraction")
-      ->check(FiniteIn(0.0, 1.0, "a fraction from 0 to 1"))->capture_default_str();
-  compare->add_option("--out", options.compare_out, "Directory for compare.csv (default: the current summary's)");
-  compare->add_option("--max-memory-growth", options.max_memory_growth, "Tolerated growth of peak bytes, as a fraction")
-      ->check(FiniteIn(0.0, 100.0, "a fraction from 0 to 100"))->capture_default_str();
-
-  auto* baseline = app.add_subcommand("baseline", "Manage committed baselines");
-  baseline->require_subcommand(1);
-  auto* baseline_update =
-      baseline->add_subcommand("update", "Promote a reviewed run's reports to a baseline directory");
-  baseline_update->add_option("--from", options.baseline_from,
-                              "The run's report directory or summary.csv; repeat for several runs of the suite, merged "
-                              "with their spread (noise-aware compare)")
-      ->capture_default_str();
-  auto* to = baseline_update->add_option("--to", options.baseline_to, "Baseline directory, e.g. reports/baselines/RUNNER");
-  baseline_update->add_option("--baseline-dir", options.baseline_dir, "Where the runners' baselines live (with --runner)")
-      ->capture_default_str();
-  auto* runner = baseline_update->add_option("--runner", options.runner, "Promote to --baseline-dir/RUNNER");
-  to->excludes(runner);
-  baseline_update->add_flag("--allow-failures", options.allow_failures,
-                            "Promote even if some scenarios did not meet their expectation");
-
+  const std::vector<Command> commands = {AddValidate(app),   AddReference(app), AddDump(app),
+                                         AddRun(app),        AddWorker(app),    AddInvariance(app),
+                                         AddSchedule(app),   AddCompare(app),   AddBaselineUpdate(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     const int code = app.exit(error);
     return code == 0 ? 0 : kExitBadInput;
   }
-
-  try {
-    if (validate->parsed()) return Validate(options);
-    if (reference->parsed()) return Reference(options);
-    if (dump->parsed()) return Dump(options);
-    if (run->parsed()) return Run(options);
-    if (worker->parsed()) return Worker(options);
-    if (invariance->parsed()) {
-      if (invariance->count("--out") == 0) options.out = "reports/invariance";
-      return Invariance(options);
-    }
-    if (schedule->parsed()) {
-      // Without --virtual, the schedule's own default: interleaved and zbv run two stages per rank.
-      const auto* info = pipecheck::pipeline::FindSchedule(options.schedule);
-      if (schedule->count("--virtual") == 0 && info) options.virtual_stages = info->default_virtual_stages;
-      return PrintSchedule(options);
-    }
-    if (compare->parsed()) return Compare(options);
-    if (baseline_update->parsed()) return UpdateBaseline(options);
-  } catch (const pipecheck::scenarios::ScenarioError& error) {
-    fmt::print(stderr, "pipecheck: {}\n", error.what());
-    return kExitBadInput;
-  } catch (const pipecheck::reports::CompareError& error) {
-    fmt::print(stderr, "pipecheck {}: {}\n", run->parsed() ? "run" : (compare->parsed() ? "compare" : "baseline update"),
-               error.what());
-    return kExitBadInput;
-  } catch (const pipecheck::harness::RunDirectoryError& error) {
-    fmt::print(stderr, "pipecheck: {}\n", error.what());
-    return kExitBadInput;
-  } catch (const pipecheck::pipeline::ScheduleError& error) {
-    fmt::print(stderr, "pipecheck: {}\n", error.what());
-    return kExitBadInput;
-  } catch (const std::filesystem::filesystem_error& error) {
-    fmt::print(stderr, "pipecheck: {}\n", error.what());
-    return kExitBadInput;
-  } catch (const std::exception& error) {
-    fmt::print(stderr, "pipecheck: {}\n", pipecheck::harness::ErrorMessage(error));
-    return 1;
+  for (const auto& command : commands) {
+    if (command.app->parsed()) return RunCommand(command);
   }
   return kExitBadInput;
 }
