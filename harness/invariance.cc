@@ -433,6 +433,173 @@ const std::vector<std::string>& InvarianceColumns() {
   return columns;
 }
 
+InvarianceMatrix BuildMatrix(const std::vector<MatrixEntry>& entries, double floor_fraction, bool assert_bitwise) {
+  InvarianceMatrix matrix;
+  const size_t n = entries.size();
+  for (const auto& entry : entries) matrix.labels.push_back(entry.label);
+  std::vector<std::vector<bool>> same_arithmetic(n, std::vector<bool>(n, true));
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = i + 1; j < n; ++j) {
+      MatrixPair pair;
+      pair.a = i;
+      pair.b = j;
+      pair.difference = ArithmeticDifference(entries[i].key, entries[j].key);
+      pair.comparison = CompareTrained(entries[j].tensors, entries[i].tensors, floor_fraction);
+      pair.same_arithmetic = pair.difference.empty();
+      pair.asserted = pair.same_arithmetic && assert_bitwise;
+      pair.ok = !pair.asserted || pair.comparison.bitwise;
+      same_arithmetic[i][j] = same_arithmetic[j][i] = pair.same_arithmetic;
+      matrix.asserted += pair.asserted;
+      matrix.bitwise += pair.comparison.bitwise;
+      matrix.broken += !pair.ok;
+      matrix.pairs.push_back(std::move(pair));
+    }
+  }
+  // Classes: each entry not yet placed opens one, joined by every later entry of its arithmetic.
+  std::vector<bool> placed(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    if (placed[i]) continue;
+    placed[i] = true;
+    matrix.classes.push_back({i});
+    for (size_t j = i + 1; j < n; ++j) {
+      if (!placed[j] && same_arithmetic[i][j]) {
+        placed[j] = true;
+        matrix.classes.back().push_back(j);
+      }
+    }
+  }
+  return matrix;
+}
+
+std::string InvarianceCsv(const std::string& scenario, const InvarianceMatrix& matrix) {
+  reports::CsvTable table(InvarianceColumns());
+  for (const auto& pair : matrix.pairs) {
+    const auto& c = pair.comparison;
+    table.AddRow({scenario, matrix.labels[pair.a], matrix.labels[pair.b], pair.same_arithmetic ? "1" : "0",
+                  pair.asserted ? "1" : "0", c.bitwise ? "1" : "0", reports::FormatNumber(c.loss_max_abs_diff),
+                  reports::FormatNumber(c.grad_max_abs_diff), reports::FormatNumber(c.grad_max_rel_err), c.worst_param,
+                  reports::FormatNumber(c.weights_max_abs_diff), c.first_difference, pair.ok ? "1" : "0",
+                  pair.same_arithmetic ? c.problem : pair.difference + (c.problem.empty() ? "" : "; " + c.problem)});
+  }
+  return table.ToString();
+}
+
+namespace {
+
+// "=" bitwise and asserted, "=*" bitwise where the arithmetic differs, "!" asserted but not bitwise
+// (with the gradients' relative error), else the relative error.
+std::string MatrixCell(const MatrixPair& pair) {
+  const auto& c = pair.comparison;
+  if (c.bitwise) return pair.asserted ? "=" : "=*";
+  return (pair.ok ? "" : "!") + Short(c.grad_max_rel_err);
+}
+
+}  // namespace
+
+void PrintMatrix(std::ostream& out, const InvarianceMatrix& matrix) {
+  const size_t n = matrix.labels.size();
+  std::vector<std::vector<std::string>> cells(n, std::vector<std::string>(n, ""));
+  for (size_t i = 0; i < n; ++i) cells[i][i] = "·";
+  for (const auto& pair : matrix.pairs) cells[pair.a][pair.b] = cells[pair.b][pair.a] = MatrixCell(pair);
+  fmt::print(out, "\ngradients, max rel err over steps and parameters (=: bitwise equal, asserted; =*: bitwise equal "
+                  "where the arithmetic differs; !: asserted but not bitwise):\n");
+  for (size_t i = 0; i < n; ++i) fmt::print(out, "  [{}] {}\n", i, matrix.labels[i]);
+  fmt::print(out, "\n{:>5}", "");
+  for (size_t j = 0; j < n; ++j) fmt::print(out, " {:>8}", fmt::format("[{}]", j));
+  fmt::print(out, "\n");
+  for (size_t i = 0; i < n; ++i) {
+    fmt::print(out, "{:>5}", fmt::format("[{}]", i));
+    for (size_t j = 0; j < n; ++j) fmt::print(out, " {:>8}", cells[i][j]);
+    fmt::print(out, "\n");
+  }
+  fmt::print(out, "\nthe same arithmetic in the same order ({} classes):\n", matrix.classes.size());
+  for (const auto& members : matrix.classes) {
+    std::vector<std::string> names;
+    for (size_t i : members) names.push_back(fmt::format("[{}] {}", i, matrix.labels[i]));
+    fmt::print(out, "  {}\n", fmt::join(names, ", "));
+  }
+  constexpr int kShown = 10;
+  int shown = 0;
+  for (const auto& pair : matrix.pairs) {
+    if (pair.ok || shown++ >= kShown) continue;
+    const auto& c = pair.comparison;
+    fmt::print(out, "NOT BITWISE: {} vs {}: the same arithmetic, but not bitwise equal: first at {} (grad rel err up "
+                    "to {}, loss diff {}){}\n",
+               matrix.labels[pair.a], matrix.labels[pair.b], c.first_difference, Short(c.grad_max_rel_err),
+               Short(c.loss_max_abs_diff), c.problem.empty() ? "" : "; " + c.problem);
+  }
+  if (matrix.broken > kShown) {
+    fmt::print(out, "NOT BITWISE: and {} more pairs (invariance.csv, ok=0)\n", matrix.broken - kShown);
+  }
+}
+
+namespace {
+
+// Runs every variant as a scenario of its own (ranks save their tensors), printing a line each
+// and rewriting the run reports after each; `failed` counts those that missed their expectation.
+// A SIGINT or SIGTERM ends it: `interrupted` gets the signal, and what ran so far is returned.
+std::vector<reports::ScenarioReport> RunVariants(const std::vector<Variant>& variants, const std::string& suite_path,
+                                                 const InvarianceOptions& options, std::ostream& out, int& failed,
+                                                 int& interrupted) {
+  LaunchOptions launch;
+  launch.executable = CurrentExecutable();
+  launch.scenarios_path = suite_path;
+  launch.work_directory = (std::filesystem::path(options.out) / "work").string();
+  launch.threads_per_rank = options.threads;
+  launch.worker_args = {"--save-tensors"};
+  InstallInterruptHandlers();
+  std::vector<reports::ScenarioReport> reports;
+  size_t width = 8;
+  for (const auto& variant : variants) width = std::max(width, variant.label.size());
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const auto& scenario = variants[i].scenario;
+    launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : DefaultDeadlineSeconds(scenario);
+    const auto scenario_start = std::chrono::steady_clock::now();
+    reports::ScenarioReport report;
+    try {
+      report = LaunchScenario(scenario, launch);
+    } catch (const Interrupted& signal) {
+      fmt::print(out, "\ninterrupted by signal {} during {}\n", signal.signal, scenario.name);
+      interrupted = signal.signal;
+      return reports;
+    } catch (const std::exception& error) {
+      report = FailedScenarioReport(scenario, "ERROR", "launcher: " + ErrorMessage(error));
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - scenario_start).count();
+    if (report.Get("ok") != "1") ++failed;
+    fmt::print(out, "[{}/{}] {:<{}} {:<12} {:<7} grad_rel {:>8} {:6.1f} s{}\n", i + 1, variants.size(),
+               variants[i].label, width, variants[i].axis, report.Get("status"),
+               report.Get("grad_max_rel_err").empty() ? "-" : Short(std::stod(report.Get("grad_max_rel_err"))), seconds,
+               report.Get("ok") == "1" ? "" : "  <- expected " + scenario.expect + ": " + report.Get("message"));
+    out.flush();
+    reports.push_back(std::move(report));
+    reports::WriteReports(options.out, reports);
+  }
+  return reports;
+}
+
+// The matrix's entries: the reference (trained here) first, then every variant that left its tensors.
+std::vector<MatrixEntry> MatrixEntries(const Scenario& base, const std::vector<Variant>& variants,
+                                       const std::vector<reports::ScenarioReport>& reports,
+                                       const std::filesystem::path& directory, std::ostream& out) {
+  std::vector<MatrixEntry> entries;
+  auto config = ToTrainConfig(base);
+  config.record_gradients = true;
+  reference::ReferenceTrainer reference(config);
+  entries.push_back({"reference", ReferenceArithmetic(base), FromReference(reference.Train())});
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const auto path = directory / "work" / variants[i].scenario.name / kTensorsFile;
+    if (!std::filesystem::exists(path)) {
+      fmt::print(out, "  {}: left no tensors ({}), not in the matrix\n", variants[i].label, reports[i].Get("status"));
+      continue;
+    }
+    entries.push_back({variants[i].label, ArithmeticOf(variants[i].scenario), LoadTrainedTensors(path.string())});
+  }
+  return entries;
+}
+
+}  // namespace
+
 int RunInvariance(const Scenario& base, const InvarianceOptions& options, std::ostream& out) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<SkippedVariant> skipped;
@@ -452,145 +619,21 @@ int RunInvariance(const Scenario& base, const InvarianceOptions& options, std::o
                                    base.dtype, base.device));
   for (const auto& skip : skipped) fmt::print(out, "  skipped {}: {}\n", skip.label, skip.reason);
 
-  LaunchOptions launch;
-  launch.executable = CurrentExecutable();
-  launch.scenarios_path = suite_path.string();
-  launch.work_directory = (directory / "work").string();
-  launch.threads_per_rank = options.threads;
-  launch.worker_args = {"--save-tensors"};
-  InstallInterruptHandlers();
-  std::vector<reports::ScenarioReport> reports;
-  size_t width = 8;
-  for (const auto& variant : variants) width = std::max(width, variant.label.size());
-  int failed_variants = 0;
-  for (size_t i = 0; i < variants.size(); ++i) {
-    const auto& scenario = variants[i].scenario;
-    launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : DefaultDeadlineSeconds(scenario);
-    const auto scenario_start = std::chrono::steady_clock::now();
-    reports::ScenarioReport report;
-    try {
-      report = LaunchScenario(scenario, launch);
-    } catch (const Interrupted& interrupted) {
-      fmt::print(out, "\ninterrupted by signal {} during {}\n", interrupted.signal, scenario.name);
-      return 128 + interrupted.signal;
-    } catch (const std::exception& error) {
-      report = FailedScenarioReport(scenario, "ERROR", "launcher: " + ErrorMessage(error));
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - scenario_start).count();
-    if (report.Get("ok") != "1") ++failed_variants;
-    fmt::print(out, "[{}/{}] {:<{}} {:<12} {:<7} grad_rel {:>8} {:6.1f} s{}\n", i + 1, variants.size(),
-               variants[i].label, width, variants[i].axis, report.Get("status"),
-               report.Get("grad_max_rel_err").empty() ? "-" : Short(std::stod(report.Get("grad_max_rel_err"))), seconds,
-               report.Get("ok") == "1" ? "" : "  <- expected " + scenario.expect + ": " + report.Get("message"));
-    out.flush();
-    reports.push_back(std::move(report));
-    reports::WriteReports(options.out, reports);
-  }
-
-  // The matrix: the reference first, then every variant that left its tensors.
-  struct Entry {
-    std::string label;
-    ArithmeticKey key;
-    TrainedTensors tensors;
-  };
-  std::vector<Entry> entries;
-  {
-    auto config = ToTrainConfig(base);
-    config.record_gradients = true;
-    reference::ReferenceTrainer reference(config);
-    entries.push_back({"reference", ReferenceArithmetic(base), FromReference(reference.Train())});
-  }
-  for (size_t i = 0; i < variants.size(); ++i) {
-    const auto path = directory / "work" / variants[i].scenario.name / kTensorsFile;
-    if (!std::filesystem::exists(path)) {
-      fmt::print(out, "  {}: left no tensors ({}), not in the matrix\n", variants[i].label, reports[i].Get("status"));
-      continue;
-    }
-    entries.push_back({variants[i].label, ArithmeticOf(variants[i].scenario), LoadTrainedTensors(path.string())});
-  }
-
-  reports::CsvTable table(InvarianceColumns());
-  const double floor_fraction = GradientFloorFraction(base.dtype);
-  const size_t n = entries.size();
-  std::vector<std::vector<std::string>> cells(n, std::vector<std::string>(n, ""));
-  std::vector<std::vector<bool>> same_arithmetic(n, std::vector<bool>(n, true));
-  int broken = 0, asserted_pairs = 0, bitwise_pairs = 0;
-  std::vector<std::string> failures;
-  for (size_t i = 0; i < n; ++i) {
-    cells[i][i] = "·";
-    for (size_t j = i + 1; j < n; ++j) {
-      const std::string difference = ArithmeticDifference(entries[i].key, entries[j].key);
-      const auto pair = CompareTrained(entries[j].tensors, entries[i].tensors, floor_fraction);
-      const bool same = difference.empty();
-      same_arithmetic[i][j] = same_arithmetic[j][i] = same;
-      const bool asserted = same && asserts;
-      const bool ok = !asserted || pair.bitwise;
-      asserted_pairs += asserted;
-      bitwise_pairs += pair.bitwise;
-      if (!ok) {
-        ++broken;
-        failures.push_back(fmt::format("{} vs {}: the same arithmetic, but not bitwise equal: first at {} (grad rel "
-                                       "err up to {}, loss diff {}){}",
-                                       entries[i].label, entries[j].label, pair.first_difference,
-                                       Short(pair.grad_max_rel_err), Short(pair.loss_max_abs_diff),
-                                       pair.problem.empty() ? "" : "; " + pair.problem));
-      }
-      const std::string cell = pair.bitwise ? (asserted ? "=" : "=*") : (ok ? Short(pair.grad_max_rel_err) : "!" + Short(pair.grad_max_rel_err));
-      cells[i][j] = cells[j][i] = cell;
-      table.AddRow({base.name, entries[i].label, entries[j].label, same ? "1" : "0", asserted ? "1" : "0",
-                    pair.bitwise ? "1" : "0", reports::FormatNumber(pair.loss_max_abs_diff),
-                    reports::FormatNumber(pair.grad_max_abs_diff), reports::FormatNumber(pair.grad_max_rel_err),
-                    pair.worst_param, reports::FormatNumber(pair.weights_max_abs_diff), pair.first_difference,
-                    ok ? "1" : "0",
-                    same ? pair.problem : difference + (pair.problem.empty() ? "" : "; " + pair.problem)});
-    }
-  }
+  int failed_variants = 0, interrupted = 0;
+  const auto reports = RunVariants(variants, suite_path.string(), options, out, failed_variants, interrupted);
+  if (interrupted != 0) return 128 + interrupted;
+  const auto entries = MatrixEntries(base, variants, reports, directory, out);
+  const auto matrix = BuildMatrix(entries, GradientFloorFraction(base.dtype), asserts);
   const auto csv_path = directory / "invariance.csv";
-  reports::WriteFileAtomically(csv_path.string(), table.ToString());
-
-  // Print: a legend, the matrix of gradient differences, the classes of identical arithmetic.
-  fmt::print(out, "\ngradients, max rel err over steps and parameters (=: bitwise equal, asserted; =*: bitwise equal "
-                  "where the arithmetic differs; !: asserted but not bitwise):\n");
-  for (size_t i = 0; i < n; ++i) fmt::print(out, "  [{}] {}\n", i, entries[i].label);
-  fmt::print(out, "\n{:>5}", "");
-  for (size_t j = 0; j < n; ++j) fmt::print(out, " {:>8}", fmt::format("[{}]", j));
-  fmt::print(out, "\n");
-  for (size_t i = 0; i < n; ++i) {
-    fmt::print(out, "{:>5}", fmt::format("[{}]", i));
-    for (size_t j = 0; j < n; ++j) fmt::print(out, " {:>8}", cells[i][j]);
-    fmt::print(out, "\n");
-  }
-  // Classes: entries with the same arithmetic.
-  std::vector<int> class_of(n, -1);
-  std::vector<std::vector<size_t>> classes;
-  for (size_t i = 0; i < n; ++i) {
-    if (class_of[i] >= 0) continue;
-    class_of[i] = static_cast<int>(classes.size());
-    classes.push_back({i});
-    for (size_t j = i + 1; j < n; ++j) {
-      if (class_of[j] < 0 && same_arithmetic[i][j]) {
-        class_of[j] = class_of[i];
-        classes.back().push_back(j);
-      }
-    }
-  }
-  fmt::print(out, "\nthe same arithmetic in the same order ({} classes):\n", classes.size());
-  for (const auto& members : classes) {
-    std::vector<std::string> names;
-    for (size_t i : members) names.push_back(fmt::format("[{}] {}", i, entries[i].label));
-    fmt::print(out, "  {}\n", fmt::join(names, ", "));
-  }
-  constexpr size_t kShown = 10;
-  for (size_t i = 0; i < failures.size() && i < kShown; ++i) fmt::print(out, "NOT BITWISE: {}\n", failures[i]);
-  if (failures.size() > kShown) {
-    fmt::print(out, "NOT BITWISE: and {} more pairs (invariance.csv, ok=0)\n", failures.size() - kShown);
-  }
+  reports::WriteFileAtomically(csv_path.string(), InvarianceCsv(base.name, matrix));
+  PrintMatrix(out, matrix);
+  const size_t n = entries.size();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print(out, "\n{} variants, {} did not meet their expectation; {} pairs, {} bitwise equal, {} asserted, {} of "
                   "those not bitwise; {:.1f} s\nreports: {}, {}, {} and the run reports (summary.csv, ...) in {}\n",
-             variants.size(), failed_variants, n * (n - 1) / 2, bitwise_pairs, asserted_pairs, broken, seconds,
-             csv_path.string(), suite_path.string(), (directory / "work").string(), options.out);
-  return failed_variants == 0 && broken == 0 ? 0 : 1;
+             variants.size(), failed_variants, n * (n - 1) / 2, matrix.bitwise, matrix.asserted, matrix.broken,
+             seconds, csv_path.string(), suite_path.string(), (directory / "work").string(), options.out);
+  return failed_variants == 0 && matrix.broken == 0 ? 0 : 1;
 }
 
 }  // namespace pipecheck::harness

@@ -111,6 +111,37 @@ PairComparison CompareTrained(const TrainedTensors& a, const TrainedTensors& b, 
 // invariance.csv's columns.
 const std::vector<std::string>& InvarianceColumns();
 
+// The matrix, built from what the runs left, with no rank involved: one entry per run (the
+// reference first), every pair compared once.
+struct MatrixEntry {
+  std::string label;
+  ArithmeticKey key;
+  TrainedTensors tensors;
+};
+
+struct MatrixPair {
+  size_t a = 0, b = 0;           // entries, a < b
+  bool same_arithmetic = false;
+  std::string difference;        // how the arithmetic differs, in words ("" when the same)
+  bool asserted = false;         // bitwise equality is required of this pair
+  bool ok = true;                // not asserted, or bitwise equal
+  PairComparison comparison;
+};
+
+struct InvarianceMatrix {
+  std::vector<std::string> labels;            // per entry
+  std::vector<MatrixPair> pairs;              // (0, 1), (0, 2), ... (1, 2), ...
+  std::vector<std::vector<size_t>> classes;   // entries with the same arithmetic in the same order
+  int asserted = 0, bitwise = 0, broken = 0;  // pairs asserted, bitwise equal, asserted but not bitwise
+};
+
+// `assert_bitwise`: whether the same arithmetic must give the same bits (float64 on the CPU).
+InvarianceMatrix BuildMatrix(const std::vector<MatrixEntry>& entries, double floor_fraction, bool assert_bitwise);
+// invariance.csv: a row per pair.
+std::string InvarianceCsv(const std::string& scenario, const InvarianceMatrix& matrix);
+// The console's matrix: a legend, the grid of cells, the classes, and the pairs not bitwise.
+void PrintMatrix(std::ostream& out, const InvarianceMatrix& matrix);
+
 // Exit code: 0 when every variant passed parity and every asserted pair is bitwise equal, 1
 // otherwise, 128 + signal when interrupted.
 int RunInvariance(const scenarios::Scenario& base, const InvarianceOptions& options, std::ostream& out);

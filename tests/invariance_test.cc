@@ -176,6 +176,53 @@ TEST(TrainedTensors, RoundTripAndOneUnitInTheLastPlaceBreaksBitwise) {
   EXPECT_EQ(incomplete.problem, "step 0: b has no counterpart");
 }
 
+// The matrix from what runs left, no rank involved: two entries of one arithmetic with the same
+// bits are "=", a third of that arithmetic one unit in the last place off is the broken pair ("!"),
+// an entry of another arithmetic is compared but not asserted, and the classes group by arithmetic.
+TEST(InvarianceMatrix, TheSameArithmeticMustGiveTheSameBitsAndOtherArithmeticIsOnlyReported) {
+  harness::ArithmeticKey one;
+  one.device = "cpu", one.dtype = "float64", one.microbatches = 4;
+  harness::ArithmeticKey other = one;
+  other.microbatches = 8;
+  const auto tensors = SomeTensors();
+  auto nudged = tensors;
+  nudged.gradients[1]["w"] = tensors.gradients[1]["w"].clone();
+  auto element = nudged.gradients[1]["w"][0][0];
+  element.fill_(std::nextafter(element.item<double>(), 10.0));
+  const std::vector<harness::MatrixEntry> entries = {
+      {"a", one, tensors}, {"b", one, tensors}, {"c", one, nudged}, {"d", other, nudged}};
+
+  const auto matrix = harness::BuildMatrix(entries, 1e-5, /*assert_bitwise=*/true);
+  ASSERT_EQ(matrix.pairs.size(), 6u);
+  EXPECT_EQ(matrix.asserted, 3);  // a-b, a-c, b-c
+  EXPECT_EQ(matrix.bitwise, 2);   // a-b, c-d
+  EXPECT_EQ(matrix.broken, 2);    // a-c, b-c
+  const auto& ab = matrix.pairs[0];
+  EXPECT_TRUE(ab.asserted && ab.ok && ab.comparison.bitwise);
+  const auto& ac = matrix.pairs[1];
+  EXPECT_FALSE(ac.ok);
+  EXPECT_EQ(ac.comparison.first_difference, "step 1 w");
+  const auto& ad = matrix.pairs[2];
+  EXPECT_FALSE(ad.asserted);
+  EXPECT_TRUE(ad.ok);
+  EXPECT_EQ(ad.difference, "4 vs 8 microbatches: other rows in each matmul");
+  EXPECT_EQ(matrix.classes, (std::vector<std::vector<size_t>>{{0, 1, 2}, {3}}));
+
+  // Reported, not asserted (not float64 on the CPU): nothing is broken.
+  EXPECT_EQ(harness::BuildMatrix(entries, 1e-5, /*assert_bitwise=*/false).broken, 0);
+
+  const auto csv = reports::ParseCsv(harness::InvarianceCsv("s", matrix), "invariance.csv");
+  ASSERT_EQ(csv.size(), 7u);
+  EXPECT_EQ(csv[0], harness::InvarianceColumns());
+  EXPECT_EQ(csv[2][1] + "/" + csv[2][2] + " ok=" + csv[2][12], "a/c ok=0");
+  std::ostringstream printed;
+  harness::PrintMatrix(printed, matrix);
+  EXPECT_NE(printed.str().find("NOT BITWISE: a vs c: the same arithmetic, but not bitwise equal: first at step 1 w"),
+            std::string::npos)
+      << printed.str();
+  EXPECT_NE(printed.str().find("[0] a, [1] b, [2] c"), std::string::npos) << printed.str();
+}
+
 // Runs the CLI; returns its exit code and leaves its output in `output`.
 int RunCli(const std::string& arguments, std::string& output) {
   FILE* pipe = popen((std::string(PIPECHECK_BINARY) + " " + arguments + " 2>&1").c_str(), "r");
