@@ -84,75 +84,104 @@ void WriteCiReports(const RunOptions& options, const std::vector<reports::Scenar
   }
 }
 
-}  // namespace
+// The CI files of a run that a signal ended: the scenarios that finished, the one running as an
+// error, the rest as not run.
+void WriteInterruptedCiReports(const RunOptions& options, const std::vector<scenarios::Scenario>& scenarios,
+                               size_t running, std::vector<reports::ScenarioReport> cases, int signal,
+                               std::ostream& out) {
+  const std::string why = fmt::format("the run was interrupted by signal {} ({})", signal, strsignal(signal));
+  cases.push_back(FailedScenarioReport(scenarios[running], "ERROR", why + " while this scenario ran"));
+  cases.back().summary["ok"] = "0";  // unfinished: it met no expectation, whatever it expected
+  for (size_t j = running + 1; j < scenarios.size(); ++j) {
+    cases.push_back(FailedScenarioReport(scenarios[j], "SKIPPED", "not run: " + why));
+  }
+  WriteCiReports(options, cases, nullptr, out);
+}
 
-int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions& options, std::ostream& out) {
-  const auto start = std::chrono::steady_clock::now();
+// The launch settings every scenario of the run shares.
+LaunchOptions SuiteLaunchOptions(const RunOptions& options) {
   LaunchOptions launch;
   launch.executable = CurrentExecutable();
   launch.scenarios_path = std::filesystem::absolute(options.scenarios_path).string();
   launch.work_directory = (std::filesystem::path(options.out) / "work").string();
   launch.device = options.device;
   launch.bind_cpus = options.bind_cpus;
+  return launch;
+}
+
+// One scenario, launched (or skipped for an unmet requirement) with its own deadline and threads,
+// its progress printed as "[i/n] NAME ... what it is doing"; a launcher failure is its ERROR row.
+// Interrupted propagates.
+reports::ScenarioReport RunScenario(const scenarios::Scenario& scenario, const RunOptions& options,
+                                    LaunchOptions& launch, const std::string& position, size_t name_width,
+                                    std::ostream& out) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : DefaultDeadlineSeconds(scenario);
+  launch.threads_per_rank = options.threads_per_rank > 0 ? options.threads_per_rank
+                                                         : std::max(1, cores / static_cast<int>(scenario.world_size));
+  const auto start = std::chrono::steady_clock::now();
+  launch.progress = [&](const std::string& line) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    fmt::print(out, "{} {:<{}} ... {} ({:.0f} s)\n", position, scenario.name, name_width, line, elapsed);
+    out.flush();
+  };
+  reports::ScenarioReport report;
+  try {
+    const std::string unmet = UnmetRequirement(scenario);
+    report = unmet.empty() ? LaunchScenario(scenario, launch) : FailedScenarioReport(scenario, "SKIPPED", unmet);
+  } catch (const Interrupted&) {
+    throw;
+  } catch (const std::exception& error) {
+    report = FailedScenarioReport(scenario, "ERROR", "launcher: " + ErrorMessage(error));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.summary["wall_s"] = reports::FormatNumber(seconds);
+  fmt::print(out, "{} {:<{}} {:<7} grad_rel {:>8} pp {:>7} tok/s {:6.1f} s{}\n", position, scenario.name, name_width,
+             report.Get("status"), Short(report.Get("grad_max_rel_err"), "{:.1e}"),
+             Short(report.Get("pp_tokens_per_s"), "{:.0f}"), seconds,
+             report.Get("ok") == "1" ? "" : "  <- expected " + scenario.expect + ": " + report.Get("message"));
+  out.flush();
+  return report;
+}
+
+// The finished run against its baseline, written to compare.csv and printed; none without one.
+std::optional<reports::Comparison> CompareWithBaseline(const RunOptions& options, std::ostream& out) {
+  if (options.baseline.empty()) return std::nullopt;
+  auto comparison = reports::CompareSummaries(options.baseline, options.out, options.limits);
+  const auto csv = (std::filesystem::path(options.out) / "compare.csv").string();
+  reports::WriteFileAtomically(csv, reports::ComparisonCsv(comparison));
+  fmt::print(out, "\nagainst the baseline {}:\n{}wrote {}\n", options.baseline,
+             reports::FormatComparison(comparison, options.limits), csv);
+  return comparison;
+}
+
+}  // namespace
+
+int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions& options, std::ostream& out) {
+  const auto start = std::chrono::steady_clock::now();
+  LaunchOptions launch = SuiteLaunchOptions(options);
   std::vector<std::string> names;
   for (const auto& scenario : scenarios) names.push_back(scenario.name);
   const size_t name_width = NameWidth(names);
-
   std::vector<reports::ScenarioReport> reports;
-  std::vector<std::string> paths;
   bool wrote_views = false;
   InstallInterruptHandlers();
   // The previous run's rows go first: an interrupted run must not leave them mixed with its own.
-  paths = reports::WriteReports(options.out, {});
+  std::vector<std::string> paths = reports::WriteReports(options.out, {});
   int not_ok = 0;
   for (size_t i = 0; i < scenarios.size(); ++i) {
-    const auto& scenario = scenarios[i];
-    launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : DefaultDeadlineSeconds(scenario);
-    launch.threads_per_rank = options.threads_per_rank > 0
-                                  ? options.threads_per_rank
-                                  : std::max(1, cores / static_cast<int>(scenario.world_size));
-    const auto scenario_start = std::chrono::steady_clock::now();
-    launch.progress = [&, i](const std::string& line) {
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - scenario_start).count();
-      fmt::print(out, "[{}/{}] {:<{}} ... {} ({:.0f} s)\n", i + 1, scenarios.size(), scenario.name, name_width, line,
-                 elapsed);
-      out.flush();
-    };
-    reports::ScenarioReport report;
     try {
-      const std::string unmet = UnmetRequirement(scenario);
-      report = unmet.empty() ? LaunchScenario(scenario, launch) : FailedScenarioReport(scenario, "SKIPPED", unmet);
+      const std::string position = fmt::format("[{}/{}]", i + 1, scenarios.size());
+      reports.push_back(RunScenario(scenarios[i], options, launch, position, name_width, out));
     } catch (const Interrupted& interrupted) {
       fmt::print(out, "\ninterrupted by signal {} during {}: its ranks were ended; the reports hold the {} "
                       "scenario(s) that finished{}\n",
-                 interrupted.signal, scenario.name, reports.size(),
+                 interrupted.signal, scenarios[i].name, reports.size(),
                  paths.empty() ? "" : fmt::format(": {}", fmt::join(paths, ", ")));
-      // CI still gets its test report: what finished, the interrupted scenario as an error, the
-      // rest as not run.
-      std::vector<reports::ScenarioReport> cases = reports;
-      const std::string why = fmt::format("the run was interrupted by signal {} ({})", interrupted.signal,
-                                          strsignal(interrupted.signal));
-      cases.push_back(FailedScenarioReport(scenario, "ERROR", why + " while this scenario ran"));
-      cases.back().summary["ok"] = "0";  // unfinished: it met no expectation, whatever it expected
-      for (size_t j = i + 1; j < scenarios.size(); ++j) {
-        cases.push_back(FailedScenarioReport(scenarios[j], "SKIPPED", "not run: " + why));
-      }
-      WriteCiReports(options, cases, nullptr, out);
+      WriteInterruptedCiReports(options, scenarios, i, reports, interrupted.signal, out);
       return 128 + interrupted.signal;
-    } catch (const std::exception& error) {
-      report = FailedScenarioReport(scenario, "ERROR", "launcher: " + ErrorMessage(error));
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - scenario_start).count();
-    report.summary["wall_s"] = reports::FormatNumber(seconds);
-    if (report.Get("ok") != "1") ++not_ok;
-    fmt::print(out, "[{}/{}] {:<{}} {:<7} grad_rel {:>8} pp {:>7} tok/s {:6.1f} s{}\n", i + 1, scenarios.size(),
-               scenario.name, name_width, report.Get("status"), Short(report.Get("grad_max_rel_err"), "{:.1e}"),
-               Short(report.Get("pp_tokens_per_s"), "{:.0f}"), seconds,
-               report.Get("ok") == "1" ? "" : "  <- expected " + scenario.expect + ": " + report.Get("message"));
-    out.flush();
-    reports.push_back(std::move(report));
+    if (reports.back().Get("ok") != "1") ++not_ok;
     paths = reports::WriteReports(options.out, reports);
     // A finished scenario's views never change: written once, not with every rewrite of the CSVs.
     wrote_views = !reports::WriteTimelineViews(options.out, reports.back()).empty() || wrote_views;
@@ -164,14 +193,7 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print(out, "\n{} scenarios, {} met their expectation, {} did not; {:.1f} s\nreports: {}\n", scenarios.size(),
              scenarios.size() - not_ok, not_ok, seconds, fmt::join(paths, ", "));
-  std::optional<reports::Comparison> comparison;
-  if (!options.baseline.empty()) {
-    comparison = reports::CompareSummaries(options.baseline, options.out, options.limits);
-    const auto csv = (std::filesystem::path(options.out) / "compare.csv").string();
-    reports::WriteFileAtomically(csv, reports::ComparisonCsv(*comparison));
-    fmt::print(out, "\nagainst the baseline {}:\n{}wrote {}\n", options.baseline,
-               reports::FormatComparison(*comparison, options.limits), csv);
-  }
+  const auto comparison = CompareWithBaseline(options, out);
   WriteCiReports(options, reports, comparison ? &*comparison : nullptr, out);
   const bool regressed = comparison && comparison->regressions > 0;
   return not_ok == 0 && !regressed ? 0 : 1;
