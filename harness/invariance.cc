@@ -563,14 +563,15 @@ std::vector<reports::ScenarioReport> RunVariants(const std::vector<Variant>& var
       interrupted = signal.signal;
       return reports;
     } catch (const std::exception& error) {
-      report = FailedScenarioReport(scenario, "ERROR", "launcher: " + ErrorMessage(error));
+      report = FailedScenarioReport(scenario, reports::Status::kError, "launcher: " + ErrorMessage(error));
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - scenario_start).count();
-    if (report.Get("ok") != "1") ++failed;
+    const auto& r = report.summary;
+    if (!r.ok) ++failed;
     fmt::print(out, "[{}/{}] {:<{}} {:<12} {:<7} grad_rel {:>8} {:6.1f} s{}\n", i + 1, variants.size(),
-               variants[i].label, width, variants[i].axis, report.Get("status"),
-               report.Get("grad_max_rel_err").empty() ? "-" : Short(std::stod(report.Get("grad_max_rel_err"))), seconds,
-               report.Get("ok") == "1" ? "" : "  <- expected " + scenario.expect + ": " + report.Get("message"));
+               variants[i].label, width, variants[i].axis, reports::StatusName(r.status),
+               r.grad_max_rel_err ? Short(*r.grad_max_rel_err) : "-", seconds,
+               r.ok ? "" : "  <- expected " + scenario.expect + ": " + r.message);
     out.flush();
     reports.push_back(std::move(report));
     reports::WriteReports(options.out, reports);
@@ -590,7 +591,7 @@ std::vector<MatrixEntry> MatrixEntries(const Scenario& base, const std::vector<V
   for (size_t i = 0; i < variants.size(); ++i) {
     const auto path = directory / "work" / variants[i].scenario.name / kTensorsFile;
     if (!std::filesystem::exists(path)) {
-      fmt::print(out, "  {}: left no tensors ({}), not in the matrix\n", variants[i].label, reports[i].Get("status"));
+      fmt::print(out, "  {}: left no tensors ({}), not in the matrix\n", variants[i].label, reports::StatusName(reports[i].summary.status));
       continue;
     }
     entries.push_back({variants[i].label, ArithmeticOf(variants[i].scenario), LoadTrainedTensors(path.string())});

@@ -261,7 +261,6 @@ void AttachPartialTimeline(reports::ScenarioReport& report, const std::string& s
   for (const auto& entries : records) {
     for (const auto& e : entries) last = std::max({last, e.start_us, e.end_us.value_or(0.0)});
   }
-  const auto& columns = reports::TimelineColumns();
   for (size_t rank = 0; rank < records.size(); ++rank) {
     for (const auto& e : records[rank]) {
       pipeline::Action action;
@@ -270,14 +269,15 @@ void AttachPartialTimeline(reports::ScenarioReport& report, const std::string& s
       } catch (const pipeline::ScheduleError&) {
         continue;  // a phase outside the schedule (gradient_sync, results_to_rank_0)
       }
-      std::map<std::string, std::string> cells = {
-          {"scenario", scenario}, {"rank", std::to_string(rank)}, {"step", std::to_string(e.step)},
-          {"action", pipeline::KindText(action.kind)},
-          {"stage", std::to_string(action.stage)}, {"microbatch", std::to_string(action.microbatch)},
-          {"start_us", reports::FormatNumber(e.start_us)}, {"wait_start_us", reports::FormatNumber(e.start_us)},
-          {"end_us", reports::FormatNumber(e.end_us.value_or(last))}};
-      std::vector<std::string> row;
-      for (const auto& column : columns) row.push_back(cells.count(column) ? cells.at(column) : "");
+      reports::TimelineRow row;
+      row.scenario = scenario;
+      row.rank = static_cast<int64_t>(rank);
+      row.step = e.step;
+      row.action = pipeline::KindText(action.kind);
+      row.stage = action.stage;
+      row.microbatch = action.microbatch;
+      row.start_us = row.wait_start_us = e.start_us;
+      row.end_us = e.end_us.value_or(last);
       report.timeline.push_back(row);
     }
   }
@@ -313,7 +313,7 @@ reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std
     if (rank != blamed->first) others.push_back(std::to_string(rank->rank));
   }
   return FailedScenarioReport(
-      scenario, "ERROR",
+      scenario, reports::Status::kError,
       fmt::format("rank {} {}; its last output: {}{}", blamed->first->rank, HowItEnded(blamed->first->status), blamed->second,
                   others.empty() ? "" : fmt::format(" (then rank(s) {} failed too)", fmt::join(others, ", "))));
 }
@@ -355,7 +355,7 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
       auto report = BlameFailedRank(scenario, ranks, result_written);
       AttachPartialTimeline(report, scenario.name, FlightRecords(directory, ranks.size()));
       // LibTorch 1.13 says "Address already in use", 2.x "EADDRINUSE ... address already in use".
-      port_busy = report.Get("message").find("ddress already in use") != std::string::npos;
+      port_busy = report.summary.message.find("ddress already in use") != std::string::npos;
       return report;
     }
     if (!any_running) break;
@@ -380,7 +380,7 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
         outputs.push_back(fmt::format("rank {}: {}", rank.rank, Tail(rank.log, 1)));
       }
       auto report = FailedScenarioReport(
-          scenario, "TIMEOUT",
+          scenario, reports::Status::kTimeout,
           fmt::format("rank(s) {} still running after the {:g} s deadline: {}; last output: {}", fmt::join(stuck, ", "),
                       options.timeout_seconds, fmt::join(doing, "; "), fmt::join(outputs, " || ")));
       AttachPartialTimeline(report, scenario.name, records);
@@ -391,7 +391,7 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
   }
   std::ifstream stream(result_path);
   if (!stream) {
-    return FailedScenarioReport(scenario, "ERROR",
+    return FailedScenarioReport(scenario, reports::Status::kError,
                                 fmt::format("every rank exited cleanly but rank 0 wrote no result; its last output: {}",
                                             Tail(ranks[0].log)));
   }

@@ -34,28 +34,37 @@ RankTime TimeOf(const pipeline::RankResult& rank, size_t steps) {
   return time;
 }
 
-std::string BytesCell(int64_t bytes) { return bytes >= 0 ? std::to_string(bytes) : ""; }
+// Bytes, or none where nothing was measured (-1).
+std::optional<int64_t> Measured(int64_t bytes) { return bytes >= 0 ? std::optional<int64_t>(bytes) : std::nullopt; }
 
 void TimelineRows(const MeasurementInput& input, reports::ScenarioReport& report) {
   for (const auto& rank : input.ranks) {
     std::map<int64_t, size_t> index_in_step;
     for (const auto& t : rank.timeline) {
       const size_t index = index_in_step[t.step]++;
-      // The model's figure for this action, -1 where it has none (a schedule it did not see).
-      auto predicted = [&](const std::vector<std::vector<std::vector<int64_t>>>& per_action) -> int64_t {
-        if (t.step < 0 || static_cast<size_t>(t.step) >= per_action.size()) return -1;
+      // The model's figure for this action, none where it has none (a schedule it did not see).
+      auto predicted = [&](const std::vector<std::vector<std::vector<int64_t>>>& per_action) -> std::optional<int64_t> {
+        if (t.step < 0 || static_cast<size_t>(t.step) >= per_action.size()) return std::nullopt;
         const auto& ranks = per_action[t.step];
-        if (static_cast<size_t>(rank.rank) >= ranks.size() || index >= ranks[rank.rank].size()) return -1;
-        return ranks[rank.rank][index];
+        if (static_cast<size_t>(rank.rank) >= ranks.size() || index >= ranks[rank.rank].size()) return std::nullopt;
+        return Measured(ranks[rank.rank][index]);
       };
-      const std::string stage = std::to_string(t.action.stage), microbatch = std::to_string(t.action.microbatch);
-      const std::string action = t.action.ToString();
-      report.timeline.push_back({input.scenario.name, std::to_string(rank.rank), std::to_string(t.step),
-                                 action.substr(stage.size(), action.size() - stage.size() - microbatch.size()), stage,
-                                 microbatch, FormatNumber(std::round(t.start_us)), FormatNumber(std::round(t.end_us)),
-                                 BytesCell(t.held_bytes), BytesCell(predicted(input.memory.held_after)),
-                                 FormatNumber(std::round(t.wait_start_us)), FormatNumber(std::round(t.step_start_us)),
-                                 BytesCell(t.peak_bytes), BytesCell(predicted(input.memory.peak_during))});
+      reports::TimelineRow row;
+      row.scenario = input.scenario.name;
+      row.rank = rank.rank;
+      row.step = t.step;
+      row.action = pipeline::KindText(t.action.kind);
+      row.stage = t.action.stage;
+      row.microbatch = t.action.microbatch;
+      row.start_us = std::round(t.start_us);
+      row.end_us = std::round(t.end_us);
+      row.held_bytes = Measured(t.held_bytes);
+      row.held_bytes_predicted = predicted(input.memory.held_after);
+      row.wait_start_us = std::round(t.wait_start_us);
+      row.step_start_us = std::round(t.step_start_us);
+      row.peak_bytes = Measured(t.peak_bytes);
+      row.peak_bytes_predicted = predicted(input.memory.peak_during);
+      report.timeline.push_back(row);
     }
   }
 }
@@ -127,18 +136,18 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
   TimelineRows(input, report);
   const StepPrediction predicted = PredictStepMs(input.schedule, input.ranks, steps);
   auto& row = report.summary;
-  row["ref_step_ms"] = FormatNumber(reference.MedianStepMs());
-  row["pp_step_ms"] = FormatNumber(reference::Median(pp_ms));
-  row["ref_tokens_per_s"] = FormatNumber(reference.MedianTokensPerSecond());
-  row["pp_tokens_per_s"] = FormatNumber(reference::Median(pp_rate));
+  row.ref_step_ms = reference.MedianStepMs();
+  row.pp_step_ms = reference::Median(pp_ms);
+  row.ref_tokens_per_s = reference.MedianTokensPerSecond();
+  row.pp_tokens_per_s = reference::Median(pp_rate);
   // How far the timed steps' rates lie apart, relative to their median: (max - min) / median.
   if (pp_rate.size() >= 2) {
     const auto [low, high] = std::minmax_element(pp_rate.begin(), pp_rate.end());
-    row["pp_tokens_per_s_spread"] = FormatNumber((*high - *low) / reference::Median(pp_rate));
+    row.pp_tokens_per_s_spread = (*high - *low) / reference::Median(pp_rate);
   }
-  row["pp_tokens_per_s_runs"] = "1";
-  row["bubble_theory"] = FormatNumber(input.simulation.bubble);
-  row["pp_step_ms_predicted"] = predicted.ok() ? FormatNumber(predicted.step_ms) : "";
+  row.pp_tokens_per_s_runs = 1;
+  row.bubble_theory = input.simulation.bubble;
+  if (predicted.ok()) row.pp_step_ms_predicted = predicted.step_ms;
   double busy = 0.0, wall = 0.0;
   int64_t pp_peak = -1, pp_peak_predicted = -1;
   for (const auto& rank : input.ranks) {
@@ -158,19 +167,26 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
     pp_peak_predicted = std::max(pp_peak_predicted, predicted_peak);
     std::vector<double> rank_ms(rank.step_ms.begin() + std::min(rank.step_ms.size(), reference::FirstTimedStep(steps)),
                                 rank.step_ms.end());
-    report.ranks.push_back({scenario.name, std::to_string(rank.rank), fmt::format("{}", fmt::join(stages, ";")),
-                            std::to_string(parameters), BytesCell(rank_peak), FormatNumber(time.busy_us * per_step_ms),
-                            FormatNumber((time.wall_us - time.busy_us - time.comm_us) * per_step_ms),
-                            FormatNumber(time.comm_us * per_step_ms), BytesCell(predicted_peak),
-                            rank_ms.empty() ? "" : FormatNumber(reference::Median(rank_ms)),
-                            r < predicted.rank_ms.size() ? FormatNumber(predicted.rank_ms[r]) : ""});
+    reports::RankRow row_of_rank;
+    row_of_rank.scenario = scenario.name;
+    row_of_rank.rank = rank.rank;
+    row_of_rank.stages = fmt::format("{}", fmt::join(stages, ";"));
+    row_of_rank.params = parameters;
+    row_of_rank.peak_bytes = Measured(rank_peak);
+    row_of_rank.busy_ms = time.busy_us * per_step_ms;
+    row_of_rank.idle_ms = (time.wall_us - time.busy_us - time.comm_us) * per_step_ms;
+    row_of_rank.comm_ms = time.comm_us * per_step_ms;
+    row_of_rank.peak_bytes_predicted = Measured(predicted_peak);
+    if (!rank_ms.empty()) row_of_rank.step_ms = reference::Median(rank_ms);
+    if (r < predicted.rank_ms.size()) row_of_rank.step_ms_predicted = predicted.rank_ms[r];
+    report.ranks.push_back(row_of_rank);
   }
   const int64_t ref_peak = reference.PeakBytes();
-  row["ref_peak_bytes"] = BytesCell(ref_peak);
-  row["pp_peak_bytes_max"] = BytesCell(pp_peak);
-  row["pp_peak_bytes_predicted"] = BytesCell(pp_peak_predicted);
+  row.ref_peak_bytes = Measured(ref_peak);
+  row.pp_peak_bytes_max = Measured(pp_peak);
+  row.pp_peak_bytes_predicted = Measured(pp_peak_predicted);
   // 1 - busy / wall over every rank and timed step.
-  row["bubble_measured"] = FormatNumber(wall > 0 ? 1.0 - busy / wall : std::nan(""));
+  row.bubble_measured = wall > 0 ? 1.0 - busy / wall : std::nan("");
 }
 
 }  // namespace pipecheck::harness

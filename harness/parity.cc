@@ -60,20 +60,21 @@ TensorError Compare(const torch::Tensor& pipeline, const torch::Tensor& referenc
   return error;
 }
 
-std::map<std::string, std::string> ScenarioColumns(const scenarios::Scenario& s) {
-  const std::string configuration = scenarios::Configuration(s);
-  return {{"scenario", s.name},
-          {"expect", s.expect},
-          {"world_size", std::to_string(s.world_size)},
-          {"schedule", s.schedule_written.empty() ? s.schedule : s.schedule_written},
-          {"config", configuration},
-          {"fingerprint", scenarios::Fingerprint(configuration)},
-          {"virtual_stages", std::to_string(s.virtual_stages)},
-          {"microbatches", std::to_string(s.microbatches)},
-          {"dtype", s.dtype},
-          {"device", s.device},
-          {"steps", std::to_string(s.steps)},
-          {"transport", ResolveTransport(s)}};
+reports::SummaryRow ScenarioColumns(const scenarios::Scenario& s) {
+  reports::SummaryRow row;
+  row.scenario = s.name;
+  row.expect = s.expect;
+  row.world_size = s.world_size;
+  row.schedule = s.schedule_written.empty() ? s.schedule : s.schedule_written;
+  row.config = scenarios::Configuration(s);
+  row.fingerprint = scenarios::Fingerprint(row.config);
+  row.virtual_stages = s.virtual_stages;
+  row.microbatches = s.microbatches;
+  row.dtype = s.dtype;
+  row.device = s.device;
+  row.steps = s.steps;
+  row.transport = ResolveTransport(s);
+  return row;
 }
 
 // Evidence, ordered as it appears: per-step evidence (step, kind) before the trajectory, so the
@@ -313,8 +314,7 @@ void JudgeTrajectory(const std::vector<pipeline::RankResult>& ranks, const Named
     const double loss_ref = reference.steps[k].loss, loss_pp = LossAt(loss_rank, k);
     diffs[k] = std::abs(loss_pp - loss_ref);
     verdicts.loss_max_abs_diff = std::isnan(diffs[k]) ? diffs[k] : std::max(verdicts.loss_max_abs_diff, diffs[k]);
-    report.steps.push_back({scenario.name, std::to_string(k), FormatNumber(loss_ref), FormatNumber(loss_pp),
-                            FormatNumber(diffs[k])});
+    report.steps.push_back({scenario.name, static_cast<int64_t>(k), loss_ref, loss_pp, diffs[k]});
     within_tol = within_tol && diffs[k] <= tol * std::max(1.0, std::abs(loss_ref));
   }
   const double weights_ref_norm = GlobalNorm(reference.final_weights);
@@ -361,10 +361,8 @@ void ParamRows(const ParityInput& input, const Verdicts& verdicts, reports::Scen
       if (found == verdicts.worst_by_param.end()) continue;
       const auto& w = found->second;
       const int stage = rank.stages.empty() ? 0 : rank.stages.front();
-      report.params.push_back({input.scenario.name, item.key(), std::to_string(stage), std::to_string(rank.rank),
-                               std::to_string(w.numel), FormatNumber(w.error.ref_norm), FormatNumber(w.error.pp_norm),
-                               FormatNumber(w.error.max_abs), FormatNumber(w.error.rel),
-                               w.error.rel <= input.scenario.tol ? "1" : "0"});
+      report.params.push_back({input.scenario.name, item.key(), stage, rank.rank, w.numel, w.error.ref_norm,
+                               w.error.pp_norm, w.error.max_abs, w.error.rel, w.error.rel <= input.scenario.tol});
     }
   }
 }
@@ -439,17 +437,18 @@ double GradientFloorFraction(const std::string& dtype) {
   return 3e-3;  // bfloat16
 }
 
-bool MeetsExpectation(const std::string& status, const std::string& expect) {
-  return expect == "pass" ? status == "PASS" || status == "SKIPPED" : status != "PASS";
+bool MeetsExpectation(reports::Status status, const std::string& expect) {
+  using reports::Status;
+  return expect == "pass" ? status == Status::kPass || status == Status::kSkipped : status != Status::kPass;
 }
 
-reports::ScenarioReport FailedScenarioReport(const scenarios::Scenario& scenario, const std::string& status,
+reports::ScenarioReport FailedScenarioReport(const scenarios::Scenario& scenario, reports::Status status,
                                              const std::string& message) {
   reports::ScenarioReport report;
   report.summary = ScenarioColumns(scenario);
-  report.summary["status"] = status;
-  report.summary["ok"] = MeetsExpectation(status, scenario.expect) ? "1" : "0";
-  report.summary["message"] = message;
+  report.summary.status = status;
+  report.summary.ok = MeetsExpectation(status, scenario.expect);
+  report.summary.message = message;
   return report;
 }
 
@@ -460,7 +459,7 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   for (const auto& step : reference.steps) {
     const std::string diverged = Divergence(step, scenario.vocab);
     if (!diverged.empty()) {
-      return FailedScenarioReport(scenario, "ERROR",
+      return FailedScenarioReport(scenario, reports::Status::kError,
                                   fmt::format("reference diverged at step {}: {}; lower lr or enable clip", step.step,
                                               diverged));
     }
@@ -470,29 +469,29 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   const auto config = ToPipelineConfig(scenario);
   JudgeCommunication(input, config, verdicts, report);
   const NamedTensors final_pp = JudgeSteps(input, config, verdicts, report);
-  if (!verdicts.diverged.empty()) return FailedScenarioReport(scenario, "ERROR", verdicts.diverged);
+  if (!verdicts.diverged.empty()) return FailedScenarioReport(scenario, reports::Status::kError, verdicts.diverged);
   report.summary = ScenarioColumns(scenario);
   JudgeTrajectory(input.ranks, final_pp, input.oracle, scenario, report, verdicts);
   ParamRows(input, verdicts, report);
   SpeedAndMemoryRows({scenario, input.ranks, input.schedule, input.simulation, input.memory}, reference, report);
 
   const std::vector<std::string> failures = verdicts.problems.InOrder();
-  const std::string status = failures.empty() ? "PASS" : "FAIL";
+  const auto status = failures.empty() ? reports::Status::kPass : reports::Status::kFail;
   int64_t tokens = 0;
   for (const auto& step : reference.steps) tokens += step.tokens;
   const auto& loss_rank = LossRank(input.ranks);
   auto& row = report.summary;
-  row["status"] = status;
-  row["ok"] = MeetsExpectation(status, scenario.expect) ? "1" : "0";
-  row["tokens"] = std::to_string(tokens);
-  row["loss_ref"] = FormatNumber(reference.steps.back().loss);
-  row["loss_pp"] = FormatNumber(LossAt(loss_rank, reference.steps.size() - 1));
-  row["loss_max_abs_diff"] = FormatNumber(verdicts.loss_max_abs_diff);
-  row["grad_max_rel_err"] = FormatNumber(verdicts.grad_max_rel);
-  row["worst_param"] = verdicts.worst_param;
-  row["params_checked"] = std::to_string(reference.final_weights.size());
-  row["weights_max_rel_err"] = FormatNumber(verdicts.update_max_rel);
-  row["message"] = failures.empty()
+  row.status = status;
+  row.ok = MeetsExpectation(status, scenario.expect);
+  row.tokens = tokens;
+  row.loss_ref = reference.steps.back().loss;
+  row.loss_pp = LossAt(loss_rank, reference.steps.size() - 1);
+  row.loss_max_abs_diff = verdicts.loss_max_abs_diff;
+  row.grad_max_rel_err = verdicts.grad_max_rel;
+  row.worst_param = verdicts.worst_param;
+  row.params_checked = static_cast<int64_t>(reference.final_weights.size());
+  row.weights_max_rel_err = verdicts.update_max_rel;
+  row.message = failures.empty()
                        ? fmt::format("worst gradient {} at step {} (rel err {:.3g}); weights after each step match "
                                      "the reference's update (worst rel err {:.3g}); {}",
                                      verdicts.worst_param, verdicts.worst_step, verdicts.grad_max_rel,

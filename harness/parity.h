@@ -54,10 +54,10 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input);
 
 // The summary row of a scenario that produced no results (ERROR, TIMEOUT): every column
 // known from the scenario filled, the measurements empty.
-reports::ScenarioReport FailedScenarioReport(const scenarios::Scenario& scenario, const std::string& status,
+reports::ScenarioReport FailedScenarioReport(const scenarios::Scenario& scenario, reports::Status status,
                                              const std::string& message);
 
 // Whether `status` meets `expect` ("pass": PASS; "fail": FAIL, ERROR or TIMEOUT).
-bool MeetsExpectation(const std::string& status, const std::string& expect);
+bool MeetsExpectation(reports::Status status, const std::string& expect);
 
 }  // namespace pipecheck::harness

@@ -28,15 +28,10 @@ namespace {
 
 // A number column for the table: short, "-" when unmeasured, "~0" for magnitudes too small
 // to mean anything but zero (which {:.1e} would print with a three-digit exponent).
-std::string Short(const std::string& value, const char* format) {
-  if (value.empty() || value == "nan") return "-";
-  try {
-    const double number = std::stod(value);
-    if (number != 0.0 && std::abs(number) < 1e-99) return "~0";
-    return fmt::format(fmt::runtime(format), number);
-  } catch (const std::exception&) {
-    return value;
-  }
+std::string Short(const std::optional<double>& value, const char* format) {
+  if (!value || std::isnan(*value)) return "-";
+  if (*value != 0.0 && std::abs(*value) < 1e-99) return "~0";
+  return fmt::format(fmt::runtime(format), *value);
 }
 
 size_t NameWidth(const std::vector<std::string>& names) {
@@ -47,17 +42,17 @@ size_t NameWidth(const std::vector<std::string>& names) {
 
 void PrintTable(const std::vector<reports::ScenarioReport>& reports, std::ostream& out) {
   std::vector<std::string> names;
-  for (const auto& r : reports) names.push_back(r.Get("scenario"));
+  for (const auto& r : reports) names.push_back(r.summary.scenario);
   const size_t width = NameWidth(names);
   fmt::print(out, "\n{:<{}} {:<7} {:>2} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7} {:>8}\n", "scenario", width, "status",
              "ok", "loss_diff", "grad_rel", "wt_rel", "ref_ms", "pp_ms", "pp_tok/s", "bub_thy", "bub_meas");
-  for (const auto& r : reports) {
-    fmt::print(out, "{:<{}} {:<7} {:>2} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7} {:>8}\n", r.Get("scenario"), width,
-               r.Get("status"), r.Get("ok"), Short(r.Get("loss_max_abs_diff"), "{:.1e}"),
-               Short(r.Get("grad_max_rel_err"), "{:.1e}"), Short(r.Get("weights_max_rel_err"), "{:.1e}"),
-               Short(r.Get("ref_step_ms"), "{:.1f}"), Short(r.Get("pp_step_ms"), "{:.1f}"),
-               Short(r.Get("pp_tokens_per_s"), "{:.0f}"), Short(r.Get("bubble_theory"), "{:.2f}"),
-               Short(r.Get("bubble_measured"), "{:.2f}"));
+  for (const auto& report : reports) {
+    const auto& r = report.summary;
+    fmt::print(out, "{:<{}} {:<7} {:>2} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7} {:>8}\n", r.scenario, width,
+               reports::StatusName(r.status), r.ok ? 1 : 0, Short(r.loss_max_abs_diff, "{:.1e}"),
+               Short(r.grad_max_rel_err, "{:.1e}"), Short(r.weights_max_rel_err, "{:.1e}"), Short(r.ref_step_ms, "{:.1f}"),
+               Short(r.pp_step_ms, "{:.1f}"), Short(r.pp_tokens_per_s, "{:.0f}"), Short(r.bubble_theory, "{:.2f}"),
+               Short(r.bubble_measured, "{:.2f}"));
   }
 }
 
@@ -71,7 +66,7 @@ void WriteCiReports(const RunOptions& options, const std::vector<reports::Scenar
     }
     std::vector<reports::JUnitCase> cases;
     for (const auto& report : reports) {
-      const auto found = compared.find(report.Get("scenario"));
+      const auto found = compared.find(report.summary.scenario);
       cases.push_back(reports::RunCase(report, options.scenarios_path, found == compared.end() ? nullptr : found->second));
     }
     reports::WriteFileAtomically(options.junit, reports::JUnitXml("pipecheck run " + options.scenarios_path, cases));
@@ -90,10 +85,10 @@ void WriteInterruptedCiReports(const RunOptions& options, const std::vector<scen
                                size_t running, std::vector<reports::ScenarioReport> cases, int signal,
                                std::ostream& out) {
   const std::string why = fmt::format("the run was interrupted by signal {} ({})", signal, strsignal(signal));
-  cases.push_back(FailedScenarioReport(scenarios[running], "ERROR", why + " while this scenario ran"));
-  cases.back().summary["ok"] = "0";  // unfinished: it met no expectation, whatever it expected
+  cases.push_back(FailedScenarioReport(scenarios[running], reports::Status::kError, why + " while this scenario ran"));
+  cases.back().summary.ok = false;  // unfinished: it met no expectation, whatever it expected
   for (size_t j = running + 1; j < scenarios.size(); ++j) {
-    cases.push_back(FailedScenarioReport(scenarios[j], "SKIPPED", "not run: " + why));
+    cases.push_back(FailedScenarioReport(scenarios[j], reports::Status::kSkipped, "not run: " + why));
   }
   WriteCiReports(options, cases, nullptr, out);
 }
@@ -128,26 +123,31 @@ reports::ScenarioReport RunScenario(const scenarios::Scenario& scenario, const R
   reports::ScenarioReport report;
   try {
     const std::string unmet = UnmetRequirement(scenario);
-    report = unmet.empty() ? LaunchScenario(scenario, launch) : FailedScenarioReport(scenario, "SKIPPED", unmet);
+    report = unmet.empty() ? LaunchScenario(scenario, launch)
+                           : FailedScenarioReport(scenario, reports::Status::kSkipped, unmet);
   } catch (const Interrupted&) {
     throw;
   } catch (const std::exception& error) {
-    report = FailedScenarioReport(scenario, "ERROR", "launcher: " + ErrorMessage(error));
+    report = FailedScenarioReport(scenario, reports::Status::kError, "launcher: " + ErrorMessage(error));
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report.summary["wall_s"] = reports::FormatNumber(seconds);
+  report.summary.wall_s = seconds;
+  const auto& r = report.summary;
   fmt::print(out, "{} {:<{}} {:<7} grad_rel {:>8} pp {:>7} tok/s {:6.1f} s{}\n", position, scenario.name, name_width,
-             report.Get("status"), Short(report.Get("grad_max_rel_err"), "{:.1e}"),
-             Short(report.Get("pp_tokens_per_s"), "{:.0f}"), seconds,
-             report.Get("ok") == "1" ? "" : "  <- expected " + scenario.expect + ": " + report.Get("message"));
+             reports::StatusName(r.status), Short(r.grad_max_rel_err, "{:.1e}"), Short(r.pp_tokens_per_s, "{:.0f}"),
+             seconds, r.ok ? "" : "  <- expected " + scenario.expect + ": " + r.message);
   out.flush();
   return report;
 }
 
-// The finished run against its baseline, written to compare.csv and printed; none without one.
-std::optional<reports::Comparison> CompareWithBaseline(const RunOptions& options, std::ostream& out) {
+// The finished run, as it is in memory, against its baseline, written to compare.csv and printed;
+// none without one.
+std::optional<reports::Comparison> CompareWithBaseline(const RunOptions& options,
+                                                       const std::vector<reports::ScenarioReport>& reports,
+                                                       std::ostream& out) {
   if (options.baseline.empty()) return std::nullopt;
-  auto comparison = reports::CompareSummaries(options.baseline, options.out, options.limits);
+  const auto summary = (std::filesystem::path(options.out) / "summary.csv").string();
+  auto comparison = reports::CompareWithBaseline(options.baseline, reports, summary, options.limits);
   const auto csv = (std::filesystem::path(options.out) / "compare.csv").string();
   reports::WriteFileAtomically(csv, reports::ComparisonCsv(comparison));
   fmt::print(out, "\nagainst the baseline {}:\n{}wrote {}\n", options.baseline,
@@ -181,7 +181,7 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
       WriteInterruptedCiReports(options, scenarios, i, reports, interrupted.signal, out);
       return 128 + interrupted.signal;
     }
-    if (reports.back().Get("ok") != "1") ++not_ok;
+    if (!reports.back().summary.ok) ++not_ok;
     paths = reports::WriteReports(options.out, reports);
     // A finished scenario's views never change: written once, not with every rewrite of the CSVs.
     wrote_views = !reports::WriteTimelineViews(options.out, reports.back()).empty() || wrote_views;
@@ -193,7 +193,7 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print(out, "\n{} scenarios, {} met their expectation, {} did not; {:.1f} s\nreports: {}\n", scenarios.size(),
              scenarios.size() - not_ok, not_ok, seconds, fmt::join(paths, ", "));
-  const auto comparison = CompareWithBaseline(options, out);
+  const auto comparison = CompareWithBaseline(options, reports, out);
   WriteCiReports(options, reports, comparison ? &*comparison : nullptr, out);
   const bool regressed = comparison && comparison->regressions > 0;
   return not_ok == 0 && !regressed ? 0 : 1;

@@ -131,8 +131,8 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
   reports::WriteReports(out, {report});
   reports::WriteTimelineViews(out, report);
   reports::WriteFileAtomically((std::filesystem::path(out) / kResultFile).string(), reports::ToJson(report));
-  fmt::print("{} {}: {}\n", scenario.name, report.Get("status"), report.Get("message"));
-  return report.Get("ok") == "1" ? 0 : 1;
+  fmt::print("{} {}: {}\n", scenario.name, reports::StatusName(report.summary.status), report.summary.message);
+  return report.summary.ok ? 0 : 1;
 }
 
 }  // namespace

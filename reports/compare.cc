@@ -6,7 +6,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <libfccp/csv.h>
 
 #include <algorithm>
 #include <cctype>
@@ -21,71 +20,101 @@
 namespace pipecheck::reports {
 namespace {
 
+// A summary row as compare reads it: the typed row, and where it came from.
 struct SummaryEntry {
-  std::string scenario, status, expect, ok, tokens_per_s, peak_bytes, grad_rel_err, spread, runs, fingerprint, config;
+  SummaryRow row;
   unsigned line = 0;
 };
 
-using Reader = io::CSVReader<11, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>>;
+// The columns compare judges: a summary without one of them is not a pipecheck summary.
+constexpr const char* kRequiredColumns[] = {"scenario", "status", "expect", "ok", "pp_tokens_per_s",
+                                            "pp_peak_bytes_max", "grad_max_rel_err"};
+// The measured columns compare gates on: finite decimal numbers >= 0, or empty.
+bool Gated(const std::string& column) {
+  return column == "pp_tokens_per_s" || column == "pp_peak_bytes_max" || column == "grad_max_rel_err" ||
+         column == "pp_tokens_per_s_spread";
+}
+
+std::string GatedProblem(const std::string& path, unsigned line, const std::string& column, const std::string& value) {
+  return fmt::format("{}:{}: column '{}', value '{}': expected a finite decimal number >= 0 (or empty)", path, line,
+                     column, value);
+}
+
+// Rows keyed by scenario, each read through summary.csv's field table.
+std::map<std::string, SummaryEntry> EntriesOf(const std::vector<SummaryRow>& rows, const std::vector<unsigned>& lines,
+                                              const std::string& path) {
+  std::map<std::string, SummaryEntry> entries;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    auto [previous, inserted] = entries.emplace(rows[i].scenario, SummaryEntry{rows[i], lines[i]});
+    if (!inserted) {
+      throw CompareError(fmt::format("{}:{}: scenario '{}' appears twice (first on line {})", path, lines[i],
+                                     rows[i].scenario, previous->second.line));
+    }
+  }
+  return entries;
+}
 
 std::map<std::string, SummaryEntry> ReadSummary(const std::string& path) {
   std::ifstream stream(path, std::ios::binary);
   if (!stream) throw CompareError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   std::stringstream contents;
   contents << stream.rdbuf();
-  const std::string text = contents.str();
-  std::map<std::string, SummaryEntry> entries;
+  std::vector<std::vector<std::string>> table;
   try {
-    Reader reader(path, text.data(), text.data() + text.size());
-    // The spread, its number of runs and the configuration are newer columns: older summaries read
-    // without them.
-    reader.read_header(io::ignore_extra_column | io::ignore_missing_column, "scenario", "status", "expect", "ok",
-                       "pp_tokens_per_s", "pp_peak_bytes_max", "grad_max_rel_err", "pp_tokens_per_s_spread",
-                       "pp_tokens_per_s_runs", "fingerprint", "config");
-    for (const char* column :
-         {"scenario", "status", "expect", "ok", "pp_tokens_per_s", "pp_peak_bytes_max", "grad_max_rel_err"}) {
-      if (!reader.has_column(column)) {
-        throw CompareError(fmt::format("{}: not a pipecheck summary: column '{}' is missing", path, column));
-      }
-    }
-    SummaryEntry entry;
-    while (reader.read_row(entry.scenario, entry.status, entry.expect, entry.ok, entry.tokens_per_s,
-                           entry.peak_bytes, entry.grad_rel_err, entry.spread, entry.runs, entry.fingerprint,
-                           entry.config)) {
-      entry.line = reader.get_file_line();
-      auto [previous, inserted] = entries.emplace(entry.scenario, entry);
-      if (!inserted) {
-        throw CompareError(fmt::format("{}:{}: scenario '{}' appears twice (first on line {})", path, entry.line,
-                                       entry.scenario, previous->second.line));
-      }
-    }
-  } catch (const io::error::missing_column_in_header& error) {
-    throw CompareError(fmt::format("{}: not a pipecheck summary: column '{}' is missing", path, error.column_name));
-  } catch (const io::error::base& error) {
-    throw CompareError(fmt::format("{}: {}", path, error.what()));
+    table = ParseCsv(contents.str(), path);
+  } catch (const std::exception& error) {
+    throw CompareError(error.what());
   }
-  return entries;
+  if (table.empty()) throw CompareError(fmt::format("{}: not a pipecheck summary: the file is empty", path));
+  auto header = table[0];
+  if (!header.empty() && header[0].rfind("\xEF\xBB\xBF", 0) == 0) header[0] = header[0].substr(3);  // a byte order mark
+  for (auto& name : header) name.erase(0, name.find_first_not_of(" \t")), name.erase(name.find_last_not_of(" \t") + 1);
+  for (const char* column : kRequiredColumns) {
+    if (std::find(header.begin(), header.end(), column) == header.end()) {
+      throw CompareError(fmt::format("{}: not a pipecheck summary: column '{}' is missing", path, column));
+    }
+  }
+  // Older summaries lack the newer columns (spread, runs, configuration): those stay empty.
+  std::vector<SummaryRow> rows;
+  std::vector<unsigned> lines;
+  for (size_t r = 1; r < table.size(); ++r) {
+    const auto line = static_cast<unsigned>(r + 1);
+    auto cells = table[r];
+    for (auto& cell : cells) cell.erase(0, cell.find_first_not_of(" \t")), cell.erase(cell.find_last_not_of(" \t") + 1);
+    for (size_t c = 0; c < header.size() && c < cells.size(); ++c) {
+      if (!Gated(header[c]) || cells[c].empty()) continue;
+      double value = 0.0;
+      const char* end = cells[c].data() + cells[c].size();
+      const auto [ptr, ec] = std::from_chars(cells[c].data(), end, value);
+      const bool number = cells[c] == "nan" || (ec == std::errc() && ptr == end && std::isfinite(value) && value >= 0);
+      if (!number) throw CompareError(GatedProblem(path, line, header[c], cells[c]));
+    }
+    try {
+      rows.push_back(ParseCells(SummaryFields(), header, cells));
+    } catch (const FieldError& error) {
+      throw CompareError(fmt::format("{}:{}: {}", path, line, error.what()));
+    }
+    lines.push_back(line);
+  }
+  return EntriesOf(rows, lines, path);
 }
 
-// A measured number (finite, >= 0, decimal), or NaN for an empty cell; anything else is bad input.
-double Measured(const SummaryEntry& entry, const std::string& value, const char* column, const std::string& path) {
-  if (value.empty() || value == "nan") return std::nan("");
-  double number = 0.0;
-  const char* end = value.data() + value.size();
-  auto [ptr, ec] = std::from_chars(value.data(), end, number);
-  if (ec == std::errc() && ptr == end && std::isfinite(number) && number >= 0.0) return number;
-  throw CompareError(fmt::format("{}:{}: column '{}', value '{}': expected a finite decimal number >= 0 (or empty)",
-                                 path, entry.line, column, value));
+// A measured number, or NaN where nothing was measured.
+double Measured(const std::optional<double>& value) { return value ? *value : std::nan(""); }
+double Measured(const std::optional<int64_t>& value) {
+  return value ? static_cast<double>(*value) : std::nan("");
 }
 
 // A PASS row measured its speed and memory: an empty or nan cell there is a broken file, not
 // "unmeasured" (which would leave the scenario ungated).
-double MeasuredOfPass(const SummaryEntry& entry, const std::string& value, const char* column,
+template <typename Value>
+double MeasuredOfPass(const SummaryEntry& entry, const std::optional<Value>& value, const char* column,
                       const std::string& path) {
-  const double number = Measured(entry, value, column, path);
-  if (entry.status == "PASS" && std::isnan(number)) {
+  const double number = Measured(value);
+  if (entry.row.status == Status::kPass && std::isnan(number)) {
     throw CompareError(fmt::format("{}:{}: column '{}', value '{}': a PASS row must hold its measured number (scenario "
-                                   "'{}')", path, entry.line, column, value, entry.scenario));
+                                   "'{}')", path, entry.line, column, CellOf(SummaryFields(), entry.row, column),
+                                   entry.row.scenario));
   }
   return number;
 }
@@ -119,12 +148,15 @@ std::string ConfigurationChanges(const std::string& before, const std::string& a
   return changes.empty() ? "its configuration text differs" : fmt::format("{}", fmt::join(changes, ", "));
 }
 
-int Severity(const std::string& status) {
-  if (status == "PASS") return 0;
-  if (status == "SKIPPED") return 1;  // PASS -> SKIPPED is a regression: the check no longer ran
-  if (status == "FAIL") return 2;
-  if (status == "TIMEOUT") return 3;
-  return 4;  // ERROR and anything unknown
+int Severity(Status status) {
+  switch (status) {
+    case Status::kPass: return 0;
+    case Status::kSkipped: return 1;  // PASS -> SKIPPED is a regression: the check no longer ran
+    case Status::kFail: return 2;
+    case Status::kTimeout: return 3;
+    case Status::kError: return 4;
+  }
+  return 4;
 }
 
 std::vector<const SummaryEntry*> InFileOrder(const std::map<std::string, SummaryEntry>& entries) {
@@ -154,7 +186,8 @@ std::vector<std::string> ScenariosWithoutSpread(const std::string& path) {
   std::vector<std::string> names;
   const auto entries = ReadSummary(SummaryPath(path));
   for (const auto* entry : InFileOrder(entries)) {
-    if (entry->status == "PASS" && (entry->spread.empty() || entry->spread == "nan")) names.push_back(entry->scenario);
+    const auto& spread = entry->row.pp_tokens_per_s_spread;
+    if (entry->row.status == Status::kPass && (!spread || std::isnan(*spread))) names.push_back(entry->row.scenario);
   }
   return names;
 }
@@ -164,7 +197,7 @@ std::vector<std::string> ScenariosNotOk(const std::string& path) {
   // The entries outlive the loop: InFileOrder points into them.
   const auto entries = ReadSummary(SummaryPath(path));
   for (const auto* entry : InFileOrder(entries)) {
-    if (entry->ok != "1") names.push_back(entry->scenario);
+    if (!entry->row.ok) names.push_back(entry->row.scenario);
   }
   return names;
 }
@@ -349,11 +382,12 @@ struct Sources {
   std::string baseline, current;
 };
 
-void JudgeStatus(const SummaryEntry& base, const SummaryEntry& now, Findings& found) {
-  if (base.ok == "1" && now.ok != "1") {
-    found.regressions.push_back(fmt::format("no longer meets expect={}: {} -> {}", now.expect, base.status, now.status));
+void JudgeStatus(const SummaryRow& base, const SummaryRow& now, Findings& found) {
+  if (base.ok && !now.ok) {
+    found.regressions.push_back(fmt::format("no longer meets expect={}: {} -> {}", now.expect, StatusName(base.status),
+                                            StatusName(now.status)));
   } else if (base.expect == "pass" && Severity(now.status) > Severity(base.status)) {
-    found.regressions.push_back(fmt::format("status worse: {} -> {}", base.status, now.status));
+    found.regressions.push_back(fmt::format("status worse: {} -> {}", StatusName(base.status), StatusName(now.status)));
   }
 }
 
@@ -361,17 +395,18 @@ void JudgeStatus(const SummaryEntry& base, const SummaryEntry& now, Findings& fo
 // recorded spread tokens/s is not gated at all.
 void JudgeThroughput(const SummaryEntry& base, const SummaryEntry& now, const Sources& files,
                      const CompareOptions& options, ComparisonRow& row, Findings& found) {
-  const double base_rate = MeasuredOfPass(base, base.tokens_per_s, "pp_tokens_per_s", files.baseline);
-  const double now_rate = Measured(now, now.tokens_per_s, "pp_tokens_per_s", files.current);
+  const double base_rate = MeasuredOfPass(base, base.row.pp_tokens_per_s, "pp_tokens_per_s", files.baseline);
+  const double now_rate = Measured(now.row.pp_tokens_per_s);
   const double rate_change = base_rate > 0 ? now_rate / base_rate - 1.0 : std::nan("");
   row.throughput_change = Percent(rate_change);
-  const double spread = Measured(base, base.spread, "pp_tokens_per_s_spread", files.baseline);
+  const double spread = Measured(base.row.pp_tokens_per_s_spread);
+  const std::string runs = base.row.pp_tokens_per_s_runs ? std::to_string(*base.row.pp_tokens_per_s_runs) : "";
   const double noise_limit = std::isnan(spread) ? 0.0 : options.noise_factor * spread;
   const double limit = std::max(options.max_slowdown, noise_limit);
   const std::string why = noise_limit > options.max_slowdown
                               ? fmt::format(": {:g} x the baseline's {:.1f}% spread over {} {}", options.noise_factor,
-                                            100 * spread, base.runs.empty() ? "1" : base.runs,
-                                            base.runs.empty() || base.runs == "1" ? "run's timed steps" : "runs")
+                                            100 * spread, runs.empty() ? "1" : runs,
+                                            runs.empty() || runs == "1" ? "run's timed steps" : "runs")
                               : "";
   row.throughput_limit = std::isnan(rate_change) ? "" : fmt::format("-{:.1f}%", 100 * limit);
   if (std::isnan(rate_change)) return;
@@ -394,8 +429,8 @@ void JudgeThroughput(const SummaryEntry& base, const SummaryEntry& now, const So
 
 void JudgeMemory(const SummaryEntry& base, const SummaryEntry& now, const Sources& files, const CompareOptions& options,
                  ComparisonRow& row, Findings& found) {
-  const double base_bytes = MeasuredOfPass(base, base.peak_bytes, "pp_peak_bytes_max", files.baseline);
-  const double now_bytes = Measured(now, now.peak_bytes, "pp_peak_bytes_max", files.current);
+  const double base_bytes = MeasuredOfPass(base, base.row.pp_peak_bytes_max, "pp_peak_bytes_max", files.baseline);
+  const double now_bytes = Measured(now.row.pp_peak_bytes_max);
   const double memory_change = base_bytes > 0 ? now_bytes / base_bytes - 1.0 : std::nan("");
   row.memory_change = Percent(memory_change);
   if (memory_change > options.max_memory_growth) {
@@ -404,13 +439,28 @@ void JudgeMemory(const SummaryEntry& base, const SummaryEntry& now, const Source
   }
 }
 
-void JudgeParityError(const SummaryEntry& base, const SummaryEntry& now, const Sources& files, Findings& found) {
-  const double base_error = Measured(base, base.grad_rel_err, "grad_max_rel_err", files.baseline);
-  const double now_error = Measured(now, now.grad_rel_err, "grad_max_rel_err", files.current);
-  if (now.status == "PASS" && base_error > 0 && now_error > 10 * base_error) {
+void JudgeParityError(const SummaryRow& base, const SummaryRow& now, Findings& found) {
+  const double base_error = Measured(base.grad_max_rel_err);
+  const double now_error = Measured(now.grad_max_rel_err);
+  if (now.status == Status::kPass && base_error > 0 && now_error > 10 * base_error) {
     found.warnings.push_back(fmt::format("gradient error grew {:.0f}x ({:.3g} -> {:.3g}), still passing",
                                          now_error / base_error, base_error, now_error));
   }
+}
+
+// The compared columns of either side, as summary.csv writes them.
+void SetBaseline(ComparisonRow& row, const SummaryRow& base) {
+  row.baseline_status = StatusName(base.status);
+  row.baseline_tokens_per_s = CellOf(SummaryFields(), base, "pp_tokens_per_s");
+  row.baseline_peak_bytes = CellOf(SummaryFields(), base, "pp_peak_bytes_max");
+  row.baseline_grad_rel_err = CellOf(SummaryFields(), base, "grad_max_rel_err");
+}
+
+void SetCurrent(ComparisonRow& row, const SummaryRow& now) {
+  row.current_status = StatusName(now.status);
+  row.current_tokens_per_s = CellOf(SummaryFields(), now, "pp_tokens_per_s");
+  row.current_peak_bytes = CellOf(SummaryFields(), now, "pp_peak_bytes_max");
+  row.current_grad_rel_err = CellOf(SummaryFields(), now, "grad_max_rel_err");
 }
 
 // One baseline scenario against the current run's (none: it went missing). The verdict is
@@ -418,29 +468,23 @@ void JudgeParityError(const SummaryEntry& base, const SummaryEntry& now, const S
 ComparisonRow CompareRow(const SummaryEntry& base, const SummaryEntry* now, const Sources& files,
                          const CompareOptions& options) {
   ComparisonRow row;
-  row.scenario = base.scenario;
-  row.baseline_status = base.status;
-  row.baseline_tokens_per_s = base.tokens_per_s;
-  row.baseline_peak_bytes = base.peak_bytes;
-  row.baseline_grad_rel_err = base.grad_rel_err;
+  row.scenario = base.row.scenario;
+  SetBaseline(row, base.row);
   Findings found;
   if (now == nullptr) {
     found.regressions.push_back("missing from the current run");
   } else {
-    row.current_status = now->status;
-    row.current_tokens_per_s = now->tokens_per_s;
-    row.current_peak_bytes = now->peak_bytes;
-    row.current_grad_rel_err = now->grad_rel_err;
-    if (!base.fingerprint.empty() && !now->fingerprint.empty() && base.fingerprint != now->fingerprint) {
+    SetCurrent(row, now->row);
+    if (!base.row.fingerprint.empty() && !now->row.fingerprint.empty() && base.row.fingerprint != now->row.fingerprint) {
       row.verdict = "CHANGED";
       row.notes = fmt::format("configuration changed ({}): not comparable; re-record the baseline or restore the "
-                              "scenario", ConfigurationChanges(base.config, now->config));
+                              "scenario", ConfigurationChanges(base.row.config, now->row.config));
       return row;
     }
-    JudgeStatus(base, *now, found);
+    JudgeStatus(base.row, now->row, found);
     JudgeThroughput(base, *now, files, options, row, found);
     JudgeMemory(base, *now, files, options, row, found);
-    JudgeParityError(base, *now, files, found);
+    JudgeParityError(base.row, now->row, found);
   }
   std::vector<std::string> notes = found.regressions;
   notes.insert(notes.end(), found.warnings.begin(), found.warnings.end());
@@ -451,35 +495,51 @@ ComparisonRow CompareRow(const SummaryEntry& base, const SummaryEntry* now, cons
 
 }  // namespace
 
-Comparison CompareSummaries(const std::string& baseline_path, const std::string& current_path,
-                            const CompareOptions& options) {
-  const Sources files{SummaryPath(baseline_path), SummaryPath(current_path)};
-  const auto baseline = ReadSummary(files.baseline);
-  const auto current = ReadSummary(files.current);
+namespace {
+
+Comparison Compare(const std::map<std::string, SummaryEntry>& baseline, const std::map<std::string, SummaryEntry>& current,
+                   const Sources& files, const CompareOptions& options) {
   Comparison comparison;
   // Rows in suite order: the baseline's, then scenarios new in the current run in its order.
   for (const auto* base : InFileOrder(baseline)) {
-    const auto found = current.find(base->scenario);
+    const auto found = current.find(base->row.scenario);
     ComparisonRow row = CompareRow(*base, found == current.end() ? nullptr : &found->second, files, options);
     comparison.regressions += Fails(row);
     comparison.changed += row.verdict == "CHANGED";
     comparison.warnings += row.verdict == "warning";
-    comparison.unfingerprinted += base->fingerprint.empty() && found != current.end();
+    comparison.unfingerprinted += base->row.fingerprint.empty() && found != current.end();
     comparison.rows.push_back(std::move(row));
   }
   for (const auto* now : InFileOrder(current)) {
-    if (baseline.count(now->scenario)) continue;
+    if (baseline.count(now->row.scenario)) continue;
     ComparisonRow row;
-    row.scenario = now->scenario;
+    row.scenario = now->row.scenario;
     row.verdict = "new";
-    row.current_status = now->status;
-    row.current_tokens_per_s = now->tokens_per_s;
-    row.current_peak_bytes = now->peak_bytes;
-    row.current_grad_rel_err = now->grad_rel_err;
+    SetCurrent(row, now->row);
     row.notes = "not in the baseline";
     comparison.rows.push_back(std::move(row));
   }
   return comparison;
+}
+
+}  // namespace
+
+Comparison CompareSummaries(const std::string& baseline_path, const std::string& current_path,
+                            const CompareOptions& options) {
+  const Sources files{SummaryPath(baseline_path), SummaryPath(current_path)};
+  return Compare(ReadSummary(files.baseline), ReadSummary(files.current), files, options);
+}
+
+Comparison CompareWithBaseline(const std::string& baseline_path, const std::vector<ScenarioReport>& current,
+                               const std::string& current_name, const CompareOptions& options) {
+  const Sources files{SummaryPath(baseline_path), current_name};
+  std::vector<SummaryRow> rows;
+  std::vector<unsigned> lines;
+  for (const auto& report : current) {
+    rows.push_back(report.summary);
+    lines.push_back(static_cast<unsigned>(lines.size() + 2));  // the line summary.csv holds it on
+  }
+  return Compare(ReadSummary(files.baseline), EntriesOf(rows, lines, current_name), files, options);
 }
 
 }  // namespace pipecheck::reports

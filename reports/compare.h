@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "reports/report.h"
+
 namespace pipecheck::reports {
 
 // Unreadable or malformed input to compare (exit code 2).
@@ -56,6 +58,11 @@ std::string SummaryPath(const std::string& path);
 // Throws CompareError for unreadable files, missing columns, duplicate scenarios, bad numbers.
 Comparison CompareSummaries(const std::string& baseline_path, const std::string& current_path,
                             const CompareOptions& options);
+
+// The same, with the current run's rows in memory (as RunSuite holds them; `current_name` names
+// them in messages, e.g. its summary.csv).
+Comparison CompareWithBaseline(const std::string& baseline_path, const std::vector<ScenarioReport>& current,
+                               const std::string& current_name, const CompareOptions& options);
 
 // Scenarios of a summary whose status did not meet their expectation (ok != 1), in file order.
 // Throws CompareError like CompareSummaries.

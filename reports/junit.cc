@@ -12,13 +12,8 @@
 namespace pipecheck::reports {
 namespace {
 
-double Seconds(const std::string& text) {
-  try {
-    const double value = text.empty() ? 0.0 : std::stod(text);
-    return std::isfinite(value) && value >= 0 ? value : 0.0;
-  } catch (const std::exception&) {
-    return 0.0;
-  }
+double Seconds(const std::optional<double>& value) {
+  return value && std::isfinite(*value) && *value >= 0 ? *value : 0.0;
 }
 
 // ISO 8601 local time without zone, as the JUnit schema's timestamp wants it.
@@ -65,20 +60,21 @@ std::string XmlEscape(const std::string& text) {
 JUnitCase RunCase(const ScenarioReport& report, const std::string& suite, const ComparisonRow* comparison) {
   JUnitCase c;
   c.classname = suite;
-  c.name = report.Get("scenario");
-  c.seconds = Seconds(report.Get("wall_s"));
-  const std::string& status = report.Get("status");
-  const std::string& expect = report.Get("expect");
-  if (report.Get("ok") != "1") {
-    const bool errored = status == "ERROR" || status == "TIMEOUT";
+  const SummaryRow& row = report.summary;
+  c.name = row.scenario;
+  c.seconds = Seconds(row.wall_s);
+  const std::string status = StatusName(row.status);
+  const std::string& expect = row.expect;
+  if (!row.ok) {
+    const bool errored = row.status == Status::kError || row.status == Status::kTimeout;
     c.outcome = errored ? JUnitCase::Outcome::kError : JUnitCase::Outcome::kFailure;
     c.type = status;
-    c.message = expect == "fail" && status == "PASS"
+    c.message = expect == "fail" && row.status == Status::kPass
                     ? "expected fail, but it passed: the injected fault was not caught"
-                    : fmt::format("expected {}, got {}: {}", expect, status, report.Get("message"));
-  } else if (status == "SKIPPED") {
+                    : fmt::format("expected {}, got {}: {}", expect, status, row.message);
+  } else if (row.status == Status::kSkipped) {
     c.outcome = JUnitCase::Outcome::kSkipped;
-    c.message = report.Get("message");
+    c.message = row.message;
   }
   if (comparison && Fails(*comparison) && c.outcome == JUnitCase::Outcome::kPass) {
     c.outcome = JUnitCase::Outcome::kFailure;

@@ -54,6 +54,12 @@ std::string Bytes(const std::string& text) {
   }
 }
 
+std::string Number(const std::optional<double>& value, const char* format) {
+  return value ? Number(FormatNumber(*value), format) : "–";
+}
+
+std::string Bytes(const std::optional<int64_t>& value) { return value ? Bytes(std::to_string(*value)) : "–"; }
+
 const char* Mark(bool ok) { return ok ? "✅" : "❌"; }
 
 }  // namespace
@@ -76,36 +82,34 @@ std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioRepo
     for (const auto& row : comparison->rows) compared[row.scenario] = &row;
   }
   int not_ok = 0, regressions = comparison ? comparison->regressions : 0;
-  for (const auto& report : reports) not_ok += report.Get("ok") != "1";
+  for (const auto& report : reports) not_ok += !report.summary.ok;
   std::string text = fmt::format("### {} pipecheck run `{}`: {} of {} scenarios met their expectation", Mark(not_ok == 0 && regressions == 0),
                                  Cell(suite), reports.size() - not_ok, reports.size());
   if (comparison) text += fmt::format(", {} regression(s) against `{}`", regressions, Cell(baseline));
   text += "\n\n";
   // The failures first, each with its message.
   for (const auto& report : reports) {
-    const auto found = compared.find(report.Get("scenario"));
+    const SummaryRow& r = report.summary;
+    const auto found = compared.find(r.scenario);
     const bool regressed = found != compared.end() && Fails(*found->second);
-    if (report.Get("ok") == "1" && !regressed) continue;
-    text += fmt::format("- ❌ **{}**", Cell(report.Get("scenario")));
-    if (report.Get("ok") != "1") {
-      text += fmt::format(" (expected {}, got {}): {}", report.Get("expect"), report.Get("status"),
-                          Cell(report.Get("message"), 600));
-    }
-    if (regressed) text += fmt::format("{}regression: {}", report.Get("ok") != "1" ? "; " : ": ", Cell(found->second->notes, 600));
+    if (r.ok && !regressed) continue;
+    text += fmt::format("- ❌ **{}**", Cell(r.scenario));
+    if (!r.ok) text += fmt::format(" (expected {}, got {}): {}", r.expect, StatusName(r.status), Cell(r.message, 600));
+    if (regressed) text += fmt::format("{}regression: {}", r.ok ? ": " : "; ", Cell(found->second->notes, 600));
     text += "\n";
   }
   if (not_ok > 0 || regressions > 0) text += "\n";
   text += "| | scenario | status | loss diff | grad rel err | tokens/s | vs baseline | peak memory | vs baseline |\n";
   text += "|---|---|---|---:|---:|---:|---|---:|---|\n";
   for (const auto& report : reports) {
-    const auto found = compared.find(report.Get("scenario"));
+    const SummaryRow& r = report.summary;
+    const auto found = compared.find(r.scenario);
     const ComparisonRow* row = found == compared.end() ? nullptr : found->second;
-    const bool ok = report.Get("ok") == "1" && !(row && Fails(*row));
-    text += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", Mark(ok), Cell(report.Get("scenario")),
-                        report.Get("status"), Number(report.Get("loss_max_abs_diff"), "{:.1e}"),
-                        Number(report.Get("grad_max_rel_err"), "{:.1e}"), Number(report.Get("pp_tokens_per_s"), "{:.0f}"),
-                        row ? Arrow(row->throughput_change) : "", Bytes(report.Get("pp_peak_bytes_max")),
-                        row ? Arrow(row->memory_change) : "");
+    const bool ok = r.ok && !(row && Fails(*row));
+    text += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", Mark(ok), Cell(r.scenario),
+                        StatusName(r.status), Number(r.loss_max_abs_diff, "{:.1e}"), Number(r.grad_max_rel_err, "{:.1e}"),
+                        Number(r.pp_tokens_per_s, "{:.0f}"), row ? Arrow(row->throughput_change) : "",
+                        Bytes(r.pp_peak_bytes_max), row ? Arrow(row->memory_change) : "");
   }
   return text;
 }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 
@@ -11,42 +12,131 @@
 
 namespace pipecheck::reports {
 
+const Fields<SummaryRow>& SummaryFields() {
+  using R = SummaryRow;
+  static const Fields<SummaryRow> fields = {
+      field::Text("scenario", &R::scenario),
+      field::StatusOf("status", &R::status),
+      field::Text("expect", &R::expect),
+      field::Flag("ok", &R::ok),
+      field::Integer("world_size", &R::world_size),
+      field::Text("schedule", &R::schedule),
+      field::Integer("virtual_stages", &R::virtual_stages),
+      field::Integer("microbatches", &R::microbatches),
+      field::Text("dtype", &R::dtype),
+      field::Text("device", &R::device),
+      field::Integer("steps", &R::steps),
+      field::OptionalInteger("tokens", &R::tokens),
+      field::OptionalReal("loss_ref", &R::loss_ref),
+      field::OptionalReal("loss_pp", &R::loss_pp),
+      field::OptionalReal("loss_max_abs_diff", &R::loss_max_abs_diff),
+      field::OptionalReal("grad_max_rel_err", &R::grad_max_rel_err),
+      field::Text("worst_param", &R::worst_param),
+      field::OptionalInteger("params_checked", &R::params_checked),
+      field::OptionalReal("weights_max_rel_err", &R::weights_max_rel_err),
+      field::OptionalReal("ref_step_ms", &R::ref_step_ms),
+      field::OptionalReal("pp_step_ms", &R::pp_step_ms),
+      field::OptionalReal("ref_tokens_per_s", &R::ref_tokens_per_s),
+      field::OptionalReal("pp_tokens_per_s", &R::pp_tokens_per_s),
+      field::OptionalInteger("ref_peak_bytes", &R::ref_peak_bytes),
+      field::OptionalInteger("pp_peak_bytes_max", &R::pp_peak_bytes_max),
+      field::OptionalReal("bubble_theory", &R::bubble_theory),
+      field::OptionalReal("bubble_measured", &R::bubble_measured),
+      field::Text("message", &R::message),
+      field::Text("transport", &R::transport),
+      field::OptionalInteger("pp_peak_bytes_predicted", &R::pp_peak_bytes_predicted),
+      field::OptionalReal("pp_step_ms_predicted", &R::pp_step_ms_predicted),
+      field::OptionalReal("wall_s", &R::wall_s),
+      field::OptionalReal("pp_tokens_per_s_spread", &R::pp_tokens_per_s_spread),
+      field::OptionalInteger("pp_tokens_per_s_runs", &R::pp_tokens_per_s_runs),
+      field::Text("fingerprint", &R::fingerprint),
+      field::Text("config", &R::config),
+  };
+  return fields;
+}
+
 const std::vector<std::string>& SummaryColumns() {
-  static const std::vector<std::string> columns = {
-      "scenario",        "status",          "expect",           "ok",                 "world_size",
-      "schedule",        "virtual_stages",  "microbatches",     "dtype",              "device",
-      "steps",           "tokens",          "loss_ref",         "loss_pp",            "loss_max_abs_diff",
-      "grad_max_rel_err", "worst_param",    "params_checked",   "weights_max_rel_err", "ref_step_ms",
-      "pp_step_ms",      "ref_tokens_per_s", "pp_tokens_per_s", "ref_peak_bytes",     "pp_peak_bytes_max",
-      "bubble_theory",   "bubble_measured", "message",          "transport",          "pp_peak_bytes_predicted",
-      "pp_step_ms_predicted", "wall_s",        "pp_tokens_per_s_spread", "pp_tokens_per_s_runs", "fingerprint",
-      "config"};
+  static const std::vector<std::string> columns = Header(SummaryFields());
   return columns;
 }
 
+const Fields<ParamRow>& ParamFields() {
+  using R = ParamRow;
+  static const Fields<ParamRow> fields = {
+      field::Text("scenario", &R::scenario),     field::Text("param", &R::param),
+      field::Integer("stage", &R::stage),        field::Integer("rank", &R::rank),
+      field::Integer("numel", &R::numel),        field::Real("ref_norm", &R::ref_norm),
+      field::Real("pp_norm", &R::pp_norm),       field::Real("max_abs_diff", &R::max_abs_diff),
+      field::Real("rel_err", &R::rel_err),       field::Flag("ok", &R::ok),
+  };
+  return fields;
+}
+
+const Fields<StepRow>& StepFields() {
+  using R = StepRow;
+  static const Fields<StepRow> fields = {
+      field::Text("scenario", &R::scenario), field::Integer("step", &R::step), field::Real("loss_ref", &R::loss_ref),
+      field::Real("loss_pp", &R::loss_pp),   field::Real("abs_diff", &R::abs_diff),
+  };
+  return fields;
+}
+
+const Fields<TimelineRow>& TimelineFields() {
+  using R = TimelineRow;
+  static const Fields<TimelineRow> fields = {
+      field::Text("scenario", &R::scenario),
+      field::Integer("rank", &R::rank),
+      field::Integer("step", &R::step),
+      field::Text("action", &R::action),
+      field::Integer("stage", &R::stage),
+      field::Integer("microbatch", &R::microbatch),
+      field::Real("start_us", &R::start_us),
+      field::Real("end_us", &R::end_us),
+      field::OptionalInteger("held_bytes", &R::held_bytes),
+      field::OptionalInteger("held_bytes_predicted", &R::held_bytes_predicted),
+      field::Real("wait_start_us", &R::wait_start_us),
+      field::OptionalReal("step_start_us", &R::step_start_us),
+      field::OptionalInteger("peak_bytes", &R::peak_bytes),
+      field::OptionalInteger("peak_bytes_predicted", &R::peak_bytes_predicted),
+  };
+  return fields;
+}
+
+const Fields<RankRow>& RankFields() {
+  using R = RankRow;
+  static const Fields<RankRow> fields = {
+      field::Text("scenario", &R::scenario),
+      field::Integer("rank", &R::rank),
+      field::Text("stages", &R::stages),
+      field::Integer("params", &R::params),
+      field::OptionalInteger("peak_bytes", &R::peak_bytes),
+      field::Real("busy_ms", &R::busy_ms),
+      field::Real("idle_ms", &R::idle_ms),
+      field::Real("comm_ms", &R::comm_ms),
+      field::OptionalInteger("peak_bytes_predicted", &R::peak_bytes_predicted),
+      field::OptionalReal("step_ms", &R::step_ms),
+      field::OptionalReal("step_ms_predicted", &R::step_ms_predicted),
+  };
+  return fields;
+}
+
 const std::vector<std::string>& ParamColumns() {
-  static const std::vector<std::string> columns = {"scenario", "param", "stage", "rank", "numel", "ref_norm",
-                                                   "pp_norm", "max_abs_diff", "rel_err", "ok"};
+  static const std::vector<std::string> columns = Header(ParamFields());
   return columns;
 }
 
 const std::vector<std::string>& StepColumns() {
-  static const std::vector<std::string> columns = {"scenario", "step", "loss_ref", "loss_pp", "abs_diff"};
+  static const std::vector<std::string> columns = Header(StepFields());
   return columns;
 }
 
 const std::vector<std::string>& TimelineColumns() {
-  static const std::vector<std::string> columns = {"scenario", "rank",         "step",     "action",
-                                                   "stage",    "microbatch",   "start_us", "end_us",
-                                                   "held_bytes", "held_bytes_predicted", "wait_start_us",
-                                                   "step_start_us", "peak_bytes", "peak_bytes_predicted"};
+  static const std::vector<std::string> columns = Header(TimelineFields());
   return columns;
 }
 
 const std::vector<std::string>& RankColumns() {
-  static const std::vector<std::string> columns = {"scenario",   "rank",    "stages",  "params",
-                                                   "peak_bytes", "busy_ms", "idle_ms", "comm_ms",
-                                                   "peak_bytes_predicted", "step_ms", "step_ms_predicted"};
+  static const std::vector<std::string> columns = Header(RankFields());
   return columns;
 }
 
@@ -64,24 +154,92 @@ const std::vector<std::string>& CommColumns() {
   return columns;
 }
 
-const std::string& ScenarioReport::Get(const std::string& column) const {
-  static const std::string empty;
-  auto found = summary.find(column);
-  return found == summary.end() ? empty : found->second;
-}
+std::string ScenarioReport::Get(const std::string& column) const { return CellOf(SummaryFields(), summary, column); }
 
 std::string FormatNumber(double value) {
   if (std::isnan(value)) return "nan";
   return fmt::format("{}", value);
 }
 
+const char* StatusName(Status status) {
+  switch (status) {
+    case Status::kPass: return "PASS";
+    case Status::kFail: return "FAIL";
+    case Status::kError: return "ERROR";
+    case Status::kTimeout: return "TIMEOUT";
+    case Status::kSkipped: return "SKIPPED";
+  }
+  return "ERROR";
+}
+
+Status ParseStatus(const std::string& text) {
+  for (Status status : {Status::kPass, Status::kFail, Status::kError, Status::kTimeout, Status::kSkipped}) {
+    if (text == StatusName(status)) return status;
+  }
+  throw FieldError(fmt::format("column 'status', value '{}': expected PASS, FAIL, ERROR, TIMEOUT or SKIPPED", text));
+}
+
+namespace cell {
+
+int64_t ParseInteger(const std::string& column, const std::string& text) {
+  int64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || text.empty()) {
+    throw FieldError(fmt::format("column '{}', value '{}': expected a whole number", column, text));
+  }
+  return value;
+}
+
+double ParseReal(const std::string& column, const std::string& text) {
+  if (text == "nan") return std::nan("");
+  double value = 0.0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || text.empty()) {
+    throw FieldError(fmt::format("column '{}', value '{}': expected a number", column, text));
+  }
+  return value;
+}
+
+bool ParseFlag(const std::string& column, const std::string& text) {
+  if (text == "1") return true;
+  if (text == "0") return false;
+  throw FieldError(fmt::format("column '{}', value '{}': expected 1 or 0", column, text));
+}
+
+}  // namespace cell
+
+namespace {
+
+// Rows as lists of cells in their file's columns (the JSON a rank hands the launcher), and back.
+template <typename Row>
+std::vector<std::vector<std::string>> RowsOf(const Fields<Row>& fields, const std::vector<Row>& rows) {
+  std::vector<std::vector<std::string>> cells;
+  for (const auto& row : rows) cells.push_back(Cells(fields, row));
+  return cells;
+}
+
+template <typename Row>
+std::vector<Row> TypedRows(const Fields<Row>& fields, const std::vector<std::vector<std::string>>& cells) {
+  std::vector<Row> rows;
+  const auto header = Header(fields);
+  for (const auto& row : cells) rows.push_back(ParseCells(fields, header, row));
+  return rows;
+}
+
+}  // namespace
+
 std::string ToJson(const ScenarioReport& report) {
   nlohmann::json json;
-  json["summary"] = report.summary;
-  json["params"] = report.params;
-  json["steps"] = report.steps;
-  json["timeline"] = report.timeline;
-  json["ranks"] = report.ranks;
+  std::map<std::string, std::string> summary;
+  const auto& fields = SummaryFields();
+  for (const auto& f : fields) summary[f.name] = f.format(report.summary);
+  json["summary"] = summary;
+  json["params"] = RowsOf(ParamFields(), report.params);
+  json["steps"] = RowsOf(StepFields(), report.steps);
+  json["timeline"] = RowsOf(TimelineFields(), report.timeline);
+  json["ranks"] = RowsOf(RankFields(), report.ranks);
   json["boundaries"] = report.boundaries;
   json["comm"] = report.comm;
   return json.dump();
@@ -90,11 +248,16 @@ std::string ToJson(const ScenarioReport& report) {
 ScenarioReport FromJson(const std::string& text) {
   const auto json = nlohmann::json::parse(text);
   ScenarioReport report;
-  report.summary = json.at("summary").get<std::map<std::string, std::string>>();
-  report.params = json.at("params").get<std::vector<std::vector<std::string>>>();
-  report.steps = json.at("steps").get<std::vector<std::vector<std::string>>>();
-  report.timeline = json.at("timeline").get<std::vector<std::vector<std::string>>>();
-  report.ranks = json.at("ranks").get<std::vector<std::vector<std::string>>>();
+  std::vector<std::string> header, cells;
+  for (const auto& [name, value] : json.at("summary").get<std::map<std::string, std::string>>()) {
+    header.push_back(name);
+    cells.push_back(value);
+  }
+  report.summary = ParseCells(SummaryFields(), header, cells);
+  report.params = TypedRows(ParamFields(), json.at("params").get<std::vector<std::vector<std::string>>>());
+  report.steps = TypedRows(StepFields(), json.at("steps").get<std::vector<std::vector<std::string>>>());
+  report.timeline = TypedRows(TimelineFields(), json.at("timeline").get<std::vector<std::vector<std::string>>>());
+  report.ranks = TypedRows(RankFields(), json.at("ranks").get<std::vector<std::vector<std::string>>>());
   report.boundaries = json.value("boundaries", std::vector<std::vector<std::string>>{});
   report.comm = json.value("comm", std::vector<std::vector<std::string>>{});
   return report;
@@ -105,13 +268,11 @@ std::vector<std::string> WriteReports(const std::string& directory, const std::v
   CsvTable summary(SummaryColumns()), params(ParamColumns()), steps(StepColumns()), ranks(RankColumns()),
       timeline(TimelineColumns()), boundaries(BoundaryColumns()), comm(CommColumns());
   for (const auto& report : reports) {
-    std::vector<std::string> row;
-    for (const auto& column : SummaryColumns()) row.push_back(report.Get(column));
-    summary.AddRow(row);
-    for (const auto& param : report.params) params.AddRow(param);
-    for (const auto& step : report.steps) steps.AddRow(step);
-    for (const auto& rank : report.ranks) ranks.AddRow(rank);
-    for (const auto& event : report.timeline) timeline.AddRow(event);
+    summary.AddRow(Cells(SummaryFields(), report.summary));
+    for (const auto& param : report.params) params.AddRow(Cells(ParamFields(), param));
+    for (const auto& step : report.steps) steps.AddRow(Cells(StepFields(), step));
+    for (const auto& rank : report.ranks) ranks.AddRow(Cells(RankFields(), rank));
+    for (const auto& event : report.timeline) timeline.AddRow(Cells(TimelineFields(), event));
     for (const auto& row : report.boundaries) boundaries.AddRow(row);
     for (const auto& row : report.comm) comm.AddRow(row);
   }

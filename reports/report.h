@@ -5,11 +5,92 @@
 // harness fills the rows.
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "reports/fields.h"
+
 namespace pipecheck::reports {
+
+// One scenario's line of summary.csv. What was not measured (a scenario that failed before it
+// ran, a column an older file lacks) is empty.
+struct SummaryRow {
+  std::string scenario;
+  Status status = Status::kError;
+  std::string expect = "pass";
+  bool ok = false;  // the status met the expectation
+  int64_t world_size = 1;
+  std::string schedule;
+  int64_t virtual_stages = 1;
+  int64_t microbatches = 1;
+  std::string dtype, device;
+  int64_t steps = 0;
+  std::optional<int64_t> tokens;
+  std::optional<double> loss_ref, loss_pp, loss_max_abs_diff, grad_max_rel_err;
+  std::string worst_param;
+  std::optional<int64_t> params_checked;
+  std::optional<double> weights_max_rel_err, ref_step_ms, pp_step_ms, ref_tokens_per_s, pp_tokens_per_s;
+  std::optional<int64_t> ref_peak_bytes, pp_peak_bytes_max;
+  std::optional<double> bubble_theory, bubble_measured;
+  std::string message;
+  std::string transport;
+  std::optional<int64_t> pp_peak_bytes_predicted;
+  std::optional<double> pp_step_ms_predicted, wall_s;
+  std::optional<double> pp_tokens_per_s_spread;  // (max - min) / median over the timed steps or merged runs
+  std::optional<int64_t> pp_tokens_per_s_runs;   // how many runs a baseline row merged
+  std::string fingerprint, config;
+};
+
+// summary.csv's columns, in file order: the one list.
+const Fields<SummaryRow>& SummaryFields();
+
+// params.csv: a parameter's gradient against the reference's, at its worst step.
+struct ParamRow {
+  std::string scenario, param;
+  int64_t stage = 0, rank = 0, numel = 0;
+  double ref_norm = 0, pp_norm = 0, max_abs_diff = 0, rel_err = 0;
+  bool ok = false;
+};
+const Fields<ParamRow>& ParamFields();
+
+// steps.csv: each step's loss, the reference's beside the pipeline's.
+struct StepRow {
+  std::string scenario;
+  int64_t step = 0;
+  double loss_ref = 0, loss_pp = 0, abs_diff = 0;
+};
+const Fields<StepRow>& StepFields();
+
+// timeline.csv: one executed action; times in µs from its step's start (the step's own start on
+// the run's clock), bytes held after it and the most held during it, beside the memory model's.
+struct TimelineRow {
+  std::string scenario;
+  int64_t rank = 0, step = 0;
+  std::string action;  // F, B, I, W, SEND_F, ...
+  int64_t stage = 0, microbatch = 0;
+  double start_us = 0, end_us = 0;
+  std::optional<int64_t> held_bytes, held_bytes_predicted;
+  double wait_start_us = 0;
+  std::optional<double> step_start_us;  // none in a timeline read from flight records
+  std::optional<int64_t> peak_bytes, peak_bytes_predicted;
+};
+const Fields<TimelineRow>& TimelineFields();
+
+// ranks.csv: one rank over the timed steps.
+struct RankRow {
+  std::string scenario;
+  int64_t rank = 0;
+  std::string stages;  // "0;2"
+  int64_t params = 0;
+  std::optional<int64_t> peak_bytes;
+  double busy_ms = 0, idle_ms = 0, comm_ms = 0;
+  std::optional<int64_t> peak_bytes_predicted;
+  std::optional<double> step_ms, step_ms_predicted;
+};
+const Fields<RankRow>& RankFields();
 
 const std::vector<std::string>& SummaryColumns();
 const std::vector<std::string>& ParamColumns();
@@ -20,19 +101,17 @@ const std::vector<std::string>& BoundaryColumns();
 const std::vector<std::string>& CommColumns();
 
 struct ScenarioReport {
-  std::map<std::string, std::string> summary;       // SummaryColumns() -> value ("" when unmeasured)
-  std::vector<std::vector<std::string>> params;     // rows in ParamColumns() order
-  std::vector<std::vector<std::string>> steps;      // rows in StepColumns() order
-  std::vector<std::vector<std::string>> timeline;   // rows in TimelineColumns() order
-  std::vector<std::vector<std::string>> ranks;      // rows in RankColumns() order
+  SummaryRow summary;
+  std::vector<ParamRow> params;
+  std::vector<StepRow> steps;
+  std::vector<TimelineRow> timeline;
+  std::vector<RankRow> ranks;
   std::vector<std::vector<std::string>> boundaries; // rows in BoundaryColumns() order
   std::vector<std::vector<std::string>> comm;       // rows in CommColumns() order
 
-  const std::string& Get(const std::string& column) const;
+  // The summary's cell of `column`, as summary.csv writes it ("" for an unknown column).
+  std::string Get(const std::string& column) const;
 };
-
-// Numbers as reports hold them: shortest text that reads back to the same double.
-std::string FormatNumber(double value);
 
 // JSON text and back, to hand a report from the rank that computed it to the launcher.
 std::string ToJson(const ScenarioReport& report);

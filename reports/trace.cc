@@ -13,7 +13,7 @@
 namespace pipecheck::reports {
 namespace {
 
-// One executed action, read back from a timeline.csv row; times in µs on the run's clock.
+// One executed action, from its timeline row; times in µs on the run's clock.
 struct Event {
   int rank = 0;
   int64_t step = 0;
@@ -25,27 +25,25 @@ struct Event {
   std::string Name() const { return fmt::format("{}{}{}", stage, kind, microbatch); }
 };
 
+std::string Bytes(const std::optional<int64_t>& bytes) { return bytes ? std::to_string(*bytes) : ""; }
+
 std::vector<Event> EventsOf(const ScenarioReport& report) {
-  std::map<std::string, size_t> column;
-  for (size_t i = 0; i < TimelineColumns().size(); ++i) column[TimelineColumns()[i]] = i;
   std::vector<Event> events;
   for (const auto& row : report.timeline) {
-    auto cell = [&](const char* name) -> const std::string& { return row.at(column.at(name)); };
-    auto number = [&](const char* name) { return cell(name).empty() ? 0.0 : std::stod(cell(name)); };
     Event e;
-    e.rank = std::stoi(cell("rank"));
-    e.step = std::stoll(cell("step"));
-    e.kind = cell("action");
-    e.stage = std::stoi(cell("stage"));
-    e.microbatch = std::stoi(cell("microbatch"));
-    const double step_start = number("step_start_us");
-    e.wait_start = step_start + number("wait_start_us");
-    e.start = step_start + number("start_us");
-    e.end = step_start + number("end_us");
-    e.held_bytes = cell("held_bytes");
-    e.held_bytes_predicted = cell("held_bytes_predicted");
-    e.peak_bytes = cell("peak_bytes");
-    e.peak_bytes_predicted = cell("peak_bytes_predicted");
+    e.rank = static_cast<int>(row.rank);
+    e.step = row.step;
+    e.kind = row.action;
+    e.stage = static_cast<int>(row.stage);
+    e.microbatch = static_cast<int>(row.microbatch);
+    const double step_start = row.step_start_us.value_or(0.0);
+    e.wait_start = step_start + row.wait_start_us;
+    e.start = step_start + row.start_us;
+    e.end = step_start + row.end_us;
+    e.held_bytes = Bytes(row.held_bytes);
+    e.held_bytes_predicted = Bytes(row.held_bytes_predicted);
+    e.peak_bytes = Bytes(row.peak_bytes);
+    e.peak_bytes_predicted = Bytes(row.peak_bytes_predicted);
     events.push_back(e);
   }
   return events;
@@ -88,7 +86,7 @@ std::string Escape(const std::string& text) {
 
 std::string ChromeTrace(const ScenarioReport& report) {
   const auto events = EventsOf(report);
-  const std::string scenario = report.Get("scenario");
+  const std::string scenario = report.summary.scenario;
   nlohmann::json trace_events = nlohmann::json::array();
   trace_events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", scenario}}}});
   std::map<int, bool> ranks;
@@ -146,7 +144,7 @@ std::string TimelineSvg(const ScenarioReport& report) {
       "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#bbbbbb\" stroke-width=\"2\"/></pattern></defs>\n"
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"{:.0f}\" y=\"20\" font-size=\"14\">{} — {:.1f} ms, {} ranks</text>\n",
-      kLeft + kWidth + 20, height, kLeft, Escape(report.Get("scenario")), span / 1000.0, ranks);
+      kLeft + kWidth + 20, height, kLeft, Escape(report.summary.scenario), span / 1000.0, ranks);
   for (int r = 0; r < ranks; ++r) {
     const double y = kTop + r * kRow;
     svg += fmt::format("<text x=\"8\" y=\"{:.1f}\">rank {}</text>\n", y + kBar * 0.7, r);
@@ -199,7 +197,7 @@ std::string TimelineSvg(const ScenarioReport& report) {
 
 std::vector<std::string> WriteTimelineViews(const std::string& directory, const ScenarioReport& report) {
   if (report.timeline.empty()) return {};
-  const auto folder = std::filesystem::path(directory) / "views" / report.Get("scenario");
+  const auto folder = std::filesystem::path(directory) / "views" / report.summary.scenario;
   std::filesystem::create_directories(folder);
   const std::string trace = (folder / "trace.json").string(), svg = (folder / "timeline.svg").string();
   WriteFileAtomically(trace, ChromeTrace(report));

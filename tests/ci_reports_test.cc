@@ -18,15 +18,15 @@ constexpr auto Row = &testing::SummaryRow;
 // Every outcome, from summary rows as a run writes them; the counts are those of the cases.
 TEST(JUnit, EachStatusIsItsOutcomeAndTheCountsAgree) {
   auto skipped = Row("no_gpus", "SKIPPED", "pass", 0, 0, 0);
-  skipped.summary["message"] = "transport nccl needs a GPU per rank: 4 ranks on this host, 1 GPU";
-  skipped.summary["ok"] = "1";  // a run counts SKIPPED as meeting expect=pass (the host cannot run it)
+  skipped.summary.message = "transport nccl needs a GPU per rank: 4 ranks on this host, 1 GPU";
+  skipped.summary.ok = true;  // a run counts SKIPPED as meeting expect=pass (the host cannot run it)
   auto errored = Row("crashed", "ERROR", "pass", 0, 0, 0);
-  errored.summary["message"] = "rank 1 was killed by signal 6 <Aborted> & \"more\"";
+  errored.summary.message = "rank 1 was killed by signal 6 <Aborted> & \"more\"";
   auto timed_out = Row("hung", "TIMEOUT", "pass", 0, 0, 0);
   auto caught = Row("fault", "FAIL", "fail", 900, 4e6, 0.5);
   auto missed = Row("fault_missed", "PASS", "fail", 900, 4e6, 1e-15);
   auto passes = Row("ok", "PASS", "pass", 1000, 5e6, 1e-15);
-  passes.summary["wall_s"] = "2.5";
+  passes.summary.wall_s = 2.5;
   std::vector<reports::JUnitCase> cases;
   for (const auto* report : {&passes, &skipped, &errored, &timed_out, &caught, &missed}) {
     cases.push_back(reports::RunCase(*report, "suite.csv", nullptr));

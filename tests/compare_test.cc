@@ -3,6 +3,9 @@
 // report writer. (JUnit and Markdown: ci_reports_test.cc.)
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <optional>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -132,8 +135,8 @@ TEST(CompareConfiguration, AChangedConfigurationIsNeverOk) {
   const auto directory = testing::ScratchDirectory("compare_config");
   auto row = [](const std::string& configuration) {
     auto report = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
-    report.summary["config"] = configuration;
-    report.summary["fingerprint"] = scenarios::Fingerprint(configuration);
+    report.summary.config = configuration;
+    report.summary.fingerprint = scenarios::Fingerprint(configuration);
     return report;
   };
   reports::WriteReports(directory + "/baseline", {row("layers=4 world_size=2 schedule=1f1b dtype=float64")});
@@ -162,7 +165,7 @@ TEST(CompareBadInput, APassBaselineRowWithoutItsMeasurementIsRefused) {
   const auto directory = testing::ScratchDirectory("compare_nan");
   for (const std::string value : {"nan", ""}) {
     auto base = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
-    base.summary["pp_tokens_per_s"] = value;
+    base.summary.pp_tokens_per_s = value.empty() ? std::nullopt : std::optional<double>(std::nan(""));
     reports::WriteReports(directory + "/baseline", {base});
     reports::WriteReports(directory + "/current", {Row("s", "PASS", "pass", 1000, 5e6, 1e-15)});
     try {
@@ -181,8 +184,8 @@ TEST(CompareBadInput, APassBaselineRowWithoutItsMeasurementIsRefused) {
 TEST(NoiseAwareBaseline, WithoutASpreadThroughputIsNotGated) {
   const auto directory = testing::ScratchDirectory("no_spread");
   auto one_run = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
-  one_run.summary["pp_tokens_per_s_spread"] = "";
-  one_run.summary["pp_tokens_per_s_runs"] = "1";
+  one_run.summary.pp_tokens_per_s_spread = std::nullopt;
+  one_run.summary.pp_tokens_per_s_runs = 1;
   reports::WriteReports(directory + "/baseline", {one_run});
   EXPECT_EQ(reports::ScenariosWithoutSpread(directory + "/baseline"), std::vector<std::string>{"s"});
   reports::WriteReports(directory + "/current", {Row("s", "PASS", "pass", 850, 5e6, 1e-15)});

@@ -9,9 +9,15 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <thread>
 #include <fstream>
+#include <cmath>
+#include <map>
 #include <sstream>
 
 #include "reports/csv.h"
@@ -78,16 +84,63 @@ TEST(Reports, ColumnsAreExactlyTheDesigns) {
 
 TEST(Reports, AFailedScenarioKeepsEveryColumnAndSurvivesJson) {
   reports::ScenarioReport crashed;
-  crashed.summary = {{"scenario", "x"}, {"status", "ERROR"}, {"message", "rank 1 was killed by signal 9, \"boom\""}};
+  crashed.summary.scenario = "x";
+  crashed.summary.status = reports::Status::kError;
+  crashed.summary.message = "rank 1 was killed by signal 9, \"boom\"";
   const auto again = reports::FromJson(reports::ToJson(crashed));
+  EXPECT_EQ(again.summary.status, reports::Status::kError);
+  EXPECT_FALSE(again.summary.loss_pp.has_value());
   const auto directory = testing::ScratchDirectory("reports_failed");
   const auto paths = reports::WriteReports(directory, {again});
   ASSERT_EQ(paths.size(), 7u);  // summary, params, steps, ranks, timeline, boundaries, comm
   std::ifstream stream(paths[0]);
-  std::string header, row;
-  std::getline(stream, header);
-  std::getline(stream, row);
-  EXPECT_EQ(row, "x,ERROR" + std::string(26, ',') + "\"rank 1 was killed by signal 9, \"\"boom\"\"\",,,,,,,,");
+  std::stringstream text;
+  text << stream.rdbuf();
+  const auto rows = reports::ParseCsv(text.str(), paths[0]);
+  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_EQ(rows[0], reports::SummaryColumns());
+  ASSERT_EQ(rows[1].size(), rows[0].size());
+  std::map<std::string, std::string> cell;
+  for (size_t i = 0; i < rows[0].size(); ++i) cell[rows[0][i]] = rows[1][i];
+  EXPECT_EQ(cell["scenario"], "x");
+  EXPECT_EQ(cell["status"], "ERROR");
+  EXPECT_EQ(cell["ok"], "0");
+  EXPECT_EQ(cell["message"], "rank 1 was killed by signal 9, \"boom\"");
+  // What was never measured stays empty, not zero.
+  for (const char* unmeasured : {"tokens", "loss_ref", "loss_pp", "grad_max_rel_err", "pp_tokens_per_s",
+                                 "pp_peak_bytes_max", "bubble_measured", "wall_s", "pp_tokens_per_s_spread"}) {
+    EXPECT_EQ(cell[unmeasured], "") << unmeasured;
+  }
+}
+
+// Every summary field reads back what it wrote, through the CSV cells and through the JSON.
+TEST(Reports, EverySummaryFieldRoundTrips) {
+  reports::SummaryRow row;
+  row.scenario = "s";
+  row.status = reports::Status::kTimeout;
+  row.ok = true;
+  row.world_size = 4;
+  row.tokens = 248;
+  row.loss_pp = std::nan("");
+  row.grad_max_rel_err = 3.861345427204147e-16;
+  row.pp_peak_bytes_max = 6900296;
+  row.pp_tokens_per_s_runs = 3;
+  row.message = "a, \"quoted\" message";
+  const auto cells = reports::Cells(reports::SummaryFields(), row);
+  const auto back = reports::ParseCells(reports::SummaryFields(), reports::SummaryColumns(), cells);
+  EXPECT_EQ(reports::Cells(reports::SummaryFields(), back), cells);
+  EXPECT_EQ(back.status, reports::Status::kTimeout);
+  EXPECT_EQ(back.world_size, 4);
+  EXPECT_EQ(*back.tokens, 248);
+  EXPECT_TRUE(std::isnan(*back.loss_pp));
+  EXPECT_EQ(*back.grad_max_rel_err, 3.861345427204147e-16);  // the same double, not a rounded one
+  EXPECT_EQ(*back.pp_peak_bytes_max, 6900296);
+  EXPECT_FALSE(back.loss_ref.has_value());
+  reports::ScenarioReport report;
+  report.summary = row;
+  EXPECT_EQ(reports::Cells(reports::SummaryFields(), reports::FromJson(reports::ToJson(report)).summary), cells);
+  EXPECT_THROW(reports::ParseStatus("PASSED"), reports::FieldError);
+  EXPECT_THROW(reports::ParseCells(reports::SummaryFields(), {"tokens"}, {"12x"}), reports::FieldError);
 }
 
 TEST(Csv, AWriterKilledMidwayLeavesThePreviousFileWhole) {

@@ -396,10 +396,10 @@ TEST_P(GpuSuite, MatchesReference) {
   }
   const auto report =
       harness::LaunchScenario(scenario, testing::TestLaunchOptions(kGpuSuite, "gpu_" + scenario.name, 300));
-  EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
-  EXPECT_EQ(report.Get("transport"), scenario.world_size == 1 ? "none" : scenario.transport);
-  EXPECT_EQ(report.Get("device"), "cuda");
-  EXPECT_GT(std::stoll(report.Get("pp_peak_bytes_max")), 0);
+  EXPECT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
+  EXPECT_EQ(report.summary.transport, scenario.world_size == 1 ? "none" : scenario.transport);
+  EXPECT_EQ(report.summary.device, "cuda");
+  EXPECT_GT(report.summary.pp_peak_bytes_max.value_or(0), 0);
   EXPECT_EQ(report.steps.size(), static_cast<size_t>(scenario.steps));
 }
 

@@ -82,16 +82,16 @@ TEST_P(Fault, IsCaughtAndItsControlPasses) {
   auto scenario = scenarios::FindScenario(suite, GetParam(), kFaultSuite);
   const auto options = testing::TestLaunchOptions(kFaultSuite, GetParam(), scenario.fault == "hang_rank" ? 8 : 60);
   const auto caught = harness::LaunchScenario(scenario, options);
-  EXPECT_NE(caught.Get("status"), "PASS");
-  EXPECT_EQ(caught.Get("ok"), "1");
-  EXPECT_TRUE(std::regex_search(caught.Get("message"), std::regex(kExpectedMessage.at(scenario.fault))))
-      << scenario.fault << ": " << caught.Get("message");
+  EXPECT_NE(caught.summary.status, reports::Status::kPass);
+  EXPECT_EQ(caught.summary.ok, true);
+  EXPECT_TRUE(std::regex_search(caught.summary.message, std::regex(kExpectedMessage.at(scenario.fault))))
+      << scenario.fault << ": " << caught.summary.message;
   EXPECT_EQ(ChildProcesses(), 0) << "a worker outlived its scenario";
   if (scenario.fault == "crash_rank" || scenario.fault == "hang_rank" || scenario.fault == "killed_rank") {
     // The partial timeline, from the ranks' flight records, reaches into the step that failed
     // (step 1, half-way through the last rank's list).
     ASSERT_FALSE(caught.timeline.empty()) << scenario.fault;
-    EXPECT_TRUE(std::any_of(caught.timeline.begin(), caught.timeline.end(), [](const auto& row) { return row[2] == "1"; }))
+    EXPECT_TRUE(std::any_of(caught.timeline.begin(), caught.timeline.end(), [](const auto& row) { return row.step == 1; }))
         << scenario.fault;
   }
 
@@ -102,7 +102,7 @@ TEST_P(Fault, IsCaughtAndItsControlPasses) {
   std::ofstream(control_suite) << testing::ScenariosCsv({scenario});
   const auto control =
       harness::LaunchScenario(scenario, testing::TestLaunchOptions(control_suite, GetParam() + "_control"));
-  EXPECT_EQ(control.Get("status"), "PASS") << control.Get("message");
+  EXPECT_EQ(control.summary.status, reports::Status::kPass) << control.summary.message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Suite, Fault, ::testing::ValuesIn(FaultScenarios()),

@@ -71,7 +71,7 @@ void ExpectCompleteAndClean(const std::string& suite_path, const std::string& na
   const auto suite = harness::LoadSuite(suite_path);
   const auto scenario = scenarios::FindScenario(suite, name, suite_path);
   const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(suite_path, name));
-  ASSERT_EQ(report.Get("status"), "PASS") << report.Get("message");
+  ASSERT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
   const auto config = harness::ToPipelineConfig(scenario);
   const auto schedule = pipeline::BuildSchedule(config);
   const auto& shape = schedule.shape;

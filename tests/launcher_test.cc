@@ -35,7 +35,7 @@ TEST(Launcher, ABusyPortIsReplacedByAFreeOne) {
   options.port = ntohs(address.sin_port);
   const auto report = harness::LaunchScenario(harness::LoadSuite(suite)[0], options);
   close(listener);
-  EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
+  EXPECT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
 }
 
 TEST(Launcher, CpuSharesAreContiguousDisjointAndEven) {
@@ -72,7 +72,7 @@ TEST(Launcher, CpuRanksAreBoundToTheirShares) {
     auto options = testing::TestLaunchOptions(suite, bind ? "cpu_binding_on" : "cpu_binding_off");
     options.bind_cpus = bind;
     const auto report = harness::LaunchScenario(harness::LoadSuite(suite)[0], options);
-    EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
+    EXPECT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
     for (int rank = 0; rank < 2; ++rank) {
       std::ifstream log(options.work_directory + "/bound/rank" + std::to_string(rank) + ".log");
       std::string first;

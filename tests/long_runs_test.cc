@@ -21,7 +21,7 @@ TEST_P(LongRun, CorrectPipelinePasses) {
   const auto suite = harness::LoadSuite(kLongSuite);
   const scenarios::Scenario scenario = scenarios::FindScenario(suite, GetParam(), kLongSuite);
   const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(kLongSuite, "long_" + GetParam(), 900));
-  EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
+  EXPECT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
 }
 
 std::vector<std::string> LongScenarios() {

@@ -30,26 +30,25 @@ reports::ScenarioReport Launch(std::string row) {
   std::ofstream(suite) << kHeader << row << "\n";
   const auto report =
       harness::LaunchScenario(harness::LoadSuite(suite)[0], testing::TestLaunchOptions(suite, "memory_" + name + "_work"));
-  EXPECT_EQ(report.Get("status"), "PASS") << name << ": " << report.Get("message");
+  EXPECT_EQ(report.summary.status, reports::Status::kPass) << name << ": " << report.summary.message;
   return report;
 }
 
-int64_t Cell(const std::vector<std::string>& row, size_t column) { return std::stoll(row.at(column)); }
+// A measured or predicted byte count the test needs: its absence fails the test.
+int64_t Bytes(const std::optional<int64_t>& bytes) {
+  EXPECT_TRUE(bytes.has_value());
+  return bytes.value_or(0);
+}
 
-constexpr size_t kRankPeak = 4, kRankPeakPredicted = 8;                           // ranks.csv
-constexpr size_t kTimelineRank = 1, kTimelineStep = 2, kTimelineAction = 3, kTimelineStage = 4,
-                 kTimelineMicrobatch = 5, kTimelineHeld = 8, kTimelineHeldPredicted = 9, kTimelinePeak = 12,
-                 kTimelinePeakPredicted = 13;  // timeline.csv
-
-int64_t RankPeak(const reports::ScenarioReport& report, int rank) { return Cell(report.ranks.at(rank), kRankPeak); }
+int64_t RankPeak(const reports::ScenarioReport& report, int rank) { return Bytes(report.ranks.at(rank).peak_bytes); }
 
 // Measured over predicted peak: of a rank over the run, of an action (a timeline.csv row).
 double RankPeakRatio(const reports::ScenarioReport& report, int rank) {
-  const int64_t predicted = Cell(report.ranks.at(rank), kRankPeakPredicted);
+  const int64_t predicted = Bytes(report.ranks.at(rank).peak_bytes_predicted);
   return static_cast<double>(RankPeak(report, rank)) / static_cast<double>(predicted);
 }
-double ActionPeakRatio(const std::vector<std::string>& event) {
-  return static_cast<double>(Cell(event, kTimelinePeak)) / static_cast<double>(Cell(event, kTimelinePeakPredicted));
+double ActionPeakRatio(const reports::TimelineRow& event) {
+  return static_cast<double>(Bytes(event.peak_bytes)) / static_cast<double>(Bytes(event.peak_bytes_predicted));
 }
 
 // Expects every action of `rank` (any rank where empty) whose kind `tolerance` lists to peak
@@ -58,11 +57,11 @@ int ExpectActionPeaksNear(const reports::ScenarioReport& report, const std::stri
                           const std::map<std::string, double>& tolerance) {
   int checked = 0;
   for (const auto& event : report.timeline) {
-    const auto kind = tolerance.find(event[kTimelineAction]);
-    if (kind == tolerance.end() || (!rank.empty() && event[kTimelineRank] != rank)) continue;
+    const auto kind = tolerance.find(event.action);
+    if (kind == tolerance.end() || (!rank.empty() && std::to_string(event.rank) != rank)) continue;
     EXPECT_NEAR(ActionPeakRatio(event), 1.0, kind->second)
-        << event[0] << ": " << kind->first << event[kTimelineStage] << "," << event[kTimelineMicrobatch] << " rank "
-        << event[kTimelineRank] << " step " << event[kTimelineStep];
+        << event.scenario << ": " << kind->first << event.stage << "," << event.microbatch << " rank "
+        << event.rank << " step " << event.step;
     ++checked;
   }
   return checked;
@@ -82,12 +81,12 @@ TEST(Memory, EveryRanksPeakIsWithinTenPercentOfPredicted) {
     const auto report = Launch(row);
     ASSERT_FALSE(report.ranks.empty()) << row;
     for (const auto& rank : report.ranks) {
-      const double measured = static_cast<double>(Cell(rank, kRankPeak));
-      const double predicted = static_cast<double>(Cell(rank, kRankPeakPredicted));
-      EXPECT_LT(std::abs(measured / predicted - 1.0), 0.10) << row << " rank " << rank[1] << ": measured " << measured
+      const double measured = static_cast<double>(Bytes(rank.peak_bytes));
+      const double predicted = static_cast<double>(Bytes(rank.peak_bytes_predicted));
+      EXPECT_LT(std::abs(measured / predicted - 1.0), 0.10) << row << " rank " << rank.rank << ": measured " << measured
                                                            << ", predicted " << predicted;
     }
-    EXPECT_EQ(report.Get("pp_peak_bytes_predicted").empty(), false);
+    EXPECT_TRUE(report.summary.pp_peak_bytes_predicted.has_value());
   }
 }
 
@@ -103,7 +102,7 @@ TEST(Memory, GPipeKeepsEveryMicrobatchOneFOneBKeepsMinPM) {
       const auto report = Launch(fmt::format("{}_m{},llama,float32,2,{},uniform,0,2,32,4,{},{},128,", schedule, m,
                                              schedule, 2 * m, m));
       peak[schedule][m] = RankPeak(report, 0);
-      EXPECT_LT(std::abs(static_cast<double>(peak[schedule][m]) / Cell(report.ranks.at(0), kRankPeakPredicted) - 1), 0.10);
+      EXPECT_LT(std::abs(static_cast<double>(peak[schedule][m]) / Bytes(report.ranks.at(0).peak_bytes_predicted) - 1), 0.10);
     }
   }
   // One microbatch's activations on stage 0, from GPipe's growth between m = 2 and m = 8.
@@ -125,20 +124,20 @@ TEST(Memory, ASentActivationIsReleasedWhenTheNextSendGoesNotAtStepEnd) {
   int checked = 0;
   std::optional<int64_t> offset;  // measured - predicted after the step's first action
   for (const auto& event : report.timeline) {
-    if (event[kTimelineRank] != "0" || event[kTimelineStep] != "1") continue;
-    const int64_t held = Cell(event, kTimelineHeld);
-    if (event[kTimelineAction] == "SEND_F" && event[kTimelineMicrobatch] != "0") {
-      EXPECT_EQ(before - held, kActivation) << "SEND_F" << event[kTimelineMicrobatch];
+    if (event.rank != 0 || event.step != 1) continue;
+    const int64_t held = Bytes(event.held_bytes);
+    if (event.action == "SEND_F" && event.microbatch != 0) {
+      EXPECT_EQ(before - held, kActivation) << "SEND_F" << event.microbatch;
       ++checked;
     }
     // And the model follows the allocator through the step, action by action. Measured from the
     // step's first action: once in a loaded CI run rank 0 held 72 bytes more than predicted from
     // before step 1 began to its end (something small still referenced from step 0); what this
     // test pins is the accounting within the step.
-    const int64_t difference = held - Cell(event, kTimelineHeldPredicted);
+    const int64_t difference = held - Bytes(event.held_bytes_predicted);
     if (!offset) offset = difference;
     EXPECT_NEAR(static_cast<double>(difference), static_cast<double>(*offset), 64.0)
-        << event[kTimelineAction] << event[kTimelineMicrobatch];
+        << event.action << event.microbatch;
     before = held;
   }
   ASSERT_TRUE(offset.has_value());
@@ -153,27 +152,27 @@ TEST(Memory, EachActionsPeakIsMeasuredAndPredicted) {
   const auto report = Launch("action_peaks,llama,float64,3,zbh1,params,0,6,32,4,4,2,128,,64");
   std::map<int, int64_t> highest;  // rank -> the highest action peak
   int inputs_checked = 0;
-  std::map<std::pair<int, std::string>, int64_t> held_before;  // (rank, step) -> after its previous action
+  std::map<std::pair<int, int64_t>, int64_t> held_before;  // (rank, step) -> after its previous action
   for (const auto& event : report.timeline) {
-    const int rank = std::stoi(event[kTimelineRank]);
-    const int64_t held = Cell(event, kTimelineHeld), peak = Cell(event, kTimelinePeak);
-    const int64_t predicted = Cell(event, kTimelinePeakPredicted);
-    const std::string what = event[kTimelineAction] + event[kTimelineStage] + "," + event[kTimelineMicrobatch] +
-                             " rank " + event[kTimelineRank] + " step " + event[kTimelineStep];
+    const int rank = static_cast<int>(event.rank);
+    const int64_t held = Bytes(event.held_bytes), peak = Bytes(event.peak_bytes);
+    const int64_t predicted = Bytes(event.peak_bytes_predicted);
+    const std::string what = fmt::format("{}{},{} rank {} step {}", event.action, event.stage, event.microbatch,
+                                         event.rank, event.step);
     // A peak is at least what was held when the action began and when it ended.
     EXPECT_GE(peak, held) << what;
-    const auto key = std::make_pair(rank, event[kTimelineStep]);
+    const auto key = std::make_pair(rank, event.step);
     if (held_before.count(key)) {
       EXPECT_GE(peak, held_before[key]) << what;
     }
-    EXPECT_GE(predicted, Cell(event, kTimelineHeldPredicted)) << what;
+    EXPECT_GE(predicted, Bytes(event.held_bytes_predicted)) << what;
     held_before[key] = held;
     highest[rank] = std::max(highest[rank], peak);
-    if (event[kTimelineAction] == "I" && event[kTimelineStage] != "0") {
+    if (event.action == "I" && event.stage != 0) {
       EXPECT_NEAR(static_cast<double>(peak) / static_cast<double>(predicted), 1.0, 0.02) << what;
       ++inputs_checked;
     }
-    if (event[kTimelineAction] == "I" && event[kTimelineStage] == "0") {
+    if (event.action == "I" && event.stage == 0) {
       EXPECT_LT(peak - held, 1024) << what << ": stage 0's I computes nothing";
     }
   }
@@ -195,9 +194,9 @@ TEST(Memory, ALaterBackwardsFreshGradientsArePredicted) {
   const auto report = Launch("fresh_grads,gpt2,float32,3,gpipe,params,1,3,256,8,8,4,32,8");
   int checked = 0;
   for (const auto& event : report.timeline) {
-    if (event[kTimelineAction] != "B" || event[kTimelineMicrobatch] == "0") continue;
+    if (event.action != "B" || event.microbatch == 0) continue;
     EXPECT_NEAR(ActionPeakRatio(event), 1.0, 0.04)
-        << "B" << event[kTimelineStage] << "," << event[kTimelineMicrobatch] << " step " << event[kTimelineStep];
+        << "B" << event.stage << "," << event.microbatch << " step " << event.step;
     ++checked;
   }
   EXPECT_EQ(checked, 3 * 3 * 2);  // 3 stages, microbatches 1-3, 2 steps

@@ -61,23 +61,23 @@ class ParityJudge : public ::testing::Test {
 
 TEST_F(ParityJudge, IdenticalResultsPass) {
   const auto report = Judge();
-  EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
-  EXPECT_EQ(report.Get("ok"), "1");
-  EXPECT_EQ(report.Get("grad_max_rel_err"), "0");
+  EXPECT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
+  EXPECT_EQ(report.summary.ok, true);
+  EXPECT_EQ(report.summary.grad_max_rel_err, 0.0);
   EXPECT_EQ(report.steps.size(), 2u);
   EXPECT_EQ(report.params.size(), rank_.final_weights.size());
-  EXPECT_EQ(report.Get("weights_max_rel_err"), "0");
+  EXPECT_EQ(report.summary.weights_max_rel_err, 0.0);
 }
 
 TEST_F(ParityJudge, GradientOffByOneInAMillionFailsNamingParameterAndStep) {
   rank_.gradients[1]["layers.1.feed_forward.w2.weight"].mul_(1 + 1e-6);
   const auto report = Judge();
-  EXPECT_EQ(report.Get("status"), "FAIL");
-  EXPECT_EQ(report.Get("ok"), "0");
-  EXPECT_EQ(report.Get("worst_param"), "layers.1.feed_forward.w2.weight");
-  EXPECT_EQ(report.Get("message").rfind("gradient of layers.1.feed_forward.w2.weight at step 1 on rank 0: rel err 1e-06", 0),
+  EXPECT_EQ(report.summary.status, reports::Status::kFail);
+  EXPECT_EQ(report.summary.ok, false);
+  EXPECT_EQ(report.summary.worst_param, "layers.1.feed_forward.w2.weight");
+  EXPECT_EQ(report.summary.message.rfind("gradient of layers.1.feed_forward.w2.weight at step 1 on rank 0: rel err 1e-06", 0),
             0u)
-      << report.Get("message");
+      << report.summary.message;
 }
 
 TEST_F(ParityJudge, MissingAndZeroGradientsFail) {
@@ -87,24 +87,24 @@ TEST_F(ParityJudge, MissingAndZeroGradientsFail) {
     if (item.key() != "norm.weight") without.insert(item.key(), item.value());
   }
   step0 = without;
-  EXPECT_EQ(Judge().Get("message").rfind("gradient of norm.weight at step 0 is missing from every rank", 0), 0u)
-      << Judge().Get("message");
+  EXPECT_EQ(Judge().summary.message.rfind("gradient of norm.weight at step 0 is missing from every rank", 0), 0u)
+      << Judge().summary.message;
   SetUp();
   rank_.gradients[0]["layers.0.attention.wq.weight"].zero_();
-  EXPECT_NE(Judge().Get("message").find("gradient of layers.0.attention.wq.weight at step 0 is all zero on rank 0"),
+  EXPECT_NE(Judge().summary.message.find("gradient of layers.0.attention.wq.weight at step 0 is all zero on rank 0"),
             std::string::npos)
-      << Judge().Get("message");
+      << Judge().summary.message;
 }
 
 TEST_F(ParityJudge, LossAndWeightDriftFail) {
   rank_.losses[1] += 1e-7;
-  EXPECT_EQ(Judge().Get("message").rfind("loss at step 1:", 0), 0u) << Judge().Get("message");
+  EXPECT_EQ(Judge().summary.message.rfind("loss at step 1:", 0), 0u) << Judge().summary.message;
   SetUp();
   rank_.final_weights["output.weight"].add_(1e-6);
-  EXPECT_EQ(Judge().Get("message").rfind("update of output.weight at step 1 on rank 0", 0), 0u) << Judge().Get("message");
+  EXPECT_EQ(Judge().summary.message.rfind("update of output.weight at step 1 on rank 0", 0), 0u) << Judge().summary.message;
   SetUp();
   rank_.weights[0]["norm.weight"].add_(1e-3);
-  EXPECT_EQ(Judge().Get("message").rfind("initial weight norm.weight: rel err", 0), 0u) << Judge().Get("message");
+  EXPECT_EQ(Judge().summary.message.rfind("initial weight norm.weight: rel err", 0), 0u) << Judge().summary.message;
 }
 
 TEST_F(ParityJudge, AnOptimizerThatForgetsItsStateFailsAtTheStepItForgot) {
@@ -114,23 +114,23 @@ TEST_F(ParityJudge, AnOptimizerThatForgetsItsStateFailsAtTheStepItForgot) {
   fresh.SetWeights(rank_.weights[1]);
   fresh.ApplyGradients(rank_.gradients[1]);
   rank_.weights[2] = fresh.Weights();
-  EXPECT_EQ(Judge().Get("message").rfind("update of ", 0), 0u) << Judge().Get("message");
-  EXPECT_NE(Judge().Get("message").find(" at step 1 on rank 0"), std::string::npos) << Judge().Get("message");
+  EXPECT_EQ(Judge().summary.message.rfind("update of ", 0), 0u) << Judge().summary.message;
+  EXPECT_NE(Judge().summary.message.find(" at step 1 on rank 0"), std::string::npos) << Judge().summary.message;
 }
 
 TEST_F(ParityJudge, AnalyticallyZeroGradientsAreCheckedAgainstAFloorThatIgnoresTol) {
   // gpt2's key biases have zero gradients analytically: noise-sized ones pass...
-  EXPECT_EQ(Judge().Get("status"), "PASS") << Judge().Get("message");
+  EXPECT_EQ(Judge().summary.status, reports::Status::kPass) << Judge().summary.message;
   // ...a key-bias gradient that is not noise-sized fails...
   rank_.gradients[0]["layers.0.attention.wk.bias"].add_(1e-3);
-  EXPECT_EQ(Judge().Get("status"), "FAIL");
+  EXPECT_EQ(Judge().summary.status, reports::Status::kFail);
   // ...and the floor does not grow with tol: the largest tol allowed still sees a dropped
   // gradient (a whole parameter's gradient zeroed).
   Build("name,flavor,dtype,tol\njudge,gpt2,float64,1e-6\n");
   rank_.gradients[0]["layers.1.feed_forward.w1.weight"].zero_();
-  EXPECT_NE(Judge().Get("message").find("gradient of layers.1.feed_forward.w1.weight at step 0 is all zero"),
+  EXPECT_NE(Judge().summary.message.find("gradient of layers.1.feed_forward.w1.weight at step 0 is all zero"),
             std::string::npos)
-      << Judge().Get("message");
+      << Judge().summary.message;
   EXPECT_EQ(harness::GradientFloorFraction("float64"), 1e-5);
 }
 
@@ -138,17 +138,19 @@ TEST_F(ParityJudge, ADivergingReferenceIsAnErrorNotAVerdict) {
   Build("name,flavor,optimizer,lr\njudge,gpt2,sgd,10\n", 6);
   config_.optimizer = {reference::OptimizerKind::kSgd, 1e4};
   const auto report = Judge();
-  EXPECT_EQ(report.Get("status"), "ERROR") << report.Get("message");
-  EXPECT_EQ(report.Get("message").rfind("reference diverged at step ", 0), 0u) << report.Get("message");
+  EXPECT_EQ(report.summary.status, reports::Status::kError) << report.summary.message;
+  EXPECT_EQ(report.summary.message.rfind("reference diverged at step ", 0), 0u) << report.summary.message;
 }
 
 TEST(ParityExpectation, FailExpectationIsMetByAnyNonPass) {
-  EXPECT_TRUE(harness::MeetsExpectation("PASS", "pass"));
-  EXPECT_FALSE(harness::MeetsExpectation("FAIL", "pass"));
-  EXPECT_TRUE(harness::MeetsExpectation("FAIL", "fail"));
-  EXPECT_TRUE(harness::MeetsExpectation("ERROR", "fail"));
-  EXPECT_TRUE(harness::MeetsExpectation("TIMEOUT", "fail"));
-  EXPECT_FALSE(harness::MeetsExpectation("PASS", "fail"));
+  using reports::Status;
+  EXPECT_TRUE(harness::MeetsExpectation(Status::kPass, "pass"));
+  EXPECT_TRUE(harness::MeetsExpectation(Status::kSkipped, "pass"));
+  EXPECT_FALSE(harness::MeetsExpectation(Status::kFail, "pass"));
+  EXPECT_TRUE(harness::MeetsExpectation(Status::kFail, "fail"));
+  EXPECT_TRUE(harness::MeetsExpectation(Status::kError, "fail"));
+  EXPECT_TRUE(harness::MeetsExpectation(Status::kTimeout, "fail"));
+  EXPECT_FALSE(harness::MeetsExpectation(Status::kPass, "fail"));
 }
 
 }  // namespace

@@ -28,10 +28,10 @@ TEST_P(Parity, PipelineMatchesReference) {
   const auto suite = harness::LoadSuite(kSuite);
   const scenarios::Scenario scenario = scenarios::FindScenario(suite, GetParam(), kSuite);
   const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(kSuite, "parity_" + scenario.name));
-  EXPECT_EQ(report.Get("status"), "PASS") << report.Get("message");
-  EXPECT_EQ(report.Get("ok"), "1");
-  EXPECT_LE(std::stod(report.Get("grad_max_rel_err")), scenario.tol);
-  EXPECT_LE(std::stod(report.Get("weights_max_rel_err")), scenario.tol);
+  EXPECT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
+  EXPECT_EQ(report.summary.ok, true);
+  EXPECT_LE(report.summary.grad_max_rel_err.value_or(1.0), scenario.tol);
+  EXPECT_LE(report.summary.weights_max_rel_err.value_or(1.0), scenario.tol);
   EXPECT_EQ(report.steps.size(), static_cast<size_t>(scenario.steps));
   EXPECT_FALSE(report.params.empty());
 }
@@ -57,9 +57,9 @@ TEST(ScheduleMemory, OneFOneBFirstRankPeaksBelowGPipe) {
   std::map<std::string, int64_t> first_rank_peak;
   for (const auto& scenario : suite) {
     const auto report = harness::LaunchScenario(scenario, options);
-    ASSERT_EQ(report.Get("status"), "PASS") << report.Get("message");
+    ASSERT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
     ASSERT_EQ(report.ranks.size(), 4u);
-    first_rank_peak[scenario.name] = std::stoll(report.ranks[0][4]);  // peak_bytes
+    first_rank_peak[scenario.name] = report.ranks[0].peak_bytes.value_or(-1);
   }
   EXPECT_LT(first_rank_peak["onefoneb"], first_rank_peak["gpipe"]);
 }

@@ -25,7 +25,7 @@ TEST_P(CoreSuiteSeed, EveryRowPasses) {
   const auto options = testing::TestLaunchOptions(path, "seed_work" + std::to_string(GetParam()));
   for (const auto& scenario : harness::LoadSuite(path)) {
     const auto report = harness::LaunchScenario(scenario, options);
-    EXPECT_EQ(report.Get("status"), "PASS") << scenario.name << " seed " << seed << ": " << report.Get("message");
+    EXPECT_EQ(report.summary.status, reports::Status::kPass) << scenario.name << " seed " << seed << ": " << report.summary.message;
   }
 }
 
