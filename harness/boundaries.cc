@@ -123,18 +123,27 @@ BoundaryVerdict JudgeBoundaries(const BoundaryInput& input) {
       const double error = expected ? reference::FingerprintError(record.fingerprint, *expected)
                                      : std::numeric_limits<double>::infinity();
       const bool ok = error <= input.tol;
-      const std::string bitwise = expected && expected->hashed && record.fingerprint.hashed
-                                      ? (expected->hash == record.fingerprint.hash ? "1" : "0")
-                                      : "";
       const Fingerprint none;
       const Fingerprint& want = expected ? *expected : none;
-      verdict.rows.push_back({input.scenario, std::to_string(input.step), std::to_string(record.microbatch),
-                              std::to_string(record.stage), DirectionName(record.direction), RoleName(record.role),
-                              std::to_string(rank.rank), record.peer < 0 ? "" : std::to_string(record.peer),
-                              std::to_string(record.fingerprint.numel), FormatNumber(want.norm),
-                              FormatNumber(record.fingerprint.norm), FormatNumber(want.sum),
-                              FormatNumber(record.fingerprint.sum), FormatNumber(want.max_abs),
-                              FormatNumber(record.fingerprint.max_abs), FormatNumber(error), bitwise, ok ? "1" : "0"});
+      reports::BoundaryRow row;
+      row.scenario = input.scenario;
+      row.step = static_cast<int64_t>(input.step);
+      row.microbatch = record.microbatch;
+      row.stage = record.stage;
+      row.direction = DirectionName(record.direction);
+      row.role = RoleName(record.role);
+      row.rank = rank.rank;
+      if (record.peer >= 0) row.peer = record.peer;
+      row.numel = record.fingerprint.numel;
+      row.ref_norm = want.norm, row.pp_norm = record.fingerprint.norm;
+      row.ref_sum = want.sum, row.pp_sum = record.fingerprint.sum;
+      row.ref_max_abs = want.max_abs, row.pp_max_abs = record.fingerprint.max_abs;
+      row.rel_err = error;
+      if (expected && expected->hashed && record.fingerprint.hashed) {
+        row.bitwise_equal = expected->hash == record.fingerprint.hash;
+      }
+      row.ok = ok;
+      verdict.rows.push_back(row);
       if (record.role == BoundaryRole::kSent) sent[{record.direction, record.stage, record.microbatch}] = {rank.rank, &record};
       if (record.role == BoundaryRole::kReceived) received.push_back({rank.rank, &record});
       if (ok) continue;

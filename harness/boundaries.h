@@ -13,6 +13,7 @@
 #include "reference/data.h"
 #include "reference/model.h"
 #include "reference/trainer.h"
+#include "reports/report.h"
 
 namespace pipecheck::harness {
 
@@ -29,7 +30,7 @@ struct BoundaryInput {
 };
 
 struct BoundaryVerdict {
-  std::vector<std::vector<std::string>> rows;  // boundaries.csv rows (reports::BoundaryColumns())
+  std::vector<reports::BoundaryRow> rows;  // boundaries.csv's rows
   std::string first_problem;                   // empty when every boundary matches
 };
 

@@ -47,23 +47,27 @@ std::string Mismatch(const std::vector<MessageRecord>& got, const std::vector<Me
                      step, rank, index, kind, what, planned, got.size(), plan.size());
 }
 
-std::vector<std::string> Row(const std::string& scenario, int rank, int64_t step, size_t order,
-                             const MessageRecord* got, const MessageRecord* planned, bool ok) {
+reports::CommRow Row(const std::string& scenario, int rank, int64_t step, size_t order, const MessageRecord* got,
+                     const MessageRecord* planned, bool ok) {
   const auto shown = pipeline::DecodeTag(got ? got->tag : planned->tag);
-  return {scenario,
-          std::to_string(rank),
-          std::to_string(step),
-          std::to_string(order),
-          got ? (got->send ? "send" : "recv") : "",
-          got ? std::to_string(got->peer) : "",
-          pipeline::DirectionName(shown.direction),
-          std::to_string(shown.stage),
-          std::to_string(shown.microbatch),
-          got ? reference::DtypeName(got->shape.dtype) : "",
-          got ? fmt::format("({})", fmt::join(got->shape.sizes, ", ")) : "",
-          got ? std::to_string(got->bytes) : "",
-          planned ? pipeline::Describe(*planned) : "none",
-          ok ? "1" : "0"};
+  reports::CommRow row;
+  row.scenario = scenario;
+  row.rank = rank;
+  row.step = step;
+  row.order = static_cast<int64_t>(order);
+  row.direction = pipeline::DirectionName(shown.direction);
+  row.stage = shown.stage;
+  row.microbatch = shown.microbatch;
+  if (got) {
+    row.op = got->send ? "send" : "recv";
+    row.peer = got->peer;
+    row.dtype = reference::DtypeName(got->shape.dtype);
+    row.shape = fmt::format("({})", fmt::join(got->shape.sizes, ", "));
+    row.bytes = got->bytes;
+  }
+  row.planned = planned ? pipeline::Describe(*planned) : "none";
+  row.ok = ok;
+  return row;
 }
 
 }  // namespace

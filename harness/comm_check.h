@@ -11,6 +11,7 @@
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
 #include "pipeline/stage.h"
+#include "reports/report.h"
 
 namespace pipecheck::harness {
 
@@ -22,7 +23,7 @@ struct CommInput {
 };
 
 struct CommVerdict {
-  std::vector<std::vector<std::string>> rows;   // comm.csv rows (reports::CommColumns())
+  std::vector<reports::CommRow> rows;   // comm.csv's rows
   std::vector<std::string> first_problem;       // per step: the first mismatch; empty where none
 };
 

@@ -98,6 +98,18 @@ Field<Row> Flag(std::string name, bool Row::*member) {
 }
 
 template <typename Row>
+Field<Row> OptionalFlag(std::string name, std::optional<bool> Row::*member) {
+  return {name, [member](const Row& row) { return std::string(!(row.*member) ? "" : *(row.*member) ? "1" : "0"); },
+          [member, name](Row& row, const std::string& text) {
+            if (text.empty()) {
+              row.*member = std::nullopt;
+            } else {
+              row.*member = cell::ParseFlag(name, text);
+            }
+          }};
+}
+
+template <typename Row>
 Field<Row> StatusOf(std::string name, Status Row::*member) {
   return {std::move(name), [member](const Row& row) { return std::string(StatusName(row.*member)); },
           [member](Row& row, const std::string& text) { row.*member = ParseStatus(text); }};

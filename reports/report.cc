@@ -140,17 +140,59 @@ const std::vector<std::string>& RankColumns() {
   return columns;
 }
 
+const Fields<BoundaryRow>& BoundaryFields() {
+  using R = BoundaryRow;
+  static const Fields<BoundaryRow> fields = {
+      field::Text("scenario", &R::scenario),
+      field::Integer("step", &R::step),
+      field::Integer("microbatch", &R::microbatch),
+      field::Integer("stage", &R::stage),
+      field::Text("direction", &R::direction),
+      field::Text("role", &R::role),
+      field::Integer("rank", &R::rank),
+      field::OptionalInteger("peer", &R::peer),
+      field::Integer("numel", &R::numel),
+      field::Real("ref_norm", &R::ref_norm),
+      field::Real("pp_norm", &R::pp_norm),
+      field::Real("ref_sum", &R::ref_sum),
+      field::Real("pp_sum", &R::pp_sum),
+      field::Real("ref_max_abs", &R::ref_max_abs),
+      field::Real("pp_max_abs", &R::pp_max_abs),
+      field::Real("rel_err", &R::rel_err),
+      field::OptionalFlag("bitwise_equal", &R::bitwise_equal),
+      field::Flag("ok", &R::ok),
+  };
+  return fields;
+}
+
+const Fields<CommRow>& CommFields() {
+  using R = CommRow;
+  static const Fields<CommRow> fields = {
+      field::Text("scenario", &R::scenario),
+      field::Integer("rank", &R::rank),
+      field::Integer("step", &R::step),
+      field::Integer("order", &R::order),
+      field::Text("op", &R::op),
+      field::OptionalInteger("peer", &R::peer),
+      field::Text("direction", &R::direction),
+      field::Integer("stage", &R::stage),
+      field::Integer("microbatch", &R::microbatch),
+      field::Text("dtype", &R::dtype),
+      field::Text("shape", &R::shape),
+      field::OptionalInteger("bytes", &R::bytes),
+      field::Text("planned", &R::planned),
+      field::Flag("ok", &R::ok),
+  };
+  return fields;
+}
+
 const std::vector<std::string>& BoundaryColumns() {
-  static const std::vector<std::string> columns = {
-      "scenario", "step",    "microbatch", "stage",   "direction", "role",        "rank",          "peer",      "numel",
-      "ref_norm", "pp_norm", "ref_sum",    "pp_sum",  "ref_max_abs", "pp_max_abs", "rel_err", "bitwise_equal", "ok"};
+  static const std::vector<std::string> columns = Header(BoundaryFields());
   return columns;
 }
 
 const std::vector<std::string>& CommColumns() {
-  static const std::vector<std::string> columns = {"scenario", "rank",  "step",       "order", "op",      "peer",
-                                                   "direction", "stage", "microbatch", "dtype", "shape",   "bytes",
-                                                   "planned",   "ok"};
+  static const std::vector<std::string> columns = Header(CommFields());
   return columns;
 }
 
@@ -240,8 +282,8 @@ std::string ToJson(const ScenarioReport& report) {
   json["steps"] = RowsOf(StepFields(), report.steps);
   json["timeline"] = RowsOf(TimelineFields(), report.timeline);
   json["ranks"] = RowsOf(RankFields(), report.ranks);
-  json["boundaries"] = report.boundaries;
-  json["comm"] = report.comm;
+  json["boundaries"] = RowsOf(BoundaryFields(), report.boundaries);
+  json["comm"] = RowsOf(CommFields(), report.comm);
   return json.dump();
 }
 
@@ -258,8 +300,8 @@ ScenarioReport FromJson(const std::string& text) {
   report.steps = TypedRows(StepFields(), json.at("steps").get<std::vector<std::vector<std::string>>>());
   report.timeline = TypedRows(TimelineFields(), json.at("timeline").get<std::vector<std::vector<std::string>>>());
   report.ranks = TypedRows(RankFields(), json.at("ranks").get<std::vector<std::vector<std::string>>>());
-  report.boundaries = json.value("boundaries", std::vector<std::vector<std::string>>{});
-  report.comm = json.value("comm", std::vector<std::vector<std::string>>{});
+  report.boundaries = TypedRows(BoundaryFields(), json.value("boundaries", std::vector<std::vector<std::string>>{}));
+  report.comm = TypedRows(CommFields(), json.value("comm", std::vector<std::vector<std::string>>{}));
   return report;
 }
 
@@ -273,8 +315,8 @@ std::vector<std::string> WriteReports(const std::string& directory, const std::v
     for (const auto& step : report.steps) steps.AddRow(Cells(StepFields(), step));
     for (const auto& rank : report.ranks) ranks.AddRow(Cells(RankFields(), rank));
     for (const auto& event : report.timeline) timeline.AddRow(Cells(TimelineFields(), event));
-    for (const auto& row : report.boundaries) boundaries.AddRow(row);
-    for (const auto& row : report.comm) comm.AddRow(row);
+    for (const auto& row : report.boundaries) boundaries.AddRow(Cells(BoundaryFields(), row));
+    for (const auto& row : report.comm) comm.AddRow(Cells(CommFields(), row));
   }
   const std::filesystem::path out(directory);
   std::vector<std::string> paths = {(out / "summary.csv").string(), (out / "params.csv").string(),

@@ -100,14 +100,44 @@ const std::vector<std::string>& RankColumns();
 const std::vector<std::string>& BoundaryColumns();
 const std::vector<std::string>& CommColumns();
 
+// boundaries.csv: a tensor that crossed a stage boundary (sent, received or handed over within a
+// rank), fingerprinted, against the reference's tensor at the same place.
+struct BoundaryRow {
+  std::string scenario;
+  int64_t step = 0, microbatch = 0, stage = 0;
+  std::string direction, role;  // activation | gradient; sent | received | handed_over
+  int64_t rank = 0;
+  std::optional<int64_t> peer;  // none for a handover within a rank
+  int64_t numel = 0;
+  double ref_norm = 0, pp_norm = 0, ref_sum = 0, pp_sum = 0, ref_max_abs = 0, pp_max_abs = 0, rel_err = 0;
+  std::optional<bool> bitwise_equal;  // none where either side was not hashed
+  bool ok = false;
+};
+const Fields<BoundaryRow>& BoundaryFields();
+
+// comm.csv: the message a rank posted at a place in its step, against the plan's.
+struct CommRow {
+  std::string scenario;
+  int64_t rank = 0, step = 0, order = 0;
+  std::string op;                // send | recv; "" where the rank posted nothing the plan has
+  std::optional<int64_t> peer;
+  std::string direction;
+  int64_t stage = 0, microbatch = 0;
+  std::string dtype, shape;      // as posted ("" when nothing was)
+  std::optional<int64_t> bytes;
+  std::string planned;           // the plan's message there, in words ("none")
+  bool ok = false;
+};
+const Fields<CommRow>& CommFields();
+
 struct ScenarioReport {
   SummaryRow summary;
   std::vector<ParamRow> params;
   std::vector<StepRow> steps;
   std::vector<TimelineRow> timeline;
   std::vector<RankRow> ranks;
-  std::vector<std::vector<std::string>> boundaries; // rows in BoundaryColumns() order
-  std::vector<std::vector<std::string>> comm;       // rows in CommColumns() order
+  std::vector<BoundaryRow> boundaries;
+  std::vector<CommRow> comm;
 
   // The summary's cell of `column`, as summary.csv writes it ("" for an unknown column).
   std::string Get(const std::string& column) const;
