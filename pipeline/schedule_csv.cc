@@ -123,13 +123,11 @@ Placement CsvPlacement(const std::vector<std::string>& rows, const PipelineShape
   return Placement::kRoundRobin;
 }
 
-}  // namespace
-
-Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const PipelineShape& shape) {
-  Schedule schedule = EmptySchedule("csv:" + file, shape, /*virtual_stages_allowed=*/true);
+// The file's rows: a UTF-8 byte-order mark (spreadsheets write one) and carriage returns dropped,
+// trailing blank rows too.
+std::vector<std::string> CsvRows(const std::string& text) {
   std::vector<std::string> rows;
   std::string row;
-  // A UTF-8 byte-order mark (spreadsheets write one) is not part of the first cell.
   const size_t first = text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
   for (char c : text.substr(first)) {
     if (c == '\n') {
@@ -141,82 +139,109 @@ Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const
   }
   if (!row.empty()) rows.push_back(row);
   while (!rows.empty() && rows.back().find_first_not_of(" \t,") == std::string::npos) rows.pop_back();
+  return rows;
+}
+
+// Reads the cells of one file into a schedule, cell by cell, and checks the whole at the end;
+// every error names the file, the row and cell (1-based) and the rule broken.
+class CsvImport {
+ public:
+  CsvImport(const std::string& file, const PipelineShape& shape, Schedule& schedule)
+      : file_(file), shape_(shape), schedule_(schedule) {}
+
+  void ReadCell(size_t r, size_t c, const std::string& cell) {
+    const auto where = [&](const std::string& rule) {
+      return ScheduleError(fmt::format("{}: row {}, cell {}: '{}': {}", file_, r + 1, c + 1, cell, rule));
+    };
+    std::vector<Action> actions;
+    std::optional<int> reduce_grad_stage;
+    try {
+      actions = CellActions(cell, reduce_grad_stage);
+    } catch (const ScheduleError& error) {
+      throw where(error.what());
+    }
+    if (reduce_grad_stage) {
+      CheckStage(*reduce_grad_stage, r, where);
+      auto [previous, inserted] = reduced_.emplace(*reduce_grad_stage, std::make_pair(r + 1, c + 1));
+      if (!inserted) throw where(fmt::format("repeats row {}, cell {}", previous->second.first, previous->second.second));
+    }
+    for (const Action& action : actions) {
+      CheckStage(action.stage, r, where);
+      if (action.microbatch >= shape_.microbatches) {
+        throw where(fmt::format("microbatch {} does not exist (the scenario has {})", action.microbatch,
+                                shape_.microbatches));
+      }
+      if (action.kind != ActionKind::kForward && reduced_.count(action.stage) > 0) {
+        throw where(fmt::format("comes after {}REDUCE_GRAD (row {}, cell {}), which marks stage {}'s gradients final",
+                                action.stage, reduced_[action.stage].first, reduced_[action.stage].second,
+                                action.stage));
+      }
+      auto [previous, inserted] = seen_.emplace(std::make_tuple(static_cast<int>(action.kind), action.stage,
+                                                                action.microbatch), std::make_pair(r + 1, c + 1));
+      if (!inserted) throw where(fmt::format("repeats row {}, cell {}", previous->second.first, previous->second.second));
+      schedule_.ranks[r].push_back(action);
+    }
+  }
+
+  // Every stage needs every microbatch forward and backward, whole (B) or split (I and W).
+  void CheckComplete() const {
+    for (int stage = 0; stage < shape_.stages(); ++stage) {
+      for (int mb = 0; mb < shape_.microbatches; ++mb) {
+        auto has = [&](ActionKind kind) { return seen_.count({static_cast<int>(kind), stage, mb}) > 0; };
+        const int rank = schedule_.shape.RankOfStage(stage);
+        if (!has(ActionKind::kForward)) throw ScheduleError(fmt::format("{}: row {} lacks {}F{}", file_, rank + 1, stage, mb));
+        const bool whole = has(ActionKind::kBackward), input = has(ActionKind::kBackwardInput),
+                   weight = has(ActionKind::kBackwardWeight);
+        if (whole && (input || weight)) {
+          throw ScheduleError(fmt::format("{}: row {} has both {}B{} and a split backward (I/W) of it", file_, rank + 1,
+                                          stage, mb));
+        }
+        if (!whole && !(input && weight)) {
+          throw ScheduleError(fmt::format("{}: row {} lacks {}{}{} (a backward needs B, or both I and W)", file_,
+                                          rank + 1, stage, !input ? (weight ? "I" : "B") : "W", mb));
+        }
+      }
+    }
+  }
+
+ private:
+  template <typename Where>
+  void CheckStage(int stage, size_t r, const Where& where) const {
+    if (stage >= shape_.stages()) {
+      throw where(fmt::format("stage {} does not exist ({} ranks x {} virtual stages = {} stages)", stage, shape_.ranks,
+                              shape_.virtual_stages, shape_.stages()));
+    }
+    if (schedule_.shape.RankOfStage(stage) != static_cast<int>(r)) {
+      throw where(fmt::format("stage {} runs on rank {} ({}), not on row {}'s rank {}", stage,
+                              schedule_.shape.RankOfStage(stage), schedule_.shape.PlacementRule(), r + 1, r));
+    }
+  }
+
+  const std::string& file_;
+  const PipelineShape& shape_;
+  Schedule& schedule_;
+  std::map<std::tuple<int, int, int>, std::pair<size_t, size_t>> seen_;  // (kind, stage, mb) -> (row, cell)
+  std::map<int, std::pair<size_t, size_t>> reduced_;                     // stage -> its REDUCE_GRAD's (row, cell)
+};
+
+}  // namespace
+
+Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const PipelineShape& shape) {
+  Schedule schedule = EmptySchedule("csv:" + file, shape, /*virtual_stages_allowed=*/true);
+  const std::vector<std::string> rows = CsvRows(text);
   if (static_cast<int>(rows.size()) != shape.ranks) {
     throw ScheduleError(fmt::format("{}: {} rows, but the scenario has {} ranks (one row per rank)", file, rows.size(),
                                     shape.ranks));
   }
   schedule.shape.placement = CsvPlacement(rows, shape);
-  std::map<std::tuple<int, int, int>, std::pair<size_t, size_t>> seen;  // (kind, stage, mb) -> (row, cell)
-  std::map<int, std::pair<size_t, size_t>> reduced;                     // stage -> its REDUCE_GRAD's (row, cell)
+  CsvImport import(file, shape, schedule);
   for (size_t r = 0; r < rows.size(); ++r) {
     const std::vector<std::string> cells = CsvCells(rows[r]);
     for (size_t c = 0; c < cells.size(); ++c) {
-      if (cells[c].empty()) continue;  // idle
-      const auto where = [&](const std::string& rule) {
-        return ScheduleError(fmt::format("{}: row {}, cell {}: '{}': {}", file, r + 1, c + 1, cells[c], rule));
-      };
-      const auto check_stage = [&](int stage) {
-        if (stage >= shape.stages()) {
-          throw where(fmt::format("stage {} does not exist ({} ranks x {} virtual stages = {} stages)", stage,
-                                  shape.ranks, shape.virtual_stages, shape.stages()));
-        }
-        if (schedule.shape.RankOfStage(stage) != static_cast<int>(r)) {
-          throw where(fmt::format("stage {} runs on rank {} ({}), not on row {}'s rank {}", stage,
-                                  schedule.shape.RankOfStage(stage), schedule.shape.PlacementRule(), r + 1, r));
-        }
-      };
-      std::vector<Action> actions;
-      std::optional<int> reduce_grad_stage;
-      try {
-        actions = CellActions(cells[c], reduce_grad_stage);
-      } catch (const ScheduleError& error) {
-        throw where(error.what());
-      }
-      if (reduce_grad_stage) {
-        check_stage(*reduce_grad_stage);
-        auto [previous, inserted] = reduced.emplace(*reduce_grad_stage, std::make_pair(r + 1, c + 1));
-        if (!inserted) throw where(fmt::format("repeats row {}, cell {}", previous->second.first, previous->second.second));
-      }
-      for (const Action& action : actions) {
-        check_stage(action.stage);
-        if (action.microbatch >= shape.microbatches) {
-          throw where(fmt::format("microbatch {} does not exist (the scenario has {})", action.microbatch,
-                                  shape.microbatches));
-        }
-        if (action.kind != ActionKind::kForward && reduced.count(action.stage) > 0) {
-          throw where(fmt::format("comes after {}REDUCE_GRAD (row {}, cell {}), which marks stage {}'s gradients final",
-                                  action.stage, reduced[action.stage].first, reduced[action.stage].second,
-                                  action.stage));
-        }
-        auto [previous, inserted] = seen.emplace(std::make_tuple(static_cast<int>(action.kind), action.stage,
-                                                                 action.microbatch), std::make_pair(r + 1, c + 1));
-        if (!inserted) {
-          throw where(fmt::format("repeats row {}, cell {}", previous->second.first, previous->second.second));
-        }
-        schedule.ranks[r].push_back(action);
-      }
+      if (!cells[c].empty()) import.ReadCell(r, c, cells[c]);  // an empty cell: the rank is idle
     }
   }
-  // Every stage needs every microbatch forward and backward, whole (B) or split (I and W).
-  for (int stage = 0; stage < shape.stages(); ++stage) {
-    for (int mb = 0; mb < shape.microbatches; ++mb) {
-      auto has = [&](ActionKind kind) { return seen.count({static_cast<int>(kind), stage, mb}) > 0; };
-      const int rank = schedule.shape.RankOfStage(stage);
-      if (!has(ActionKind::kForward)) {
-        throw ScheduleError(fmt::format("{}: row {} lacks {}F{}", file, rank + 1, stage, mb));
-      }
-      const bool whole = has(ActionKind::kBackward), input = has(ActionKind::kBackwardInput),
-                 weight = has(ActionKind::kBackwardWeight);
-      if (whole && (input || weight)) {
-        throw ScheduleError(fmt::format("{}: row {} has both {}B{} and a split backward (I/W) of it", file, rank + 1,
-                                        stage, mb));
-      }
-      if (!whole && !(input && weight)) {
-        throw ScheduleError(fmt::format("{}: row {} lacks {}{}{} (a backward needs B, or both I and W)", file, rank + 1,
-                                        stage, !input ? (weight ? "I" : "B") : "W", mb));
-      }
-    }
-  }
+  import.CheckComplete();
   return schedule;
 }
 
