@@ -218,15 +218,26 @@ Schedule ZeroBubbleH1Schedule(const PipelineShape& shape) {
   return schedule;
 }
 
-Schedule ZeroBubbleVSchedule(const PipelineShape& shape) {
+namespace {
+
+// A schedule with two stages per rank in a V, no actions yet: virtual_stages 2, or 1 (a scenario
+// that left the column out) taken as 2.
+Schedule EmptyVSchedule(const std::string& name, const PipelineShape& shape) {
   if (shape.virtual_stages != 1 && shape.virtual_stages != 2) {
-    throw ScheduleError(fmt::format("zbv places two stages per rank in a V: virtual_stages must be 2 (or left out), "
-                                    "got {}", shape.virtual_stages));
+    throw ScheduleError(fmt::format("{} places two stages per rank in a V: virtual_stages must be 2 (or left out), "
+                                    "got {}", name, shape.virtual_stages));
   }
   PipelineShape v_shape = shape;
   v_shape.virtual_stages = 2;
   v_shape.placement = Placement::kV;
-  Schedule schedule = EmptySchedule("zbv", v_shape, /*virtual_stages_allowed=*/true);
+  return EmptySchedule(name, v_shape, /*virtual_stages_allowed=*/true);
+}
+
+}  // namespace
+
+Schedule ZeroBubbleVSchedule(const PipelineShape& shape) {
+  Schedule schedule = EmptyVSchedule("zbv", shape);
+  const PipelineShape& v_shape = schedule.shape;
   const int p = v_shape.ranks, m = v_shape.microbatches, last = v_shape.stages() - 1;
   constexpr int kKinds = 3;  // F, I, W: each (stage, kind) runs its microbatches in order
   const ActionKind kinds[kKinds] = {ActionKind::kForward, ActionKind::kBackwardInput, ActionKind::kBackwardWeight};
@@ -287,14 +298,8 @@ Schedule ZeroBubbleVSchedule(const PipelineShape& shape) {
 }
 
 Schedule DualPipeVSchedule(const PipelineShape& shape) {
-  if (shape.virtual_stages != 1 && shape.virtual_stages != 2) {
-    throw ScheduleError(fmt::format("dualpipev places two stages per rank in a V: virtual_stages must be 2 (or left "
-                                    "out), got {}", shape.virtual_stages));
-  }
-  PipelineShape v_shape = shape;
-  v_shape.virtual_stages = 2;
-  v_shape.placement = Placement::kV;
-  Schedule schedule = EmptySchedule("dualpipev", v_shape, /*virtual_stages_allowed=*/true);
+  Schedule schedule = EmptyVSchedule("dualpipev", shape);
+  const PipelineShape& v_shape = schedule.shape;
   const int p = v_shape.ranks, m = v_shape.microbatches;
   if (m < 2 * p) {
     throw ScheduleError(fmt::format("dualpipev needs at least as many microbatches as stages: {} microbatches for {} "
