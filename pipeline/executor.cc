@@ -309,6 +309,42 @@ double Executor::HostMicroseconds() const {
   return std::chrono::duration<double, std::micro>(Clock::now() - clock_origin_).count();
 }
 
+Executor::ActionMarks Executor::RunAction(size_t index, StepState& state) {
+  const Action& action = schedule_.ranks[transport_.rank()][index];
+  ActionMarks marks;
+  marks.wait = clock_.Mark();
+  if (recorder_) {
+    const int peer = action.IsCompute() ? InputPeer(schedule_.shape, action) : PeerOf(schedule_.shape, action);
+    recorder_->Started(state.step, action.ToString(), peer, HostMicroseconds());
+  }
+  try {
+    AwaitInput(action, state);
+    marks.start = clock_.Mark();
+    Dispatch(action, state);
+    if (recorder_) recorder_->Ended(HostMicroseconds());
+  } catch (const c10::Error& error) {
+    if (!config_.train.check_host_syncs) throw;
+    // Which action waited: LibTorch's own message names only the operation.
+    TORCH_CHECK(false, "rank ", transport_.rank(), " step ", state.step, ": ", action.ToString(),
+                " (check_host_syncs): ", error.what_without_backtrace());
+  }
+  marks.end = clock_.Mark();
+  return marks;
+}
+
+void Executor::EndStep(StepState& state, std::vector<BoundaryRecord>& boundaries) {
+  for (auto& [peer_direction, send] : state.sends) send->Wait();
+  state.sends.clear();
+  transport_.CheckReceived();
+  ReadProbes(state, boundaries);
+  TORCH_CHECK(state.receives.empty() && state.arrived.empty() && state.inputs.empty() && state.outputs.empty() &&
+                  state.losses.empty() && state.input_grads.empty() && state.weight_work.empty(),
+              "rank ", transport_.rank(), " step ", state.step, " ended with work pending: ",
+              state.receives.size() + state.arrived.size(), " receives, ", state.inputs.size(), " inputs, ",
+              state.outputs.size(), " outputs, ", state.losses.size(), " losses, ", state.input_grads.size(),
+              " gradients, ", state.weight_work.size(), " input-gradient steps (I) without their W");
+}
+
 torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, reference::StepWindow& window,
                             std::vector<ActionTiming>& timeline, std::vector<BoundaryRecord>& boundaries) {
   StepState state;
@@ -316,16 +352,11 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
   state.batch = batch;
   state.microbatches = reference::SplitMicrobatches(batch, config_.microbatches);
   fault_.BeginStep();
-  const auto start = Clock::now();
-  const double step_start = std::chrono::duration<double, std::micro>(start - clock_origin_).count();
-  const int rank = transport_.rank();
-  const auto& actions = schedule_.ranks[rank];
+  const double step_start = HostMicroseconds();
+  const auto& actions = schedule_.ranks[transport_.rank()];
   // Each action's wait, start and end as marks on the device's clock (CUDA events on a GPU: no
   // waiting for the device until the step's work has all been queued).
-  struct Marks {
-    int wait, start, end;
-  };
-  std::vector<Marks> marks;
+  std::vector<ActionMarks> marks;
   marks.reserve(actions.size());
   clock_.Clear();
   const int origin = clock_.Mark();
@@ -336,34 +367,13 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
     // here may wait for it. staged copies through host memory, and waits for that by design.
     const reference::HostSyncCheck no_host_syncs(config_.train.check_host_syncs, config_.train.device);
     for (size_t index = 0; index < actions.size(); ++index) {
-      const Action& action = actions[index];
       fault_.BeforeAction(step, index, actions.size());
-      const int wait = clock_.Mark();
-      if (recorder_) {
-        const int peer = action.IsCompute() ? InputPeer(schedule_.shape, action) : PeerOf(schedule_.shape, action);
-        recorder_->Started(step, action.ToString(), peer, HostMicroseconds());
-      }
-      int action_start = 0;
-      try {
-        AwaitInput(action, state);
-        action_start = clock_.Mark();
-        Dispatch(action, state);
-        if (recorder_) recorder_->Ended(HostMicroseconds());
-      } catch (const c10::Error& error) {
-        if (!config_.train.check_host_syncs) throw;
-        // Which action waited: LibTorch's own message names only the operation.
-        TORCH_CHECK(false, "rank ", rank, " step ", step, ": ", action.ToString(), " (check_host_syncs): ",
-                    error.what_without_backtrace());
-      }
-      marks.push_back({wait, action_start, clock_.Mark()});
+      marks.push_back(RunAction(index, state));
       const int64_t held = window.HeldBytes();
-      timeline.push_back({step, action, 0.0, 0.0, held, window.PeakSinceLastCall(), 0.0, step_start});
+      timeline.push_back({step, actions[index], 0.0, 0.0, held, window.PeakSinceLastCall(), 0.0, step_start});
     }
   }
-  for (auto& [peer_direction, send] : state.sends) send->Wait();
-  state.sends.clear();
-  transport_.CheckReceived();
-  ReadProbes(state, boundaries);
+  EndStep(state, boundaries);
   const double origin_us = clock_.Microseconds(origin);
   for (size_t i = 0; i < marks.size(); ++i) {
     ActionTiming& timing = timeline[first_timing + i];
@@ -371,12 +381,6 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
     timing.start_us = clock_.Microseconds(marks[i].start) - origin_us;
     timing.end_us = clock_.Microseconds(marks[i].end) - origin_us;
   }
-  TORCH_CHECK(state.receives.empty() && state.arrived.empty() && state.inputs.empty() && state.outputs.empty() &&
-                  state.losses.empty() && state.input_grads.empty() && state.weight_work.empty(),
-              "rank ", rank, " step ", step, " ended with work pending: ", state.receives.size() + state.arrived.size(),
-              " receives, ", state.inputs.size(), " inputs, ", state.outputs.size(), " outputs, ", state.losses.size(),
-              " losses, ", state.input_grads.size(), " gradients, ", state.weight_work.size(),
-              " input-gradient steps (I) without their W");
   return state.loss_sum;
 }
 

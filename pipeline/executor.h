@@ -71,6 +71,15 @@ class Executor {
   void SendBackward(const Action& action, StepState& state);
 
   void Dispatch(const Action& action, StepState& state);
+  // One action of this rank's list, its wait (for its input), start and end marked on the
+  // device's clock.
+  struct ActionMarks {
+    int wait = 0, start = 0, end = 0;
+  };
+  ActionMarks RunAction(size_t index, StepState& state);
+  // Every send completed, the received headers checked, the fingerprints read, and nothing left
+  // pending.
+  void EndStep(StepState& state, std::vector<BoundaryRecord>& boundaries);
   // Completes the receive a compute action consumes, before it is timed.
   void AwaitInput(const Action& action, StepState& state);
   // The received message compute action `action` takes as its input.
