@@ -109,6 +109,52 @@ std::vector<int64_t> BoundaryLayers(const std::vector<reference::SliceSpec>& sli
   return layers;
 }
 
+namespace {
+
+// boundaries.csv's row for `record` of `rank`, against the reference's `expected` (none: the
+// reference has no such boundary).
+reports::BoundaryRow RowOf(const BoundaryInput& input, int rank, const BoundaryRecord& record,
+                           const Fingerprint* expected, double error) {
+  const Fingerprint none;
+  const Fingerprint& want = expected ? *expected : none;
+  reports::BoundaryRow row;
+  row.scenario = input.scenario;
+  row.step = static_cast<int64_t>(input.step);
+  row.microbatch = record.microbatch;
+  row.stage = record.stage;
+  row.direction = DirectionName(record.direction);
+  row.role = RoleName(record.role);
+  row.rank = rank;
+  if (record.peer >= 0) row.peer = record.peer;
+  row.numel = record.fingerprint.numel;
+  row.ref_norm = want.norm, row.pp_norm = record.fingerprint.norm;
+  row.ref_sum = want.sum, row.pp_sum = record.fingerprint.sum;
+  row.ref_max_abs = want.max_abs, row.pp_max_abs = record.fingerprint.max_abs;
+  row.rel_err = error;
+  if (expected && expected->hashed && record.fingerprint.hashed) {
+    row.bitwise_equal = expected->hash == record.fingerprint.hash;
+  }
+  row.ok = error <= input.tol;
+  return row;
+}
+
+// The first problem of a step: the earliest finding in data-flow order, and where the other
+// direction first went wrong.
+std::string FirstProblem(std::vector<Finding> findings) {
+  std::sort(findings.begin(), findings.end(), [](const Finding& a, const Finding& b) { return a.order < b.order; });
+  const Finding& first = findings.front();
+  std::string problem = first.message;
+  for (const auto& other : findings) {
+    if (other.direction == first.direction) continue;
+    problem += fmt::format("; {} into stage {} first wrong at microbatch {}", DirectionName(other.direction),
+                           other.stage, other.microbatch);
+    break;
+  }
+  return problem;
+}
+
+}  // namespace
+
 BoundaryVerdict JudgeBoundaries(const BoundaryInput& input) {
   BoundaryVerdict verdict;
   ReferenceBoundaries reference(input);
@@ -123,27 +169,7 @@ BoundaryVerdict JudgeBoundaries(const BoundaryInput& input) {
       const double error = expected ? reference::FingerprintError(record.fingerprint, *expected)
                                      : std::numeric_limits<double>::infinity();
       const bool ok = error <= input.tol;
-      const Fingerprint none;
-      const Fingerprint& want = expected ? *expected : none;
-      reports::BoundaryRow row;
-      row.scenario = input.scenario;
-      row.step = static_cast<int64_t>(input.step);
-      row.microbatch = record.microbatch;
-      row.stage = record.stage;
-      row.direction = DirectionName(record.direction);
-      row.role = RoleName(record.role);
-      row.rank = rank.rank;
-      if (record.peer >= 0) row.peer = record.peer;
-      row.numel = record.fingerprint.numel;
-      row.ref_norm = want.norm, row.pp_norm = record.fingerprint.norm;
-      row.ref_sum = want.sum, row.pp_sum = record.fingerprint.sum;
-      row.ref_max_abs = want.max_abs, row.pp_max_abs = record.fingerprint.max_abs;
-      row.rel_err = error;
-      if (expected && expected->hashed && record.fingerprint.hashed) {
-        row.bitwise_equal = expected->hash == record.fingerprint.hash;
-      }
-      row.ok = ok;
-      verdict.rows.push_back(row);
+      verdict.rows.push_back(RowOf(input, rank.rank, record, expected, error));
       if (record.role == BoundaryRole::kSent) sent[{record.direction, record.stage, record.microbatch}] = {rank.rank, &record};
       if (record.role == BoundaryRole::kReceived) received.push_back({rank.rank, &record});
       if (ok) continue;
@@ -174,16 +200,7 @@ BoundaryVerdict JudgeBoundaries(const BoundaryInput& input) {
                                     source->second.first, rank, reference::Describe(departed.fingerprint),
                                     reference::Describe(record->fingerprint))});
   }
-  if (findings.empty()) return verdict;
-  std::sort(findings.begin(), findings.end(), [](const Finding& a, const Finding& b) { return a.order < b.order; });
-  const Finding& first = findings.front();
-  verdict.first_problem = first.message;
-  for (const auto& other : findings) {
-    if (other.direction == first.direction) continue;
-    verdict.first_problem += fmt::format("; {} into stage {} first wrong at microbatch {}",
-                                         DirectionName(other.direction), other.stage, other.microbatch);
-    break;
-  }
+  if (!findings.empty()) verdict.first_problem = FirstProblem(std::move(findings));
   return verdict;
 }
 
