@@ -318,6 +318,40 @@ reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std
                   others.empty() ? "" : fmt::format(" (then rank(s) {} failed too)", fmt::join(others, ", "))));
 }
 
+// The TIMEOUT row of ranks still running at the deadline (ended here): what each was doing, from
+// its flight record, then what it last said.
+reports::ScenarioReport TimedOut(const scenarios::Scenario& scenario, const LaunchOptions& options,
+                                 const fs::path& directory, const std::vector<Rank>& ranks) {
+  const auto records = FlightRecords(directory, ranks.size());
+  std::vector<std::string> stuck, doing, outputs;
+  for (const auto& rank : ranks) {
+    if (!rank.killed_here) continue;
+    stuck.push_back(std::to_string(rank.rank));
+    doing.push_back(fmt::format("rank {} {}", rank.rank, pipeline::DescribeLastEntry(records[rank.rank])));
+    outputs.push_back(fmt::format("rank {}: {}", rank.rank, Tail(rank.log, 1)));
+  }
+  auto report = FailedScenarioReport(
+      scenario, reports::Status::kTimeout,
+      fmt::format("rank(s) {} still running after the {:g} s deadline: {}; last output: {}", fmt::join(stuck, ", "),
+                  options.timeout_seconds, fmt::join(doing, "; "), fmt::join(outputs, " || ")));
+  AttachPartialTimeline(report, scenario.name, records);
+  return report;
+}
+
+// The report rank 0 left once every rank exited cleanly.
+reports::ScenarioReport Delivered(const scenarios::Scenario& scenario, const fs::path& result_path,
+                                  const std::vector<Rank>& ranks) {
+  std::ifstream stream(result_path);
+  if (!stream) {
+    return FailedScenarioReport(scenario, reports::Status::kError,
+                                fmt::format("every rank exited cleanly but rank 0 wrote no result; its last output: {}",
+                                            Tail(ranks[0].log)));
+  }
+  std::stringstream text;
+  text << stream.rdbuf();
+  return reports::FromJson(text.str());
+}
+
 // One attempt at the scenario on `port`; sets `port_busy` when rank 0 could not listen on it.
 reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const LaunchOptions& options, int port,
                                 bool& port_busy) {
@@ -369,35 +403,13 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
       last_progress = line;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      // What each stuck rank was doing, from its flight record, then what it last said.
       KillAndReap(ranks);
-      const auto records = FlightRecords(directory, ranks.size());
-      std::vector<std::string> stuck, doing, outputs;
-      for (const auto& rank : ranks) {
-        if (!rank.killed_here) continue;
-        stuck.push_back(std::to_string(rank.rank));
-        doing.push_back(fmt::format("rank {} {}", rank.rank, pipeline::DescribeLastEntry(records[rank.rank])));
-        outputs.push_back(fmt::format("rank {}: {}", rank.rank, Tail(rank.log, 1)));
-      }
-      auto report = FailedScenarioReport(
-          scenario, reports::Status::kTimeout,
-          fmt::format("rank(s) {} still running after the {:g} s deadline: {}; last output: {}", fmt::join(stuck, ", "),
-                      options.timeout_seconds, fmt::join(doing, "; "), fmt::join(outputs, " || ")));
-      AttachPartialTimeline(report, scenario.name, records);
-      return report;
+      return TimedOut(scenario, options, directory, ranks);
     }
     // Not faster: on a machine with as many cores as ranks every wakeup takes a core from a rank.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::ifstream stream(result_path);
-  if (!stream) {
-    return FailedScenarioReport(scenario, reports::Status::kError,
-                                fmt::format("every rank exited cleanly but rank 0 wrote no result; its last output: {}",
-                                            Tail(ranks[0].log)));
-  }
-  std::stringstream text;
-  text << stream.rdbuf();
-  return reports::FromJson(text.str());
+  return Delivered(scenario, result_path, ranks);
 }
 
 }  // namespace
