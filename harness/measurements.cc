@@ -121,9 +121,64 @@ StepPrediction PredictStepMs(const pipeline::Schedule& schedule, const std::vect
   return prediction;
 }
 
+namespace {
+
+// ranks.csv: each rank over the timed steps, its time busy, idle and communicating, its peak
+// beside the memory model's.
+void RankRows(const MeasurementInput& input, size_t steps, const StepPrediction& predicted,
+              reports::ScenarioReport& report) {
+  for (const auto& rank : input.ranks) {
+    const RankTime time = TimeOf(rank, steps);
+    const double per_step_ms = time.steps > 0 ? 1e-3 / time.steps : 0.0;
+    int64_t parameters = 0;
+    for (const auto& item : rank.final_weights) parameters += item.value().numel();
+    std::vector<std::string> stages;
+    for (int stage : rank.stages) stages.push_back(std::to_string(stage));
+    int64_t rank_peak = -1;
+    for (int64_t bytes : rank.peak_bytes) rank_peak = std::max(rank_peak, bytes);
+    const size_t r = static_cast<size_t>(rank.rank);
+    std::vector<double> rank_ms(rank.step_ms.begin() + std::min(rank.step_ms.size(), reference::FirstTimedStep(steps)),
+                                rank.step_ms.end());
+    reports::RankRow row;
+    row.scenario = input.scenario.name;
+    row.rank = rank.rank;
+    row.stages = fmt::format("{}", fmt::join(stages, ";"));
+    row.params = parameters;
+    row.peak_bytes = Measured(rank_peak);
+    row.busy_ms = time.busy_us * per_step_ms;
+    row.idle_ms = (time.wall_us - time.busy_us - time.comm_us) * per_step_ms;
+    row.comm_ms = time.comm_us * per_step_ms;
+    row.peak_bytes_predicted = Measured(r < input.memory.peak_bytes.size() ? input.memory.peak_bytes[r] : -1);
+    if (!rank_ms.empty()) row.step_ms = reference::Median(rank_ms);
+    if (r < predicted.rank_ms.size()) row.step_ms_predicted = predicted.rank_ms[r];
+    report.ranks.push_back(row);
+  }
+}
+
+// The summary's memory and bubble: the largest peak of any rank, measured and predicted, and
+// 1 - busy / wall over every rank and timed step.
+void MemoryAndBubble(const MeasurementInput& input, const reference::TrainResult& reference, size_t steps,
+                     reports::SummaryRow& row) {
+  double busy = 0.0, wall = 0.0;
+  int64_t pp_peak = -1, pp_peak_predicted = -1;
+  for (const auto& rank : input.ranks) {
+    const RankTime time = TimeOf(rank, steps);
+    busy += time.busy_us;
+    wall += time.wall_us;
+    for (int64_t bytes : rank.peak_bytes) pp_peak = std::max(pp_peak, bytes);
+    const size_t r = static_cast<size_t>(rank.rank);
+    if (r < input.memory.peak_bytes.size()) pp_peak_predicted = std::max(pp_peak_predicted, input.memory.peak_bytes[r]);
+  }
+  row.ref_peak_bytes = Measured(reference.PeakBytes());
+  row.pp_peak_bytes_max = Measured(pp_peak);
+  row.pp_peak_bytes_predicted = Measured(pp_peak_predicted);
+  row.bubble_measured = wall > 0 ? 1.0 - busy / wall : std::nan("");
+}
+
+}  // namespace
+
 void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainResult& reference,
                         reports::ScenarioReport& report) {
-  const auto& scenario = input.scenario;
   const size_t steps = reference.steps.size();
   // A pipeline step lasts as long as its slowest rank.
   std::vector<double> pp_ms, pp_rate;
@@ -148,45 +203,8 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
   row.pp_tokens_per_s_runs = 1;
   row.bubble_theory = input.simulation.bubble;
   if (predicted.ok()) row.pp_step_ms_predicted = predicted.step_ms;
-  double busy = 0.0, wall = 0.0;
-  int64_t pp_peak = -1, pp_peak_predicted = -1;
-  for (const auto& rank : input.ranks) {
-    const RankTime time = TimeOf(rank, steps);
-    busy += time.busy_us;
-    wall += time.wall_us;
-    const double per_step_ms = time.steps > 0 ? 1e-3 / time.steps : 0.0;
-    int64_t parameters = 0;
-    for (const auto& item : rank.final_weights) parameters += item.value().numel();
-    std::vector<std::string> stages;
-    for (int stage : rank.stages) stages.push_back(std::to_string(stage));
-    int64_t rank_peak = -1;
-    for (int64_t bytes : rank.peak_bytes) rank_peak = std::max(rank_peak, bytes);
-    pp_peak = std::max(pp_peak, rank_peak);
-    const size_t r = static_cast<size_t>(rank.rank);
-    const int64_t predicted_peak = r < input.memory.peak_bytes.size() ? input.memory.peak_bytes[r] : -1;
-    pp_peak_predicted = std::max(pp_peak_predicted, predicted_peak);
-    std::vector<double> rank_ms(rank.step_ms.begin() + std::min(rank.step_ms.size(), reference::FirstTimedStep(steps)),
-                                rank.step_ms.end());
-    reports::RankRow row_of_rank;
-    row_of_rank.scenario = scenario.name;
-    row_of_rank.rank = rank.rank;
-    row_of_rank.stages = fmt::format("{}", fmt::join(stages, ";"));
-    row_of_rank.params = parameters;
-    row_of_rank.peak_bytes = Measured(rank_peak);
-    row_of_rank.busy_ms = time.busy_us * per_step_ms;
-    row_of_rank.idle_ms = (time.wall_us - time.busy_us - time.comm_us) * per_step_ms;
-    row_of_rank.comm_ms = time.comm_us * per_step_ms;
-    row_of_rank.peak_bytes_predicted = Measured(predicted_peak);
-    if (!rank_ms.empty()) row_of_rank.step_ms = reference::Median(rank_ms);
-    if (r < predicted.rank_ms.size()) row_of_rank.step_ms_predicted = predicted.rank_ms[r];
-    report.ranks.push_back(row_of_rank);
-  }
-  const int64_t ref_peak = reference.PeakBytes();
-  row.ref_peak_bytes = Measured(ref_peak);
-  row.pp_peak_bytes_max = Measured(pp_peak);
-  row.pp_peak_bytes_predicted = Measured(pp_peak_predicted);
-  // 1 - busy / wall over every rank and timed step.
-  row.bubble_measured = wall > 0 ? 1.0 - busy / wall : std::nan("");
+  RankRows(input, steps, predicted, report);
+  MemoryAndBubble(input, reference, steps, row);
 }
 
 }  // namespace pipecheck::harness
