@@ -50,7 +50,8 @@ std::string At(int rank, size_t index, const Action& action) {
 }
 
 // Checks that need no execution: placement, ranges, duplicates, completeness, message pairs
-// and same-rank ordering. Returns "" or the first problem.
+// and same-rank ordering. Returns "" or the first problem. One list of independent rules, read
+// top to bottom, each its few lines, in the order a problem is reported.
 std::string CheckStatically(const Schedule& schedule) {
   const auto& shape = schedule.shape;
   if (static_cast<int>(schedule.ranks.size()) != shape.ranks) {
@@ -386,7 +387,10 @@ class DeviceStreams {
     std::vector<size_t> started;  // messages started whose other end may not have
   };
 
-  // One pass over every rank; true when some time became known.
+  // One pass over every rank; true when some time became known. Long on purpose: it is one step
+  // of a fixed-point iteration whose parts (the queued messages, the walk down the list, the
+  // messages whose other end has started) share the walk's state, and it reads best in one piece
+  // beside the stream model it implements (simulator.h, kDeviceStreams).
   bool Pass() {
     bool changed = false;
     const auto& shape = schedule_.shape;

@@ -220,66 +220,38 @@ double MedianOf(std::vector<double> values) {
 
 // Several runs' summaries as one: per scenario the median run's row, with the spread over the runs.
 std::string MergedSummary(const std::vector<std::string>& summaries) {
-  std::vector<std::vector<std::vector<std::string>>> tables;
-  for (const auto& path : summaries) {
-    tables.push_back(ParseCsv(ReadText(path), path));
-    if (tables.back().empty()) throw CompareError(fmt::format("{}: empty", path));
-  }
-  const auto& header = tables[0][0];
-  auto column = [&](size_t run, const std::string& name) {
-    const auto& names = tables[run][0];
-    const auto at = std::find(names.begin(), names.end(), name);
-    if (at == names.end()) throw CompareError(fmt::format("{}: not a pipecheck summary: column '{}' is missing", summaries[run], name));
-    return static_cast<size_t>(at - names.begin());
-  };
-  CsvTable merged(header);
-  const size_t name_column = column(0, "scenario");
-  for (size_t r = 1; r < tables[0].size(); ++r) {
-    const std::string& scenario = tables[0][r][name_column];
-    std::vector<std::pair<double, std::vector<std::string>>> rows;  // tokens/s, the row in the first run's columns
-    for (size_t run = 0; run < tables.size(); ++run) {
-      const size_t names = column(run, "scenario"), rate = column(run, "pp_tokens_per_s");
-      const auto found = std::find_if(tables[run].begin() + 1, tables[run].end(),
-                                      [&](const auto& row) { return row.size() > names && row[names] == scenario; });
-      if (found == tables[run].end()) {
+  std::vector<std::map<std::string, SummaryEntry>> runs;
+  for (const auto& path : summaries) runs.push_back(ReadSummary(path));
+  CsvTable merged(SummaryColumns());
+  for (const auto* first : InFileOrder(runs[0])) {
+    const std::string& scenario = first->row.scenario;
+    std::vector<const SummaryRow*> rows;  // the scenario's row in each run
+    std::vector<double> rates;
+    for (size_t run = 0; run < runs.size(); ++run) {
+      const auto found = runs[run].find(scenario);
+      if (found == runs[run].end()) {
         throw CompareError(fmt::format("{}: scenario '{}' is missing: runs merged into one baseline must be of the same "
                                        "suite", summaries[run], scenario));
       }
-      std::vector<std::string> row;
-      for (const auto& name : header) row.push_back((*found)[column(run, name)]);
-      const std::string& text = (*found)[rate];
-      double value = std::nan("");
-      if (!text.empty()) {
-        auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-        if (ec != std::errc() || ptr != text.data() + text.size() || !std::isfinite(value) || value < 0) {
-          throw CompareError(fmt::format("{}: scenario '{}', column 'pp_tokens_per_s', value '{}': expected a finite "
-                                         "decimal number >= 0 (or empty)", summaries[run], scenario, text));
-        }
-      }
-      rows.emplace_back(value, row);
+      rows.push_back(&found->second.row);
+      const double rate = Measured(found->second.row.pp_tokens_per_s);
+      if (!std::isnan(rate)) rates.push_back(rate);
     }
-    std::vector<double> rates;
-    for (const auto& row : rows) {
-      if (!std::isnan(row.first)) rates.push_back(row.first);
-    }
-    auto chosen = rows[0].second;
+    SummaryRow chosen = *rows[0];
     if (!rates.empty()) {
       const double median = MedianOf(rates);
       // The row of the run nearest the median stands for the scenario; its rate is the median.
-      const auto nearest = std::min_element(rows.begin(), rows.end(), [&](const auto& a, const auto& b) {
-        return std::abs(a.first - median) < std::abs(b.first - median) || std::isnan(b.first);
+      const auto nearest = std::min_element(rows.begin(), rows.end(), [&](const SummaryRow* a, const SummaryRow* b) {
+        const double x = Measured(a->pp_tokens_per_s), y = Measured(b->pp_tokens_per_s);
+        return std::abs(x - median) < std::abs(y - median) || std::isnan(y);
       });
-      chosen = nearest->second;
+      chosen = **nearest;
       const auto [low, high] = std::minmax_element(rates.begin(), rates.end());
-      const auto set = [&](const std::string& name, const std::string& value) {
-        const auto at = std::find(header.begin(), header.end(), name);
-        if (at != header.end()) chosen[static_cast<size_t>(at - header.begin())] = value;
-      };
-      set("pp_tokens_per_s", FormatNumber(median));
-      set("pp_tokens_per_s_spread", FormatNumber(median > 0 ? (*high - *low) / median : 0.0));
-      set("pp_tokens_per_s_runs", std::to_string(rates.size()));
+      chosen.pp_tokens_per_s = median;
+      chosen.pp_tokens_per_s_spread = median > 0 ? (*high - *low) / median : 0.0;
+      chosen.pp_tokens_per_s_runs = static_cast<int64_t>(rates.size());
     }
-    merged.AddRow(chosen);
+    merged.AddRow(Cells(SummaryFields(), chosen));
   }
   return merged.ToString();
 }

@@ -118,6 +118,8 @@ std::string ChromeTrace(const ScenarioReport& report) {
   return trace.dump(1) + "\n";
 }
 
+// Long on purpose: one SVG document written top to bottom (scale, lanes, steps, actions, legend),
+// each part a few lines that share the same coordinates.
 std::string TimelineSvg(const ScenarioReport& report) {
   const auto events = EventsOf(report);
   int ranks = 0;

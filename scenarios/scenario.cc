@@ -362,7 +362,8 @@ Header ReadHeader(const std::string& file, const std::string& text) {
   return header;
 }
 
-// Rules that involve several columns; defaults resolved first.
+// Rules that involve several columns; defaults resolved first. One list of independent rules, each
+// its own few lines naming the columns it relates, in the order the first broken one is reported.
 void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
   if (s.seq_len_min == 0) s.seq_len_min = s.seq_len;
   if (s.tol == 0.0) s.tol = DefaultTolerance(s.dtype);
