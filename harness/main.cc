@@ -199,20 +199,15 @@ void AddGate(CLI::App* command, GateOptions& gate, const std::string& runner_hel
       ->check(FiniteIn(0.0, 100.0, "a factor from 0 to 100"))->capture_default_str();
 }
 
-// The CI files a command may also write.
-struct CiFiles {
-  std::string junit;
-  std::string markdown;
-};
-
-void AddCiFiles(CLI::App* command, CiFiles& files, const char* junit_help) {
-  command->add_option("--junit", files.junit, junit_help);
-  command->add_option("--markdown", files.markdown,
+// The CI files a command may also write: JUnit XML and a Markdown summary.
+void AddCiFiles(CLI::App* command, std::string& junit, std::string& markdown, const char* junit_help) {
+  command->add_option("--junit", junit, junit_help);
+  command->add_option("--markdown", markdown,
                       "Also write a Markdown summary (appended when FILE is $GITHUB_STEP_SUMMARY)");
 }
 
-bool CiFilesWritable(const CiFiles& files, const char* command) {
-  return WritableFile(files.junit, command, "--junit") && WritableFile(files.markdown, command, "--markdown");
+bool CiFilesWritable(const std::string& junit, const std::string& markdown, const char* command) {
+  return WritableFile(junit, command, "--junit") && WritableFile(markdown, command, "--markdown");
 }
 
 // The baseline a command compares with: --baseline-dir/--runner, else the one given; a missing or
@@ -339,56 +334,45 @@ void ListScenarios(const std::vector<pipecheck::scenarios::Scenario>& selected) 
 
 Command AddRun(CLI::App& app) {
   struct Options {
-    std::string scenarios = kDefaultSuite;
     std::vector<std::string> only;
-    std::string out = kDefaultOut;
     bool list = false;
-    std::string device;
-    double timeout = 0.0;
-    int threads = 0;
-    bool bind_cpus = false;
-    CiFiles files;
     GateOptions gate;
+    pipecheck::harness::RunOptions run;  // the rest, bound to its flags
   };
   auto options = std::make_shared<Options>();
+  auto& run = options->run;
+  run.scenarios_path = kDefaultSuite;
+  run.out = kDefaultOut;
   auto* command = app.add_subcommand("run", "Run scenarios through the pipeline and the reference; write reports");
-  AddCiFiles(command, options->files, "Also write JUnit XML: a testcase per scenario");
+  AddCiFiles(command, run.junit, run.markdown, "Also write JUnit XML: a testcase per scenario");
   AddGate(command, options->gate,
           "Compare the run with --baseline-dir/RUNNER (this runner's baseline); a regression fails the run",
           /*optional=*/true);
-  AddScenarios(command, options->scenarios);
+  AddScenarios(command, run.scenarios_path);
   AddOnly(command, options->only);
-  command->add_option("--out", options->out, "Report directory (default reports/latest)");
+  command->add_option("--out", run.out, "Report directory (default reports/latest)");
   command->add_flag("--list", options->list, "List the selected scenarios and exit; nothing runs");
-  AddDevice(command, options->device, "Override every scenario's device");
-  AddTimeout(command, options->timeout, "Deadline per scenario in seconds (default: sized to each scenario, 30 s and up)");
-  AddThreads(command, options->threads, "Intra-op threads per rank (0: cores / world_size)");
-  command->add_flag("--bind-cpus", options->bind_cpus,
+  AddDevice(command, run.device, "Override every scenario's device");
+  AddTimeout(command, run.timeout_seconds,
+             "Deadline per scenario in seconds (default: sized to each scenario, 30 s and up)");
+  AddThreads(command, run.threads_per_rank, "Intra-op threads per rank (0: cores / world_size)");
+  command->add_flag("--bind-cpus", run.bind_cpus,
                     "Bind each CPU rank to its own contiguous share of this process's CPUs (not with runs side by side)");
   return {command, "run", [options] {
-            const Options& o = *options;
-            const auto selected = SelectedScenarios(o.scenarios, o.only, o.device);
+            auto run = options->run;
+            const auto selected = SelectedScenarios(run.scenarios_path, options->only, run.device);
             // A scenario this build or machine cannot run at all is bad input, found before anything runs.
-            if (!RunnableHere(selected, o.list ? " run --list" : " run")) return kExitBadInput;
-            if (o.list) {
+            if (!RunnableHere(selected, options->list ? " run --list" : " run")) return kExitBadInput;
+            if (options->list) {
               ListScenarios(selected);
               return 0;
             }
             // An unwritable --out, --junit or --markdown, or a missing baseline, is bad input, found
             // before anything runs; so is an --out another run is writing into.
-            if (!WritableOut(o.out, "run") || !CiFilesWritable(o.files, "run")) return kExitBadInput;
-            const pipecheck::harness::RunDirectory directory(o.out, {"views", "work", "compare.csv"});
-            pipecheck::harness::RunOptions run;
-            run.baseline = ResolveBaseline(o.gate, "");
-            run.limits = o.gate.Limits();
-            run.junit = o.files.junit;
-            run.markdown = o.files.markdown;
-            run.scenarios_path = o.scenarios;
-            run.out = o.out;
-            run.timeout_seconds = o.timeout;
-            run.threads_per_rank = o.threads;
-            run.device = o.device;
-            run.bind_cpus = o.bind_cpus;
+            if (!WritableOut(run.out, "run") || !CiFilesWritable(run.junit, run.markdown, "run")) return kExitBadInput;
+            const pipecheck::harness::RunDirectory directory(run.out, {"views", "work", "compare.csv"});
+            run.baseline = ResolveBaseline(options->gate, "");
+            run.limits = options->gate.Limits();
             return pipecheck::harness::RunSuite(selected, run, std::cout);
           }};
 }
@@ -550,7 +534,7 @@ Command AddSchedule(CLI::App& app) {
 struct CompareCommandOptions {
   std::vector<std::string> paths;  // [BASELINE] CURRENT
   GateOptions gate;
-  CiFiles files;
+  std::string junit, markdown;
   std::string out;  // where compare.csv goes ("" beside the current summary)
 };
 
@@ -568,22 +552,24 @@ int Compare(const CompareCommandOptions& options) {
   std::string out_directory =
       options.out.empty() ? std::filesystem::path(SummaryPath(current)).parent_path().string() : options.out;
   if (out_directory.empty()) out_directory = ".";
-  if (!WritableOut(out_directory, "compare") || !CiFilesWritable(options.files, "compare")) return kExitBadInput;
+  if (!WritableOut(out_directory, "compare") || !CiFilesWritable(options.junit, options.markdown, "compare")) {
+    return kExitBadInput;
+  }
   const CompareOptions limits = options.gate.Limits();
   const Comparison comparison = CompareSummaries(baseline, current, limits);
   fmt::print("{}", FormatComparison(comparison, limits));
   const auto out = std::filesystem::path(out_directory) / "compare.csv";
   WriteFileAtomically(out.string(), ComparisonCsv(comparison));
   fmt::print("wrote {}\n", out.string());
-  if (!options.files.junit.empty()) {
+  if (!options.junit.empty()) {
     std::vector<JUnitCase> cases;
     for (const auto& row : comparison.rows) cases.push_back(CompareCase(row, baseline));
-    WriteFileAtomically(options.files.junit, JUnitXml("pipecheck compare " + baseline, cases));
-    fmt::print("wrote {}\n", options.files.junit);
+    WriteFileAtomically(options.junit, JUnitXml("pipecheck compare " + baseline, cases));
+    fmt::print("wrote {}\n", options.junit);
   }
-  if (!options.files.markdown.empty()) {
-    const bool appended = WriteMarkdown(options.files.markdown, CompareMarkdown(comparison, baseline, current));
-    fmt::print("{} {}\n", appended ? "appended to" : "wrote", options.files.markdown);
+  if (!options.markdown.empty()) {
+    const bool appended = WriteMarkdown(options.markdown, CompareMarkdown(comparison, baseline, current));
+    fmt::print("{} {}\n", appended ? "appended to" : "wrote", options.markdown);
   }
   return comparison.regressions == 0 ? 0 : 1;
 }
@@ -595,7 +581,8 @@ Command AddCompare(CLI::App& app) {
                       "Baseline and current summary.csv, or their directories (with --runner: CURRENT only)")
       ->required()->expected(1, 2);
   AddGate(command, options->gate, "Compare with --baseline-dir/RUNNER, this runner's baseline", /*optional=*/false);
-  AddCiFiles(command, options->files, "Also write JUnit XML: a testcase per scenario, a failure per regression");
+  AddCiFiles(command, options->junit, options->markdown,
+             "Also write JUnit XML: a testcase per scenario, a failure per regression");
   command->add_option("--out", options->out, "Directory for compare.csv (default: the current summary's)");
   return {command, "compare", [options] { return Compare(*options); }};
 }
