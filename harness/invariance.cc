@@ -136,6 +136,29 @@ std::string Short(double value) {
   return fmt::format("{:.1e}", value);
 }
 
+// Of the (scenario, partition label, axis) candidates, those that can run, each pipeline once (the
+// first name it was listed under); the others go to `skipped` with the loader's reason.
+std::vector<Variant> RunnableVariants(const Scenario& base,
+                                      std::vector<std::tuple<Scenario, std::string, std::string>> candidates,
+                                      std::vector<SkippedVariant>* skipped) {
+  std::vector<Variant> variants;
+  std::set<std::string> seen;
+  for (auto& [s, partition_label, axis] : candidates) {
+    const std::string label = Label(s, base, partition_label);
+    s.name = base.name + "." + label;
+    const std::string problem = ProblemOf(s, label);
+    if (!problem.empty()) {
+      if (skipped && std::none_of(skipped->begin(), skipped->end(), [&](const auto& k) { return k.label == label; })) {
+        skipped->push_back({label, problem});
+      }
+      continue;
+    }
+    if (!seen.insert(Identity(s)).second) continue;  // the same pipeline under another name or axis
+    variants.push_back({s, label, axis});
+  }
+  return variants;
+}
+
 }  // namespace
 
 std::vector<Variant> InvarianceVariants(const Scenario& base, const InvarianceOptions& options,
@@ -191,22 +214,7 @@ std::vector<Variant> InvarianceVariants(const Scenario& base, const InvarianceOp
     with(base.world_size, base.schedule, base.virtual_stages, base.partition, base_partition_label, m, "microbatches");
   }
 
-  std::vector<Variant> variants;
-  std::set<std::string> seen;
-  for (auto& [s, partition_label, axis] : candidates) {
-    const std::string label = Label(s, base, partition_label);
-    s.name = base.name + "." + label;
-    const std::string problem = ProblemOf(s, label);
-    if (!problem.empty()) {
-      if (skipped && std::none_of(skipped->begin(), skipped->end(), [&](const auto& k) { return k.label == label; })) {
-        skipped->push_back({label, problem});
-      }
-      continue;
-    }
-    if (!seen.insert(Identity(s)).second) continue;  // the same pipeline under another name or axis
-    variants.push_back({s, label, axis});
-  }
-  return variants;
+  return RunnableVariants(base, std::move(candidates), skipped);
 }
 
 ArithmeticKey ArithmeticOf(const Scenario& scenario) {
