@@ -53,7 +53,7 @@ SANITIZE_DIR ?= build-sanitize
 SANITIZE_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # Unit suites (no ranks); the ranks are exercised by the core suite below.
-SANITIZE_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*'
+SANITIZE_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*'
 sanitize: deps
 	@python="$$(scripts/torch-python.sh $(TORCH))" || exit 2; \
 	[ -f $(SANITIZE_DIR)/CMakeCache.txt ] || cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=Release \

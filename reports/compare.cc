@@ -324,22 +324,34 @@ std::string FormatComparison(const Comparison& comparison, const CompareOptions&
 
 std::string ComparisonCsv(const Comparison& comparison) {
   CsvTable table(ComparisonColumns());
-  for (const auto& row : comparison.rows) table.AddRow(ComparisonFields(row));
+  for (const auto& row : comparison.rows) table.AddRow(Cells(ComparisonFields(), row));
   return table.ToString();
 }
 
-const std::vector<std::string>& ComparisonColumns() {
-  static const std::vector<std::string> columns = {
-      "scenario", "verdict", "baseline_status", "current_status", "baseline_tokens_per_s", "current_tokens_per_s",
-      "throughput_change", "throughput_limit", "baseline_peak_bytes", "current_peak_bytes", "memory_change", "baseline_grad_rel_err",
-      "current_grad_rel_err", "notes"};
-  return columns;
+const Fields<ComparisonRow>& ComparisonFields() {
+  using R = ComparisonRow;
+  static const Fields<ComparisonRow> fields = {
+      field::Text("scenario", &R::scenario),
+      field::Text("verdict", &R::verdict),
+      field::Text("baseline_status", &R::baseline_status),
+      field::Text("current_status", &R::current_status),
+      field::OptionalReal("baseline_tokens_per_s", &R::baseline_tokens_per_s),
+      field::OptionalReal("current_tokens_per_s", &R::current_tokens_per_s),
+      field::Text("throughput_change", &R::throughput_change),
+      field::Text("throughput_limit", &R::throughput_limit),
+      field::OptionalInteger("baseline_peak_bytes", &R::baseline_peak_bytes),
+      field::OptionalInteger("current_peak_bytes", &R::current_peak_bytes),
+      field::Text("memory_change", &R::memory_change),
+      field::OptionalReal("baseline_grad_rel_err", &R::baseline_grad_rel_err),
+      field::OptionalReal("current_grad_rel_err", &R::current_grad_rel_err),
+      field::Text("notes", &R::notes),
+  };
+  return fields;
 }
 
-std::vector<std::string> ComparisonFields(const ComparisonRow& r) {
-  return {r.scenario, r.verdict, r.baseline_status, r.current_status, r.baseline_tokens_per_s,
-          r.current_tokens_per_s, r.throughput_change, r.throughput_limit, r.baseline_peak_bytes, r.current_peak_bytes, r.memory_change,
-          r.baseline_grad_rel_err, r.current_grad_rel_err, r.notes};
+const std::vector<std::string>& ComparisonColumns() {
+  static const std::vector<std::string> columns = Header(ComparisonFields());
+  return columns;
 }
 
 namespace {
@@ -423,16 +435,16 @@ void JudgeParityError(const SummaryRow& base, const SummaryRow& now, Findings& f
 // The compared columns of either side, as summary.csv writes them.
 void SetBaseline(ComparisonRow& row, const SummaryRow& base) {
   row.baseline_status = StatusName(base.status);
-  row.baseline_tokens_per_s = CellOf(SummaryFields(), base, "pp_tokens_per_s");
-  row.baseline_peak_bytes = CellOf(SummaryFields(), base, "pp_peak_bytes_max");
-  row.baseline_grad_rel_err = CellOf(SummaryFields(), base, "grad_max_rel_err");
+  row.baseline_tokens_per_s = base.pp_tokens_per_s;
+  row.baseline_peak_bytes = base.pp_peak_bytes_max;
+  row.baseline_grad_rel_err = base.grad_max_rel_err;
 }
 
 void SetCurrent(ComparisonRow& row, const SummaryRow& now) {
   row.current_status = StatusName(now.status);
-  row.current_tokens_per_s = CellOf(SummaryFields(), now, "pp_tokens_per_s");
-  row.current_peak_bytes = CellOf(SummaryFields(), now, "pp_peak_bytes_max");
-  row.current_grad_rel_err = CellOf(SummaryFields(), now, "grad_max_rel_err");
+  row.current_tokens_per_s = now.pp_tokens_per_s;
+  row.current_peak_bytes = now.pp_peak_bytes_max;
+  row.current_grad_rel_err = now.grad_max_rel_err;
 }
 
 // One baseline scenario against the current run's (none: it went missing). The verdict is

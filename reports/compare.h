@@ -6,6 +6,8 @@
 // one run's timed steps): a throughput limit never tighter than the noise it has seen.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,13 +35,18 @@ struct CompareOptions {
 struct ComparisonRow {
   std::string scenario;
   std::string verdict;  // ok, REGRESSION, CHANGED (another configuration: not comparable), warning, new
-  std::string baseline_status, current_status;
-  std::string baseline_tokens_per_s, current_tokens_per_s, throughput_change;
-  std::string throughput_limit;  // the slowdown allowed, noise included: "-16.0%"
-  std::string baseline_peak_bytes, current_peak_bytes, memory_change;
-  std::string baseline_grad_rel_err, current_grad_rel_err;
+  std::string baseline_status, current_status;  // "" where that side has no row
+  std::optional<double> baseline_tokens_per_s, current_tokens_per_s;
+  std::string throughput_change;  // "+1.0%"
+  std::string throughput_limit;   // the slowdown allowed, noise included: "-16.0%"
+  std::optional<int64_t> baseline_peak_bytes, current_peak_bytes;
+  std::string memory_change;
+  std::optional<double> baseline_grad_rel_err, current_grad_rel_err;
   std::string notes;
 };
+
+// compare.csv's columns, in file order: the one list.
+const Fields<ComparisonRow>& ComparisonFields();
 
 struct Comparison {
   std::vector<ComparisonRow> rows;
@@ -92,6 +99,6 @@ std::string FormatComparison(const Comparison& comparison, const CompareOptions&
 std::string ComparisonCsv(const Comparison& comparison);
 
 const std::vector<std::string>& ComparisonColumns();
-std::vector<std::string> ComparisonFields(const ComparisonRow& row);
+
 
 }  // namespace pipecheck::reports

@@ -111,17 +111,11 @@ JUnitCase CompareCase(const ComparisonRow& row, const std::string& baseline) {
     c.type = row.verdict == "CHANGED" ? "changed configuration" : "regression";
     c.message = row.notes;
   }
-  AddProperty(c, "verdict", row.verdict);
-  AddProperty(c, "baseline_status", row.baseline_status);
-  AddProperty(c, "current_status", row.current_status);
-  AddProperty(c, "baseline_tokens_per_s", row.baseline_tokens_per_s);
-  AddProperty(c, "current_tokens_per_s", row.current_tokens_per_s);
-  AddProperty(c, "throughput_change", row.throughput_change);
-  AddProperty(c, "throughput_limit", row.throughput_limit);
-  AddProperty(c, "baseline_peak_bytes", row.baseline_peak_bytes);
-  AddProperty(c, "current_peak_bytes", row.current_peak_bytes);
-  AddProperty(c, "memory_change", row.memory_change);
-  AddProperty(c, "notes", row.notes);
+  for (const char* column : {"verdict", "baseline_status", "current_status", "baseline_tokens_per_s",
+                             "current_tokens_per_s", "throughput_change", "throughput_limit", "baseline_peak_bytes",
+                             "current_peak_bytes", "memory_change", "notes"}) {
+    AddProperty(c, column, CellOf(ComparisonFields(), row, column));
+  }
   return c;
 }
 
