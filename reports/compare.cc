@@ -35,6 +35,21 @@ bool Gated(const std::string& column) {
          column == "pp_tokens_per_s_spread";
 }
 
+// Whether `text` is a measured number: finite and >= 0, or nan (measured as not a number).
+bool MeasuredNumber(const std::string& column, const std::string& text) {
+  try {
+    const double value = cell::ParseReal(column, text);
+    return std::isnan(value) || (std::isfinite(value) && value >= 0);
+  } catch (const FieldError&) {
+    return false;
+  }
+}
+
+void TrimBlanks(std::string& text) {
+  text.erase(0, text.find_first_not_of(" \t"));
+  text.erase(text.find_last_not_of(" \t") + 1);
+}
+
 std::string GatedProblem(const std::string& path, unsigned line, const std::string& column, const std::string& value) {
   return fmt::format("{}:{}: column '{}', value '{}': expected a finite decimal number >= 0 (or empty)", path, line,
                      column, value);
@@ -68,7 +83,7 @@ std::map<std::string, SummaryEntry> ReadSummary(const std::string& path) {
   if (table.empty()) throw CompareError(fmt::format("{}: not a pipecheck summary: the file is empty", path));
   auto header = table[0];
   if (!header.empty() && header[0].rfind("\xEF\xBB\xBF", 0) == 0) header[0] = header[0].substr(3);  // a byte order mark
-  for (auto& name : header) name.erase(0, name.find_first_not_of(" \t")), name.erase(name.find_last_not_of(" \t") + 1);
+  for (auto& name : header) TrimBlanks(name);
   for (const char* column : kRequiredColumns) {
     if (std::find(header.begin(), header.end(), column) == header.end()) {
       throw CompareError(fmt::format("{}: not a pipecheck summary: column '{}' is missing", path, column));
@@ -80,14 +95,11 @@ std::map<std::string, SummaryEntry> ReadSummary(const std::string& path) {
   for (size_t r = 1; r < table.size(); ++r) {
     const auto line = static_cast<unsigned>(r + 1);
     auto cells = table[r];
-    for (auto& cell : cells) cell.erase(0, cell.find_first_not_of(" \t")), cell.erase(cell.find_last_not_of(" \t") + 1);
+    for (auto& cell : cells) TrimBlanks(cell);
     for (size_t c = 0; c < header.size() && c < cells.size(); ++c) {
-      if (!Gated(header[c]) || cells[c].empty()) continue;
-      double value = 0.0;
-      const char* end = cells[c].data() + cells[c].size();
-      const auto [ptr, ec] = std::from_chars(cells[c].data(), end, value);
-      const bool number = cells[c] == "nan" || (ec == std::errc() && ptr == end && std::isfinite(value) && value >= 0);
-      if (!number) throw CompareError(GatedProblem(path, line, header[c], cells[c]));
+      if (Gated(header[c]) && !cells[c].empty() && !MeasuredNumber(header[c], cells[c])) {
+        throw CompareError(GatedProblem(path, line, header[c], cells[c]));
+      }
     }
     try {
       rows.push_back(ParseCells(SummaryFields(), header, cells));
@@ -349,10 +361,7 @@ const Fields<ComparisonRow>& ComparisonFields() {
   return fields;
 }
 
-const std::vector<std::string>& ComparisonColumns() {
-  static const std::vector<std::string> columns = Header(ComparisonFields());
-  return columns;
-}
+const std::vector<std::string>& ComparisonColumns() { return ColumnsOf(ComparisonFields()); }
 
 namespace {
 

@@ -61,16 +61,35 @@ Field<Row> Integer(std::string name, Int Row::*member) {
           }};
 }
 
-template <typename Row, typename Int>
-Field<Row> OptionalInteger(std::string name, std::optional<Int> Row::*member) {
-  return {name, [member](const Row& row) { return row.*member ? std::to_string(*(row.*member)) : std::string(); },
-          [member, name](Row& row, const std::string& text) {
+// A field that may hold nothing (an empty cell): `field` formats and reads its value when there is one.
+template <typename Row, typename Value>
+Field<Row> Optional(std::optional<Value> Row::*member, const Field<Value>& field) {
+  return {field.name,
+          [member, format = field.format](const Row& row) { return row.*member ? format(*(row.*member)) : std::string(); },
+          [member, parse = field.parse](Row& row, const std::string& text) {
             if (text.empty()) {
               row.*member = std::nullopt;
-            } else {
-              row.*member = static_cast<Int>(cell::ParseInteger(name, text));
+              return;
             }
+            Value value{};
+            parse(value, text);
+            row.*member = value;
           }};
+}
+
+// The field of a plain value (no row around it), for Optional.
+template <typename Value>
+Field<Value> Plain(std::string name, std::string (*format)(Value), Value (*parse)(const std::string&, const std::string&)) {
+  return {name, [format](const Value& value) { return format(value); },
+          [parse, name](Value& value, const std::string& text) { value = parse(name, text); }};
+}
+
+inline std::string IntegerText(int64_t value) { return std::to_string(value); }
+inline std::string FlagText(bool value) { return value ? "1" : "0"; }
+
+template <typename Row>
+Field<Row> OptionalInteger(std::string name, std::optional<int64_t> Row::*member) {
+  return Optional(member, Plain<int64_t>(std::move(name), IntegerText, cell::ParseInteger));
 }
 
 template <typename Row>
@@ -81,14 +100,7 @@ Field<Row> Real(std::string name, double Row::*member) {
 
 template <typename Row>
 Field<Row> OptionalReal(std::string name, std::optional<double> Row::*member) {
-  return {name, [member](const Row& row) { return row.*member ? FormatNumber(*(row.*member)) : std::string(); },
-          [member, name](Row& row, const std::string& text) {
-            if (text.empty()) {
-              row.*member = std::nullopt;
-            } else {
-              row.*member = cell::ParseReal(name, text);
-            }
-          }};
+  return Optional(member, Plain<double>(std::move(name), FormatNumber, cell::ParseReal));
 }
 
 template <typename Row>
@@ -99,14 +111,7 @@ Field<Row> Flag(std::string name, bool Row::*member) {
 
 template <typename Row>
 Field<Row> OptionalFlag(std::string name, std::optional<bool> Row::*member) {
-  return {name, [member](const Row& row) { return std::string(!(row.*member) ? "" : *(row.*member) ? "1" : "0"); },
-          [member, name](Row& row, const std::string& text) {
-            if (text.empty()) {
-              row.*member = std::nullopt;
-            } else {
-              row.*member = cell::ParseFlag(name, text);
-            }
-          }};
+  return Optional(member, Plain<bool>(std::move(name), FlagText, cell::ParseFlag));
 }
 
 template <typename Row>
@@ -122,6 +127,13 @@ std::vector<std::string> Header(const Fields<Row>& fields) {
   std::vector<std::string> names;
   for (const auto& f : fields) names.push_back(f.name);
   return names;
+}
+
+// Header(fields), built once: each row type has the one table `fields`.
+template <typename Row>
+const std::vector<std::string>& ColumnsOf(const Fields<Row>& fields) {
+  static const std::vector<std::string> columns = Header(fields);
+  return columns;
 }
 
 template <typename Row>
@@ -153,6 +165,14 @@ Row ParseCells(const Fields<Row>& fields, const std::vector<std::string>& header
       }
     }
   }
+  return row;
+}
+
+// A row whose cells are in the table's own order (as Cells wrote them).
+template <typename Row>
+Row ParseInOrder(const Fields<Row>& fields, const std::vector<std::string>& cells) {
+  Row row;
+  for (size_t i = 0; i < fields.size() && i < cells.size(); ++i) fields[i].parse(row, cells[i]);
   return row;
 }
 

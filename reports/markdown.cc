@@ -33,32 +33,19 @@ std::string Cell(const std::string& text, size_t limit = 200) {
   return cell;
 }
 
-std::string Number(const std::string& text, const char* format) {
-  if (text.empty() || text == "nan") return "–";
-  try {
-    return fmt::format(fmt::runtime(format), std::stod(text));
-  } catch (const std::exception&) {
-    return Cell(text);
-  }
-}
-
-std::string Bytes(const std::string& text) {
-  if (text.empty() || text == "-1") return "–";
-  try {
-    const double bytes = std::stod(text);
-    if (bytes >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024));
-    if (bytes >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
-    return fmt::format("{:.1f} KiB", bytes / 1024.0);
-  } catch (const std::exception&) {
-    return Cell(text);
-  }
-}
-
+// "–" where nothing was measured (or it measured NaN).
 std::string Number(const std::optional<double>& value, const char* format) {
-  return value ? Number(FormatNumber(*value), format) : "–";
+  if (!value || std::isnan(*value)) return "–";
+  return fmt::format(fmt::runtime(format), *value);
 }
 
-std::string Bytes(const std::optional<int64_t>& value) { return value ? Bytes(std::to_string(*value)) : "–"; }
+std::string Bytes(const std::optional<int64_t>& value) {
+  if (!value || *value < 0) return "–";
+  const double bytes = static_cast<double>(*value);
+  if (bytes >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024));
+  if (bytes >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
+  return fmt::format("{:.1f} KiB", bytes / 1024.0);
+}
 
 const char* Mark(bool ok) { return ok ? "✅" : "❌"; }
 

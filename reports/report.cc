@@ -55,10 +55,7 @@ const Fields<SummaryRow>& SummaryFields() {
   return fields;
 }
 
-const std::vector<std::string>& SummaryColumns() {
-  static const std::vector<std::string> columns = Header(SummaryFields());
-  return columns;
-}
+const std::vector<std::string>& SummaryColumns() { return ColumnsOf(SummaryFields()); }
 
 const Fields<ParamRow>& ParamFields() {
   using R = ParamRow;
@@ -120,25 +117,13 @@ const Fields<RankRow>& RankFields() {
   return fields;
 }
 
-const std::vector<std::string>& ParamColumns() {
-  static const std::vector<std::string> columns = Header(ParamFields());
-  return columns;
-}
+const std::vector<std::string>& ParamColumns() { return ColumnsOf(ParamFields()); }
 
-const std::vector<std::string>& StepColumns() {
-  static const std::vector<std::string> columns = Header(StepFields());
-  return columns;
-}
+const std::vector<std::string>& StepColumns() { return ColumnsOf(StepFields()); }
 
-const std::vector<std::string>& TimelineColumns() {
-  static const std::vector<std::string> columns = Header(TimelineFields());
-  return columns;
-}
+const std::vector<std::string>& TimelineColumns() { return ColumnsOf(TimelineFields()); }
 
-const std::vector<std::string>& RankColumns() {
-  static const std::vector<std::string> columns = Header(RankFields());
-  return columns;
-}
+const std::vector<std::string>& RankColumns() { return ColumnsOf(RankFields()); }
 
 const Fields<BoundaryRow>& BoundaryFields() {
   using R = BoundaryRow;
@@ -186,15 +171,9 @@ const Fields<CommRow>& CommFields() {
   return fields;
 }
 
-const std::vector<std::string>& BoundaryColumns() {
-  static const std::vector<std::string> columns = Header(BoundaryFields());
-  return columns;
-}
+const std::vector<std::string>& BoundaryColumns() { return ColumnsOf(BoundaryFields()); }
 
-const std::vector<std::string>& CommColumns() {
-  static const std::vector<std::string> columns = Header(CommFields());
-  return columns;
-}
+const std::vector<std::string>& CommColumns() { return ColumnsOf(CommFields()); }
 
 std::string ScenarioReport::Get(const std::string& column) const { return CellOf(SummaryFields(), summary, column); }
 
@@ -265,8 +244,7 @@ std::vector<std::vector<std::string>> RowsOf(const Fields<Row>& fields, const st
 template <typename Row>
 std::vector<Row> TypedRows(const Fields<Row>& fields, const std::vector<std::vector<std::string>>& cells) {
   std::vector<Row> rows;
-  const auto header = Header(fields);
-  for (const auto& row : cells) rows.push_back(ParseCells(fields, header, row));
+  for (const auto& row : cells) rows.push_back(ParseInOrder(fields, row));
   return rows;
 }
 
