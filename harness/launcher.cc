@@ -20,9 +20,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
+#include "harness/external.h"
 #include "harness/parity.h"
 #include "harness/scenario_model.h"
 #include "harness/worker.h"
@@ -111,15 +113,29 @@ std::vector<int> CpusOfRank(const std::vector<int>& allowed, int rank, int ranks
 
 namespace {
 
-pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& options, const std::string& directory,
-                int rank, int port, const std::string& log) {
+// What one process of a scenario runs: its command line and what it adds to the torchrun
+// environment.
+struct ProcessCommand {
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> environment;
+};
+
+// Rank `rank` of pipecheck's own trainer, or a single phase of another trainer's scenario.
+ProcessCommand WorkerCommand(const scenarios::Scenario& scenario, const LaunchOptions& options,
+                             const std::string& directory, const std::string& phase = "") {
+  ProcessCommand command;
+  command.argv = {options.executable, "worker", "--scenarios", options.scenarios_path, "--scenario", scenario.name,
+                  "--out", directory, "--threads", std::to_string(options.threads_per_rank)};
+  if (!options.device.empty()) command.argv.insert(command.argv.end(), {"--device", options.device});
+  if (!phase.empty()) command.argv.insert(command.argv.end(), {"--phase", phase});
+  command.argv.insert(command.argv.end(), options.worker_args.begin(), options.worker_args.end());
+  return command;
+}
+
+// Rank `rank` of `world` (torchrun's contract in its environment), running `command`.
+pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& options, const ProcessCommand& command,
+                int rank, int world, int port, const std::string& log) {
   const Binding binding = BindingOf(scenario, options, rank);
-  const std::vector<std::string> args = {options.executable, "worker", "--scenarios", options.scenarios_path,
-                                         "--scenario", scenario.name, "--out", directory, "--threads",
-                                         std::to_string(options.threads_per_rank)};
-  std::vector<std::string> all_args = args;
-  if (!options.device.empty()) all_args.insert(all_args.end(), {"--device", options.device});
-  all_args.insert(all_args.end(), options.worker_args.begin(), options.worker_args.end());
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
   if (pid > 0) return pid;
@@ -137,14 +153,15 @@ pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& option
   }
   setenv("RANK", std::to_string(rank).c_str(), 1);
   setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-  setenv("WORLD_SIZE", std::to_string(scenario.world_size).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  for (const auto& [name, value] : command.environment) setenv(name.c_str(), value.c_str(), 1);
   std::vector<char*> argv;
-  for (const auto& arg : all_args) argv.push_back(const_cast<char*>(arg.c_str()));
+  for (const auto& arg : command.argv) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
-  execv(options.executable.c_str(), argv.data());
-  fmt::print(stderr, "exec {} failed: {}\n", options.executable, std::strerror(errno));
+  execv(command.argv.front().c_str(), argv.data());
+  fmt::print(stderr, "exec {} failed: {}\n", command.argv.front(), std::strerror(errno));
   _exit(127);
 }
 
@@ -234,7 +251,9 @@ double DefaultDeadlineSeconds(const scenarios::Scenario& scenario) {
   const auto model = ToModelConfig(scenario);
   const double parameters = static_cast<double>(model.ParameterCount());
   const double flops_per_step = 6.0 * parameters * static_cast<double>(scenario.batch * scenario.seq_len);
-  return 30.0 + 3.0 * static_cast<double>(scenario.steps) * flops_per_step / 1e9;
+  // Another trainer's ranks start a Python and import PyTorch first (seconds each on a busy machine).
+  const double startup = scenario.ExternalTrainer() ? 60.0 : 0.0;
+  return 30.0 + startup + 3.0 * static_cast<double>(scenario.steps) * flops_per_step / 1e9;
 }
 
 namespace {
@@ -319,60 +338,55 @@ reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std
 }
 
 // The TIMEOUT row of ranks still running at the deadline (ended here): what each was doing, from
-// its flight record, then what it last said.
+// its flight record (pipecheck's own ranks keep one), then what it last said.
 reports::ScenarioReport TimedOut(const scenarios::Scenario& scenario, const LaunchOptions& options,
-                                 const fs::path& directory, const std::vector<Rank>& ranks) {
-  const auto records = FlightRecords(directory, ranks.size());
+                                 const fs::path& directory, const std::vector<Rank>& ranks, bool flight_records) {
+  const auto records = flight_records ? FlightRecords(directory, ranks.size())
+                                      : std::vector<std::vector<pipeline::FlightEntry>>(ranks.size());
   std::vector<std::string> stuck, doing, outputs;
   for (const auto& rank : ranks) {
     if (!rank.killed_here) continue;
     stuck.push_back(std::to_string(rank.rank));
-    doing.push_back(fmt::format("rank {} {}", rank.rank, pipeline::DescribeLastEntry(records[rank.rank])));
+    if (flight_records) doing.push_back(fmt::format("rank {} {}", rank.rank, pipeline::DescribeLastEntry(records[rank.rank])));
     outputs.push_back(fmt::format("rank {}: {}", rank.rank, Tail(rank.log, 1)));
   }
+  const std::string who = flight_records ? "" : fmt::format("trainer {}: ", scenario.trainer);
   auto report = FailedScenarioReport(
       scenario, reports::Status::kTimeout,
-      fmt::format("rank(s) {} still running after the {:g} s deadline: {}; last output: {}", fmt::join(stuck, ", "),
-                  options.timeout_seconds, fmt::join(doing, "; "), fmt::join(outputs, " || ")));
-  AttachPartialTimeline(report, scenario.name, records);
+      fmt::format("{}rank(s) {} still running after the {:g} s deadline{}{}; last output: {}", who, fmt::join(stuck, ", "),
+                  options.timeout_seconds, doing.empty() ? "" : ": ", fmt::join(doing, "; "), fmt::join(outputs, " || ")));
+  if (flight_records) AttachPartialTimeline(report, scenario.name, records);
   return report;
 }
 
-// The report rank 0 left once every rank exited cleanly.
-reports::ScenarioReport Delivered(const scenarios::Scenario& scenario, const fs::path& result_path,
-                                  const std::vector<Rank>& ranks) {
+// The report a single process left in result.json once every process exited cleanly.
+reports::ScenarioReport Delivered(const scenarios::Scenario& scenario, const fs::path& result_path, const Rank& writer) {
   std::ifstream stream(result_path);
   if (!stream) {
     return FailedScenarioReport(scenario, reports::Status::kError,
                                 fmt::format("every rank exited cleanly but rank 0 wrote no result; its last output: {}",
-                                            Tail(ranks[0].log)));
+                                            Tail(writer.log)));
   }
   std::stringstream text;
   text << stream.rdbuf();
   return reports::FromJson(text.str());
 }
 
-// One attempt at the scenario on `port`; sets `port_busy` when rank 0 could not listen on it.
-reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const LaunchOptions& options, int port,
-                                bool& port_busy) {
-  const fs::path directory = fs::path(options.work_directory) / scenario.name;
-  fs::create_directories(directory);
-  const fs::path result_path = directory / kResultFile;
-  fs::remove(result_path);
-  for (int r = 0; r < scenario.world_size; ++r) fs::remove(FlightRecordPath(directory.string(), r));
+// The processes of one phase of a scenario, watched together until they all exit (nullopt) or
+// one fails, the deadline passes or an interrupt arrives (the report saying so).
+struct Group {
+  const scenarios::Scenario& scenario;
+  const LaunchOptions& options;
+  fs::path directory;
+  fs::path result_path;  // the file rank 0 writes its verdict to; empty when none of them does
+  bool flight_records = true;  // pipecheck's own ranks: their timelines tell where they stopped
+  std::chrono::time_point<std::chrono::steady_clock, std::chrono::duration<double>> deadline;
+};
 
-  std::vector<Rank> ranks;
-  for (int r = 0; r < scenario.world_size; ++r) {
-    Rank rank;
-    rank.rank = r;
-    rank.log = (directory / fmt::format("rank{}.log", r)).string();
-    rank.pid = SpawnRank(scenario, options, directory.string(), r, port, rank.log);
-    ranks.push_back(rank);
-  }
-
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + std::chrono::duration<double>(options.timeout_seconds);
-  auto next_progress = start + std::chrono::duration<double>(options.progress_seconds);
+std::optional<reports::ScenarioReport> Watch(const Group& group, std::vector<Rank>& ranks, bool& port_busy) {
+  const auto& scenario = group.scenario;
+  const auto& options = group.options;
+  auto next_progress = std::chrono::steady_clock::now() + std::chrono::duration<double>(options.progress_seconds);
   std::string last_progress;
   while (true) {
     if (g_interrupt_signal != 0) {
@@ -384,15 +398,15 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
       if (rank.running && waitpid(rank.pid, &rank.status, WNOHANG) == rank.pid) rank.running = false;
       any_running = any_running || rank.running;
     }
-    const bool result_written = fs::exists(result_path);
+    const bool result_written = !group.result_path.empty() && fs::exists(group.result_path);
     if (std::any_of(ranks.begin(), ranks.end(), [&](const Rank& r) { return Failed(r, result_written); })) {
       auto report = BlameFailedRank(scenario, ranks, result_written);
-      AttachPartialTimeline(report, scenario.name, FlightRecords(directory, ranks.size()));
+      if (group.flight_records) AttachPartialTimeline(report, scenario.name, FlightRecords(group.directory, ranks.size()));
       // LibTorch 1.13 says "Address already in use", 2.x "EADDRINUSE ... address already in use".
       port_busy = report.summary.message.find("ddress already in use") != std::string::npos;
       return report;
     }
-    if (!any_running) break;
+    if (!any_running) return std::nullopt;
     if (options.progress && std::chrono::steady_clock::now() > next_progress) {
       next_progress += std::chrono::duration<double>(options.progress_seconds);
       std::string line;  // from the rank of the last stage, the only one that writes progress
@@ -402,14 +416,78 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
       if (!line.empty() && line != last_progress) options.progress(line);
       last_progress = line;
     }
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (std::chrono::steady_clock::now() > group.deadline) {
       KillAndReap(ranks);
-      return TimedOut(scenario, options, directory, ranks);
+      return TimedOut(scenario, options, group.directory, ranks, group.flight_records);
     }
     // Not faster: on a machine with as many cores as ranks every wakeup takes a core from a rank.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return Delivered(scenario, result_path, ranks);
+}
+
+// `count` processes, process r running command(r) as rank r of `count`, logging to log(r).
+std::vector<Rank> Spawn(const scenarios::Scenario& scenario, const LaunchOptions& options, int count, int port,
+                        const std::function<ProcessCommand(int)>& command,
+                        const std::function<std::string(int)>& log) {
+  std::vector<Rank> ranks;
+  for (int r = 0; r < count; ++r) {
+    Rank rank;
+    rank.rank = r;
+    rank.log = log(r);
+    rank.pid = SpawnRank(scenario, options, command(r), r, count, port, rank.log);
+    ranks.push_back(rank);
+  }
+  return ranks;
+}
+
+// Another trainer's scenario (external.h): a worker writes its inputs, the trainer's ranks train,
+// a worker judges what they handed back. A failure in any phase fails the scenario there.
+reports::ScenarioReport AttemptExternal(const Group& group, int port, bool& port_busy) {
+  const auto& scenario = group.scenario;
+  const std::string directory = group.directory.string();
+  Group single = group;
+  single.flight_records = false;
+  single.result_path.clear();
+  auto prepare = Spawn(scenario, group.options, 1, port, [&](int) { return WorkerCommand(scenario, group.options, directory, "prepare"); },
+                       [&](int) { return (group.directory / "prepare.log").string(); });
+  if (auto failed = Watch(single, prepare, port_busy)) {
+    failed->summary.message = "preparing the trainer's inputs: " + failed->summary.message;
+    return *failed;
+  }
+  const ProcessCommand trainer{TrainerCommand(scenario),
+                               TrainerEnvironment(scenario, directory, group.options.threads_per_rank)};
+  auto ranks = Spawn(scenario, group.options, static_cast<int>(scenario.world_size), port,
+                     [&](int) { return trainer; },
+                     [&](int r) { return (group.directory / fmt::format("rank{}.log", r)).string(); });
+  if (auto failed = Watch(single, ranks, port_busy)) {
+    if (failed->summary.status == reports::Status::kError) {
+      failed->summary.message = fmt::format("trainer {}: {}", scenario.trainer, failed->summary.message);
+    }
+    return *failed;
+  }
+  single.result_path = group.result_path;
+  auto judge = Spawn(scenario, group.options, 1, port, [&](int) { return WorkerCommand(scenario, group.options, directory, "judge"); },
+                     [&](int) { return (group.directory / "judge.log").string(); });
+  if (auto failed = Watch(single, judge, port_busy)) return *failed;
+  return Delivered(scenario, group.result_path, judge.front());
+}
+
+// One attempt at the scenario on `port`; sets `port_busy` when rank 0 could not listen on it.
+reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const LaunchOptions& options, int port,
+                                bool& port_busy) {
+  const fs::path directory = fs::path(options.work_directory) / scenario.name;
+  fs::create_directories(directory);
+  const fs::path result_path = directory / kResultFile;
+  fs::remove(result_path);
+  for (int r = 0; r < scenario.world_size; ++r) fs::remove(FlightRecordPath(directory.string(), r));
+  const Group group{scenario, options, directory, result_path, true,
+                    std::chrono::steady_clock::now() + std::chrono::duration<double>(options.timeout_seconds)};
+  if (scenario.ExternalTrainer()) return AttemptExternal(group, port, port_busy);
+  auto ranks = Spawn(scenario, options, static_cast<int>(scenario.world_size), port,
+                     [&](int) { return WorkerCommand(scenario, options, directory.string()); },
+                     [&](int r) { return (directory / fmt::format("rank{}.log", r)).string(); });
+  if (auto failed = Watch(group, ranks, port_busy)) return *failed;
+  return Delivered(scenario, result_path, ranks.front());
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "harness/dump.h"
+#include "harness/external.h"
 #include "harness/errors.h"
 #include "harness/invariance.h"
 #include "harness/preflight.h"
@@ -138,7 +139,13 @@ bool RunnableHere(const std::vector<pipecheck::scenarios::Scenario>& scenarios, 
                  command, scenario.source, scenario.name);
       return false;
     }
-    const std::string memory = pipecheck::harness::MemoryProblem(scenario);
+    const std::string trainer = pipecheck::harness::TrainerProblem(scenario);
+    if (!trainer.empty()) {
+      fmt::print(stderr, "pipecheck{}: {}: scenario '{}': {}\n", command, scenario.source, scenario.name, trainer);
+      return false;
+    }
+    // The memory model predicts pipecheck's own trainer; another trainer's memory is its own.
+    const std::string memory = scenario.ExternalTrainer() ? "" : pipecheck::harness::MemoryProblem(scenario);
     if (!memory.empty()) {
       fmt::print(stderr, "pipecheck{}: {}: {}\n", command, scenario.source, memory);
       return false;
@@ -393,6 +400,10 @@ Command AddWorker(CLI::App& app) {
       ->check(FiniteIn(1, 86400, "seconds from 1 to 86400 (a day)"))->capture_default_str();
   command->add_flag("--save-tensors", options->save_tensors,
                     "Rank 0 also writes tensors.pt: every step's loss and applied gradients, the final weights");
+  command->add_option("--phase", options->phase,
+                      "For another trainer under test (trainer=torch, external:PATH; one process, no rendezvous): "
+                      "'prepare' writes its inputs into --out's exchange folder, 'judge' judges what it handed back")
+      ->check(CLI::IsMember({"prepare", "judge"}));
   return {command, "worker", [options] { return pipecheck::harness::RunWorker(*options); }};
 }
 

@@ -48,6 +48,9 @@ struct ParityInput {
   const pipeline::Schedule& schedule;              // the lowered schedule the ranks ran
   const pipeline::SimulationResult& simulation;    // its predicted bubble
   const pipeline::MemoryPrediction& memory;        // what each rank should hold (empty: not predicted)
+  // The messages each rank posted against the schedule's plan: pipecheck's own trainer only
+  // (another trainer's messages are its own business, and it records none).
+  bool check_communication = true;
 };
 
 reports::ScenarioReport CompareWithReference(const ParityInput& input);

@@ -10,6 +10,7 @@
 
 #include "harness/boundaries.h"
 #include "harness/errors.h"
+#include "harness/external.h"
 #include "harness/invariance.h"
 #include "harness/parity.h"
 #include "harness/scenario_model.h"
@@ -135,6 +136,22 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
   return report.summary.ok ? 0 : 1;
 }
 
+// A phase of another trainer's scenario (external.h): its inputs written, or its outputs judged
+// into the reports and result.json, as rank 0 of pipecheck's own trainer leaves them.
+int RunExternalPhase(const scenarios::Scenario& scenario, const WorkerOptions& options) {
+  std::filesystem::create_directories(options.out);
+  if (options.phase == "prepare") {
+    PrepareExchange(scenario, options.out);
+    return 0;
+  }
+  const auto report = JudgeExchange(scenario, options.out);
+  reports::WriteReports(options.out, {report});
+  reports::WriteTimelineViews(options.out, report);
+  reports::WriteFileAtomically((std::filesystem::path(options.out) / kResultFile).string(), reports::ToJson(report));
+  fmt::print("{} {}: {}\n", scenario.name, reports::StatusName(report.summary.status), report.summary.message);
+  return report.summary.ok ? 0 : 1;
+}
+
 }  // namespace
 
 std::string FlightRecordPath(const std::string& out, int rank) {
@@ -153,6 +170,16 @@ int RunWorker(const WorkerOptions& options) {
     const auto suite = harness::LoadSuite(options.scenarios_path);
     auto scenario = scenarios::FindScenario(suite, options.scenario, options.scenarios_path);
     if (!options.device.empty()) scenario.device = options.device;
+    if (!options.phase.empty()) {
+      rank = options.phase;
+      if (options.threads > 0) at::set_num_threads(options.threads);
+      return RunExternalPhase(scenario, options);
+    }
+    if (scenario.ExternalTrainer()) {
+      throw scenarios::ScenarioError(fmt::format(
+          "{}: scenario '{}' is trained by trainer {}, whose ranks are its own processes: `pipecheck run` launches "
+          "them between a --phase prepare and a --phase judge worker", scenario.source, scenario.name, scenario.trainer));
+    }
     auto config = ToPipelineConfig(scenario);
     const auto rendezvous = ReadRendezvous(config.world_size, options.rendezvous_timeout_seconds);
     rank = std::to_string(rendezvous.rank);

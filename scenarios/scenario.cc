@@ -26,11 +26,12 @@
 namespace pipecheck::scenarios {
 namespace {
 
-constexpr std::array<const char*, 28> kColumnNames = {
+constexpr std::array<const char*, 30> kColumnNames = {
     "name",        "flavor",       "layers", "hidden",   "heads",          "ffn",   "vocab",
     "tied",        "world_size",   "schedule", "virtual_stages", "transport", "partition", "batch", "microbatches",
     "seq_len",     "seq_len_min",  "dtype",  "steps",    "optimizer",      "lr",    "clip",
-    "recompute",   "seed",         "device", "tol",      "fault",          "expect"};
+    "recompute",   "seed",         "device", "tol",      "fault",          "expect",
+    "trainer",     "note"};
 constexpr size_t kColumnCount = kColumnNames.size();
 
 const std::vector<std::string> kFlavors = {"llama", "gpt2"};
@@ -120,6 +121,26 @@ std::string ParseName(const std::string& text) {
                                    "'..'", kMaxNameLength)};
   }
   return text;
+}
+
+// A fault's name: which names exist depends on the trainer (CheckCombinations).
+std::string ParseFaultName(const std::string& text) {
+  if (text.empty() || text.size() > 64 || text.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
+    throw ValueProblem{"expected a fault's name: lower-case letters, digits and '_'"};
+  }
+  return text;
+}
+
+const std::vector<std::string> kTrainers = {"pipecheck", "torch", "external:PATH"};
+
+std::string ParseTrainer(const std::string& text) {
+  const std::string prefix = "external:";
+  if (text.rfind(prefix, 0) == 0) {
+    if (text.size() == prefix.size()) throw ValueProblem{"external: needs the trainer program's path, as external:PATH"};
+    return text;  // resolved against the suite's folder once the row is read
+  }
+  if (text == "pipecheck" || text == "torch") return text;
+  throw ValueProblem{fmt::format("expected one of: {}", fmt::join(kTrainers, ", "))};
 }
 
 std::string ParsePartition(const std::string& text) {
@@ -249,7 +270,9 @@ const std::array<Column, kColumnCount>& Columns() {
                  if (v.size() == prefix.size()) throw ValueProblem{"csv: needs the schedule file's path, as csv:PATH"};
                  s.schedule = v;  // resolved against the suite's folder once the row is read
                } else {
-                 s.schedule = ParseChoice(v, CurrentVocabulary()->schedules);
+                 std::vector<std::string> names = CurrentVocabulary()->schedules;
+                 names.insert(names.end(), TorchOnlySchedules().begin(), TorchOnlySchedules().end());
+                 s.schedule = ParseChoice(v, names);
                }
              },
              [](const Scenario& s) { return s.schedule; }},
@@ -271,9 +294,13 @@ const std::array<Column, kColumnCount>& Columns() {
              [](const Scenario& s) { return std::to_string(s.seed); }},
       ChoiceColumn(&Scenario::device, kDevices),
       RealColumn(&Scenario::tol, 0.0, /*min_allowed=*/false),
-      Column{[](Scenario& s, const std::string& v) { s.fault = ParseChoice(v, CurrentVocabulary()->faults); },
+      // Checked against the trainer's faults with the other columns (CheckCombinations).
+      Column{[](Scenario& s, const std::string& v) { s.fault = ParseFaultName(v); },
              [](const Scenario& s) { return s.fault; }},
       ChoiceColumn(&Scenario::expect, kExpectations),
+      Column{[](Scenario& s, const std::string& v) { s.trainer = ParseTrainer(v); },
+             [](const Scenario& s) { return s.trainer; }},
+      Column{[](Scenario& s, const std::string& v) { s.note = v; }, [](const Scenario& s) { return s.note; }},
   };
   return columns;
 }
@@ -362,6 +389,36 @@ Header ReadHeader(const std::string& file, const std::string& text) {
   return header;
 }
 
+bool TorchOnly(const std::string& schedule) {
+  const auto& names = TorchOnlySchedules();
+  return std::find(names.begin(), names.end(), schedule) != names.end();
+}
+
+// The pipeline's schedule rules, and those of the schedules only PyTorch runs.
+std::vector<ScheduleRule> ScheduleRules() {
+  std::vector<ScheduleRule> rules = CurrentVocabulary()->schedule_rules;
+  // LoopedBFS: each rank's stages in a loop, every microbatch's forward through a stage before the next.
+  rules.push_back({"loopedbfs", /*several_stages_per_rank=*/true, 0, 2});
+  return rules;
+}
+
+// The trainer against the columns that depend on it: a fault of pipecheck's trainer must be one it
+// injects; another trainer gets the fault's name handed over (docs/protocol.md) and says itself
+// whether it knows it; a schedule only PyTorch has needs trainer=torch.
+void CheckTrainer(Scenario& s, unsigned line, const Locator& at) {
+  if (!s.ExternalTrainer()) {
+    const auto& faults = CurrentVocabulary()->faults;
+    if (std::find(faults.begin(), faults.end(), s.fault) == faults.end()) {
+      throw at.At(line, "fault", s.fault, fmt::format("expected one of: {}", fmt::join(faults, ", ")));
+    }
+  }
+  if (TorchOnly(s.schedule) && s.trainer != "torch") {
+    throw at.At(line, "schedule", s.schedule,
+                fmt::format("'{}' is one of PyTorch's schedules that pipecheck's trainer does not run: it needs "
+                            "trainer=torch", s.schedule));
+  }
+}
+
 // Rules that involve several columns; defaults resolved first. One list of independent rules, each
 // its own few lines naming the columns it relates, in the order the first broken one is reported.
 void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
@@ -400,7 +457,8 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
     throw at.At(line, "microbatches", std::to_string(s.microbatches),
                 fmt::format("microbatches must not exceed batch ({}): every microbatch needs a sequence", s.batch));
   }
-  const auto& rules = CurrentVocabulary()->schedule_rules;
+  CheckTrainer(s, line, at);
+  const auto rules = ScheduleRules();
   const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == s.schedule; });
   if (rule != rules.end() && rule->fixed_virtual_stages > 0) {
     // A V is two stages per rank: that count, or the column's default.
@@ -422,7 +480,7 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
                 fmt::format("schedule '{}' runs one stage per rank; virtual stages need schedule {} (or a csv: "
                             "schedule)", s.schedule, fmt::join(allowing, " or ")));
   }
-  if (CurrentVocabulary()->schedule_problem) {
+  if (CurrentVocabulary()->schedule_problem && !TorchOnly(s.schedule)) {
     const std::string problem = CurrentVocabulary()->schedule_problem(s);
     if (!problem.empty()) throw at.At(line, "schedule", s.schedule, problem);
   }
@@ -486,8 +544,13 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
     const std::filesystem::path path = scenario.schedule.substr(prefix.size());
     if (path.is_relative()) scenario.schedule = prefix + (std::filesystem::path(file).parent_path() / path).string();
   }
+  const std::string external = "external:";
+  if (scenario.trainer.rfind(external, 0) == 0) {
+    const std::filesystem::path path = scenario.trainer.substr(external.size());
+    scenario.trainer_path = path.is_relative() ? (std::filesystem::path(file).parent_path() / path).string() : path.string();
+  }
   // Left out, virtual_stages is the schedule's own default (interleaved runs two stages per rank).
-  const auto& rules = CurrentVocabulary()->schedule_rules;
+  const auto rules = ScheduleRules();
   const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == scenario.schedule; });
   if (!virtual_stages_given && rule != rules.end()) scenario.virtual_stages = rule->default_virtual_stages;
   CheckCombinations(scenario, line, at);
@@ -528,7 +591,10 @@ std::string Fingerprint(const std::string& configuration) {
 std::string Configuration(const Scenario& scenario) {
   std::vector<std::string> pairs;
   for (const auto& [column, value] : ColumnValues(scenario)) {
-    if (column == "name" || column == "expect") continue;
+    if (column == "name" || column == "expect" || column == "note") continue;
+    // Rows of pipecheck's own trainer keep the configuration (and fingerprint) they had before
+    // trainers were a column.
+    if (column == "trainer" && !scenario.ExternalTrainer()) continue;
     std::string shown = value;
     if (column == "schedule" && scenario.schedule.rfind("csv:", 0) == 0) {
       std::ifstream stream(scenario.schedule.substr(4), std::ios::binary);
@@ -550,6 +616,11 @@ std::string ToCsv(const std::vector<Scenario>& scenarios) {
     text += fmt::format("{}\n", fmt::join(cells, ","));
   }
   return text;
+}
+
+const std::vector<std::string>& TorchOnlySchedules() {
+  static const std::vector<std::string> names = {"loopedbfs"};
+  return names;
 }
 
 double MaxTolerance(const std::string& dtype) {

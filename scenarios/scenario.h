@@ -48,6 +48,12 @@ struct Scenario {
   double tol = 0.0;  // resolved from dtype when not given
   std::string fault = "none";
   std::string expect = "pass";
+  // Who trains: "pipecheck" (this project's pipeline trainer), "torch" (PyTorch's
+  // torch.distributed.pipelining, driven by trainers/torch_pipelining.py) or "external:PATH" (any
+  // program speaking the external-trainer protocol, docs/protocol.md; PATH relative to the suite).
+  std::string trainer = "pipecheck";
+  // Free text for people (the upstream issue an expect=fail row reproduces); changes nothing.
+  std::string note;
 
   // Where it came from, for messages: "core.csv:7".
   std::string source;
@@ -55,8 +61,13 @@ struct Scenario {
   // where `schedule` holds the path resolved for opening.
   std::string schedule_written;
 
+  // An external:PATH trainer's program, resolved against the suite's folder ("" otherwise).
+  std::string trainer_path;
+
   // Explicit partition counts, empty for uniform/params.
   std::vector<int64_t> PartitionCounts() const;
+  // Whether another trainer than pipecheck's own is under test (torch or external:PATH).
+  bool ExternalTrainer() const { return trainer != "pipecheck"; }
 };
 
 // The columns, in docs/scenarios.md order.
@@ -75,6 +86,9 @@ std::string Fingerprint(const std::string& configuration);
 // A suite's text: the header and one row per scenario, every column at its value; it loads back
 // as the same scenarios.
 std::string ToCsv(const std::vector<Scenario>& scenarios);
+
+// Schedules only PyTorch's pipelining runs (trainer=torch), not pipecheck's own trainer.
+const std::vector<std::string>& TorchOnlySchedules();
 
 // Default tolerance on gradients and loss for a dtype name.
 double DefaultTolerance(const std::string& dtype);

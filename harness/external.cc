@@ -1,0 +1,392 @@
+// Another trainer under test, through the external-trainer protocol (see external.h).
+#include "harness/external.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include "harness/errors.h"
+#include "harness/oracle.h"
+#include "harness/parity.h"
+#include "harness/run_directory.h"
+#include "harness/scenario_model.h"
+#include "pipeline/rank_result.h"
+#include "pipeline/stage.h"
+#include "reference/data.h"
+#include "reference/optimizer.h"
+#include "reports/csv.h"
+
+#ifndef PIPECHECK_SOURCE_DIR
+#error "PIPECHECK_SOURCE_DIR must name the source tree (trainers/ lives there)"
+#endif
+#ifndef PIPECHECK_PYTHON_DEFAULT
+#define PIPECHECK_PYTHON_DEFAULT "python3"
+#endif
+#ifndef PIPECHECK_METER_LIBRARY
+#define PIPECHECK_METER_LIBRARY ""
+#endif
+
+namespace pipecheck::harness {
+namespace {
+
+namespace fs = std::filesystem;
+using reference::NamedTensors;
+using TensorDict = c10::Dict<std::string, torch::Tensor>;
+
+void SaveDict(const TensorDict& dict, const fs::path& path) {
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  reports::WriteFileAtomically(path.string(), std::string(bytes.begin(), bytes.end()));
+}
+
+TensorDict ToDict(const NamedTensors& tensors) {
+  TensorDict dict;
+  for (const auto& item : tensors) dict.insert(item.key(), item.value().detach().cpu().contiguous());
+  return dict;
+}
+
+// What a trainer's pipeline looks like: its stages' places and layers. A schedule only PyTorch
+// runs (LoopedBFS) places stages round robin, as interleaved 1F1B does.
+pipeline::PipelineShape ShapeOf(const scenarios::Scenario& scenario) {
+  auto shaped = scenario;
+  if (std::find(scenarios::TorchOnlySchedules().begin(), scenarios::TorchOnlySchedules().end(), scenario.schedule) !=
+      scenarios::TorchOnlySchedules().end()) {
+    shaped.schedule = "interleaved";
+  }
+  return pipeline::BuildSchedule(ToPipelineConfig(shaped)).shape;
+}
+
+nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const reference::TrainConfig& train,
+                          const NamedTensors& weights) {
+  const auto effective = WithEffectiveValues(scenario);
+  nlohmann::json config;
+  config["protocol"] = 1;
+  for (const auto& [column, value] : scenarios::ColumnValues(effective)) config["scenario"][column] = value;
+  config["name"] = scenario.name;
+  config["schedule"] = scenario.schedule_written.empty() ? scenario.schedule : scenario.schedule_written;
+  if (scenario.schedule.rfind("csv:", 0) == 0) {
+    config["schedule_csv"] = fs::absolute(scenario.schedule.substr(4)).string();
+  }
+  config["world_size"] = scenario.world_size;
+  config["virtual_stages"] = scenario.virtual_stages;
+  config["steps"] = scenario.steps;
+  config["microbatches"] = scenario.microbatches;
+  config["microbatch_sizes"] = reference::MicrobatchSizes(scenario.batch, scenario.microbatches);
+  config["dtype"] = scenario.dtype;
+  config["device"] = scenario.device;
+  config["clip"] = scenario.clip;
+  config["seed"] = scenario.seed;
+  config["fault"] = scenario.fault;
+  config["model"] = {{"flavor", effective.flavor}, {"layers", effective.layers}, {"hidden", effective.hidden},
+                     {"heads", effective.heads},   {"ffn", effective.ffn},       {"vocab", effective.vocab},
+                     {"tied", effective.tied},     {"seq_len", effective.seq_len}};
+  config["optimizer"] = {{"name", scenario.optimizer}, {"lr", scenario.lr}};
+  if (scenario.optimizer == "adamw") {
+    config["optimizer"]["betas"] = {reference::kAdamBeta1, reference::kAdamBeta2};
+    config["optimizer"]["eps"] = reference::kAdamEps;
+    config["optimizer"]["weight_decay"] = reference::kAdamWeightDecay;
+  }
+  const auto shape = ShapeOf(scenario);
+  const auto slices = pipeline::StageSlicesOf(ToPipelineConfig(scenario), shape);
+  for (int stage = 0; stage < shape.stages(); ++stage) {
+    const auto& slice = slices[static_cast<size_t>(stage)];
+    config["stages"].push_back({{"stage", stage},
+                                {"rank", shape.RankOfStage(stage)},
+                                {"layers", {slice.first_layer, slice.end_layer}},
+                                {"embedding", slice.has_embedding},
+                                {"head", slice.has_head}});
+  }
+  for (const auto& item : weights) config["parameters"][item.key()] = item.value().sizes().vec();
+  config["loss"] = "the summed token cross entropy of the batch divided by its labelled tokens";
+  for (int64_t step = 0; step < scenario.steps; ++step) {
+    config["tokens_per_step"].push_back(reference::MakeBatch(train.data, train.seed, step).valid_tokens);
+  }
+  return config;
+}
+
+// ---- Reading what a trainer handed back ----
+
+// A breach of the protocol: the message names rank, step and file.
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::string FirstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+c10::impl::GenericDict ReadDict(const fs::path& path, const std::string& what) {
+  std::error_code error;
+  if (!fs::exists(path, error)) throw ProtocolError(fmt::format("{} handed back no {}", what, path.filename().string()));
+  const auto size = fs::file_size(path, error);
+  if (error || static_cast<int64_t>(size) > kMaxExchangeFileBytes) {
+    throw ProtocolError(fmt::format("{}: {} is not a readable file under {} GiB", what, path.string(),
+                                    kMaxExchangeFileBytes >> 30));
+  }
+  std::ifstream stream(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    throw ProtocolError(fmt::format("{}: {} is not a torch.save'd dict: {}", what, path.filename().string(),
+                                    FirstLine(ErrorMessage(e))));
+  }
+  if (!value.isGenericDict()) {
+    throw ProtocolError(fmt::format("{}: {} holds a {}, not a dict", what, path.filename().string(),
+                                    value.tagKind()));
+  }
+  return value.toGenericDict();
+}
+
+// The model's parameter names and shapes, and the dtype the judges compare in.
+struct ModelSpec {
+  const NamedTensors& initial;
+};
+
+// A {name: tensor} dict of the model's parameters: known names, the model's shapes, finite values;
+// converted to the reference's dtype on the CPU.
+NamedTensors ReadTensors(const c10::IValue& value, const ModelSpec& model, const std::string& what) {
+  if (!value.isGenericDict()) throw ProtocolError(fmt::format("{}: expected a dict of name -> tensor, got a {}", what, value.tagKind()));
+  NamedTensors tensors;
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString()) throw ProtocolError(fmt::format("{}: a key is a {}, not a parameter name", what, entry.key().tagKind()));
+    const std::string name = entry.key().toStringRef();
+    if (!model.initial.contains(name)) {
+      throw ProtocolError(fmt::format("{}: '{}' is no parameter of the model (names are pipecheck's global names, as in "
+                                      "config.json's \"parameters\")", what, name));
+    }
+    if (!entry.value().isTensor()) throw ProtocolError(fmt::format("{}: {} is a {}, not a tensor", what, name, entry.value().tagKind()));
+    const auto& expected = model.initial[name];
+    const auto tensor = entry.value().toTensor();
+    if (tensor.sizes() != expected.sizes()) {
+      throw ProtocolError(fmt::format("{}: {} has shape [{}], the model's is [{}]", what, name,
+                                      fmt::join(tensor.sizes(), ", "), fmt::join(expected.sizes(), ", ")));
+    }
+    if (!tensor.is_floating_point()) throw ProtocolError(fmt::format("{}: {} is {}, not floating point", what, name, tensor.dtype().name()));
+    const auto converted = tensor.detach().to(torch::kCPU, expected.scalar_type()).contiguous();
+    if (!torch::isfinite(converted).all().item<bool>()) {
+      const bool nan = torch::isnan(converted).any().item<bool>();
+      throw ProtocolError(fmt::format("{}: {} holds {}", what, name, nan ? "NaN" : "an infinite value"));
+    }
+    if (tensors.contains(name)) throw ProtocolError(fmt::format("{}: {} twice", what, name));
+    tensors.insert(name, converted);
+  }
+  return tensors;
+}
+
+c10::IValue Entry(const c10::impl::GenericDict& dict, const std::string& key) {
+  const auto found = dict.find(c10::IValue(key));
+  return found == dict.end() ? c10::IValue() : found->value();
+}
+
+// An optional 0-dim number of a step's record.
+std::optional<double> Scalar(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what) {
+  const auto value = Entry(dict, key);
+  if (value.isNone()) return std::nullopt;
+  if (value.isDouble()) return value.toDouble();
+  if (value.isInt()) return static_cast<double>(value.toInt());
+  if (!value.isTensor() || value.toTensor().numel() != 1) {
+    throw ProtocolError(fmt::format("{}: \"{}\" must be a number or a one-element tensor", what, key));
+  }
+  const double number = value.toTensor().to(torch::kFloat64).item<double>();
+  if (!std::isfinite(number)) throw ProtocolError(fmt::format("{}: \"{}\" is {}", what, key, number));
+  return number;
+}
+
+// Rank `rank`'s start weights and every step's record, as the judges read a rank of pipecheck's own.
+pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios::Scenario& scenario,
+                              const pipeline::PipelineShape& shape, const ModelSpec& model) {
+  pipeline::RankResult result;
+  result.rank = rank;
+  for (int stage = 0; stage < shape.stages(); ++stage) {
+    if (shape.RankOfStage(stage) == rank) result.stages.push_back(stage);
+  }
+  const std::string who = fmt::format("rank {}", rank);
+  const auto start = ReadDict(folder / "start.pt", who);
+  result.weights.push_back(ReadTensors(c10::IValue(start), model, fmt::format("rank {} start.pt", rank)));
+  for (int64_t step = 0; step < scenario.steps; ++step) {
+    const std::string file = fmt::format("step_{}.pt", step);
+    const std::string what = fmt::format("rank {} {}", rank, file);
+    const auto record = ReadDict(folder / file, who);
+    for (const char* key : {"grads", "weights"}) {
+      if (Entry(record, key).isNone()) throw ProtocolError(fmt::format("{}: no \"{}\" (the protocol asks for it every step)", what, key));
+    }
+    result.gradients.push_back(ReadTensors(Entry(record, "grads"), model, what + " grads"));
+    auto after = ReadTensors(Entry(record, "weights"), model, what + " weights");
+    const auto loss = Scalar(record, "loss", what);
+    result.losses.push_back(loss.value_or(std::nan("")));
+    const auto ms = Scalar(record, "step_ms", what);
+    result.step_ms.push_back(ms.value_or(std::nan("")));
+    const auto peak = Scalar(record, "peak_bytes", what);
+    result.peak_bytes.push_back(peak ? static_cast<int64_t>(*peak) : -1);
+    if (step + 1 < scenario.steps) {
+      result.weights.push_back(std::move(after));
+    } else {
+      result.final_weights = std::move(after);
+    }
+  }
+  return result;
+}
+
+// Every step's loss came back from some rank, and step times from all ranks or none.
+void CheckCompleteness(const std::vector<pipeline::RankResult>& ranks, int64_t steps) {
+  for (int64_t step = 0; step < steps; ++step) {
+    const bool has_loss = std::any_of(ranks.begin(), ranks.end(), [&](const pipeline::RankResult& r) {
+      return !std::isnan(r.losses[static_cast<size_t>(step)]);
+    });
+    if (!has_loss) {
+      throw ProtocolError(fmt::format("no rank handed back step {}'s loss (\"loss\" in step_{}.pt of the rank that "
+                                      "computes it)", step, step));
+    }
+  }
+  const bool any_timed = std::any_of(ranks.begin(), ranks.end(), [](const pipeline::RankResult& r) {
+    return std::none_of(r.step_ms.begin(), r.step_ms.end(), [](double ms) { return std::isnan(ms); });
+  });
+  for (auto& rank : ranks) {
+    const bool timed = std::none_of(rank.step_ms.begin(), rank.step_ms.end(), [](double ms) { return std::isnan(ms); });
+    if (any_timed && !timed) {
+      throw ProtocolError(fmt::format("rank {} left out \"step_ms\" in some step while other ranks timed every step", rank.rank));
+    }
+  }
+}
+
+// The lines a command printed, for a refusal's message.
+std::string RunForOutput(const std::string& command, int& status) {
+  std::string output;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    status = -1;
+    return "cannot start a shell";
+  }
+  char buffer[512];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  status = pclose(pipe);
+  while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
+  const size_t last = output.rfind('\n');
+  return last == std::string::npos ? output : output.substr(last + 1);
+}
+
+std::string Quoted(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+bool EndsWith(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::string ExchangeInputs(const std::string& directory) { return (fs::path(directory) / "exchange" / "in").string(); }
+std::string ExchangeOutputs(const std::string& directory) { return (fs::path(directory) / "exchange" / "out").string(); }
+
+void PrepareExchange(const scenarios::Scenario& scenario, const std::string& directory) {
+  const fs::path in = ExchangeInputs(directory);
+  RemoveTree(fs::path(directory) / "exchange");
+  fs::create_directories(in);
+  fs::create_directories(ExchangeOutputs(directory));
+  auto train = ToTrainConfig(scenario);
+  train.device = torch::kCPU;  // the files are the same for every device
+  train.record_gradients = false;
+  reference::ReferenceTrainer trainer(train);
+  const auto weights = trainer.Weights();
+  SaveDict(ToDict(weights), in / "weights.pt");
+  for (int64_t step = 0; step < scenario.steps; ++step) {
+    const auto batch = reference::MakeBatch(train.data, train.seed, step);
+    TensorDict dict;
+    dict.insert("tokens", batch.tokens);
+    dict.insert("labels", batch.labels);
+    dict.insert("lengths", batch.lengths);
+    SaveDict(dict, in / fmt::format("batch_{}.pt", step));
+  }
+  reports::WriteFileAtomically((in / "config.json").string(), ConfigJson(scenario, train, weights).dump(2) + "\n");
+}
+
+reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const std::string& directory) {
+  const auto shape = ShapeOf(scenario);
+  Oracle oracle(ToTrainConfig(scenario), scenario.microbatches);
+  const ModelSpec model{oracle.InitialWeights()};
+  std::vector<pipeline::RankResult> ranks;
+  try {
+    for (int rank = 0; rank < scenario.world_size; ++rank) {
+      ranks.push_back(ReadRank(fs::path(ExchangeOutputs(directory)) / fmt::format("rank{}", rank), rank, scenario,
+                               shape, model));
+    }
+    CheckCompleteness(ranks, scenario.steps);
+  } catch (const ProtocolError& error) {
+    return FailedScenarioReport(scenario, reports::Status::kError,
+                                fmt::format("trainer {} broke the protocol: {}", scenario.trainer, error.what()));
+  }
+  // Nothing planned: another trainer's messages are its own business; no prediction of ours applies.
+  const auto schedule = pipeline::EmptySchedule(scenario.schedule, shape, /*virtual_stages_allowed=*/true);
+  const pipeline::SimulationResult simulation;
+  const pipeline::MemoryPrediction memory;
+  auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, memory, /*check_communication=*/false});
+  report.summary.bubble_theory.reset();
+  if (report.summary.bubble_measured && std::isnan(*report.summary.bubble_measured)) report.summary.bubble_measured.reset();
+  return report;
+}
+
+std::string TrainerPython() {
+  const char* python = std::getenv("PIPECHECK_PYTHON");
+  return python != nullptr && *python != '\0' ? python : PIPECHECK_PYTHON_DEFAULT;
+}
+
+std::vector<std::string> TrainerCommand(const scenarios::Scenario& scenario) {
+  if (scenario.trainer == "torch") {
+    return {TrainerPython(), (fs::path(PIPECHECK_SOURCE_DIR) / "trainers" / "torch_pipelining.py").string()};
+  }
+  if (EndsWith(scenario.trainer_path, ".py")) return {TrainerPython(), fs::absolute(scenario.trainer_path).string()};
+  return {fs::absolute(scenario.trainer_path).string()};
+}
+
+std::vector<std::pair<std::string, std::string>> TrainerEnvironment(const scenarios::Scenario& scenario,
+                                                                    const std::string& directory, int threads) {
+  std::vector<std::pair<std::string, std::string>> environment = {
+      {"PIPECHECK_IN", fs::absolute(ExchangeInputs(directory)).string()},
+      {"PIPECHECK_OUT", fs::absolute(ExchangeOutputs(directory)).string()},
+      {"PIPECHECK_FAULT", scenario.fault},
+      {"PIPECHECK_THREADS", std::to_string(threads)},
+      {"PYTHONUNBUFFERED", "1"},
+  };
+  const std::string meter = PIPECHECK_METER_LIBRARY;
+  std::error_code error;
+  if (!meter.empty() && fs::exists(meter, error)) environment.emplace_back("PIPECHECK_METER", meter);
+  return environment;
+}
+
+std::string TrainerProblem(const scenarios::Scenario& scenario) {
+  if (!scenario.ExternalTrainer()) return "";
+  const auto command = TrainerCommand(scenario);
+  if (scenario.trainer == "torch") {
+    static std::map<std::string, std::string> checked;  // by interpreter: one probe per run
+    const std::string python = command.front();
+    if (!checked.count(python)) {
+      int status = 0;
+      const std::string said = RunForOutput(
+          Quoted(python) + " -c 'import torch, torch.distributed.pipelining; print(torch.__version__)' 2>&1", status);
+      checked[python] = status == 0 ? "" : fmt::format("trainer=torch needs PyTorch >= 2.4 (torch.distributed.pipelining) "
+                                                       "in {} (set PIPECHECK_PYTHON to another): {}", python, said);
+    }
+    return checked[python];
+  }
+  std::error_code error;
+  const std::string program = fs::absolute(scenario.trainer_path).string();
+  if (!fs::is_regular_file(program, error)) return fmt::format("trainer program {} is not there", program);
+  if (command.size() == 1 && access(program.c_str(), X_OK) != 0) {
+    return fmt::format("trainer program {} is not executable (a .py file runs with {})", program, TrainerPython());
+  }
+  return "";
+}
+
+}  // namespace pipecheck::harness

@@ -1,0 +1,274 @@
+"""The external-trainer protocol, Python side (docs/protocol.md), and docs/design.md §2's model in
+PyTorch modules, for trainers that want them.
+
+pipecheck starts every rank of a trainer under test with the torchrun environment (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and:
+
+  PIPECHECK_IN      folder pipecheck wrote: config.json, weights.pt, batch_K.pt for each step K
+  PIPECHECK_OUT     folder the trainer writes: rank{R}/start.pt and rank{R}/step_K.pt
+  PIPECHECK_FAULT   a bug the trainer is asked to inject ("none": none)
+  PIPECHECK_THREADS intra-op threads per rank (0: the library's default)
+  PIPECHECK_METER   pipecheck's tensor-memory meter as a shared library, for trainers that report
+                    peak memory measured as pipecheck measures its own trainer (may be unset)
+
+What a rank hands back, all by pipecheck's global parameter names:
+  rank{R}/start.pt   {name: tensor}: the weights this rank holds before its first step
+  rank{R}/step_K.pt  {"grads": {name: tensor}, the gradients the optimizer applied at step K
+                                (after accumulation, tied-weight sums and clipping),
+                      "weights": {name: tensor}, the weights after step K's update,
+                      "loss": 0-dim tensor, step K's loss (only the rank that computes it),
+                      "step_ms": 0-dim tensor, this rank's step wall time (optional),
+                      "peak_bytes": 0-dim tensor, tensor bytes held at most in the step (optional)}
+Files are written whole (to a temporary name, then renamed), so pipecheck never reads half a file.
+"""
+import ctypes
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class Exchange:
+    """One rank's view of the exchange folders."""
+
+    def __init__(self):
+        self.inputs = os.environ["PIPECHECK_IN"]
+        self.outputs = os.environ["PIPECHECK_OUT"]
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", str(self.rank)))
+        self.fault = os.environ.get("PIPECHECK_FAULT", "none")
+        with open(os.path.join(self.inputs, "config.json")) as f:
+            self.config = json.load(f)
+        self.folder = os.path.join(self.outputs, f"rank{self.rank}")
+        os.makedirs(self.folder, exist_ok=True)
+        threads = int(os.environ.get("PIPECHECK_THREADS", "0"))
+        if threads > 0:
+            torch.set_num_threads(threads)
+
+    @property
+    def dtype(self):
+        return DTYPES[self.config["dtype"]]
+
+    def device(self):
+        if self.config["device"] == "cuda":
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    def weights(self):
+        return torch.load(os.path.join(self.inputs, "weights.pt"), weights_only=False)  # pipecheck wrote them (LibTorch pickles)
+
+    def batch(self, step):
+        """{"tokens": (B, T) int64 padded to the batch's longest sequence, "labels": (B, T) int64
+        (-100 on padding and on each sequence's last position), "lengths": (B) int64}."""
+        return torch.load(os.path.join(self.inputs, f"batch_{step}.pt"), weights_only=False)  # pipecheck wrote them (LibTorch pickles)
+
+    def stages_of_rank(self):
+        return [stage for stage in self.config["stages"] if stage["rank"] == self.rank]
+
+    def save(self, name, value):
+        path = os.path.join(self.folder, name)
+        torch.save(value, path + ".partial")
+        os.replace(path + ".partial", path)
+
+    def save_start(self, weights):
+        self.save("start.pt", {name: t.detach().cpu().clone() for name, t in weights.items()})
+
+    def save_step(self, step, grads, weights, loss=None, step_ms=None, peak_bytes=None):
+        record = {"grads": {name: g.detach().cpu().clone() for name, g in grads.items()},
+                  "weights": {name: w.detach().cpu().clone() for name, w in weights.items()}}
+        if loss is not None:
+            record["loss"] = torch.tensor(float(loss), dtype=torch.float64)
+        if step_ms is not None:
+            record["step_ms"] = torch.tensor(float(step_ms), dtype=torch.float64)
+        if peak_bytes is not None and peak_bytes >= 0:
+            record["peak_bytes"] = torch.tensor(int(peak_bytes), dtype=torch.int64)
+        self.save(f"step_{step}.pt", record)
+
+
+class Meter:
+    """Peak tensor bytes of a step, measured as pipecheck measures its own trainer: on the CPU with
+    pipecheck's counting hook (PIPECHECK_METER), on a GPU with the caching allocator's peak.
+    Inactive (peak None) when neither is available."""
+
+    def __init__(self, device):
+        self.device, self.library = device, None
+        path = os.environ.get("PIPECHECK_METER", "")
+        if device.type == "cpu" and path:
+            self.library = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            self.library.pipecheck_meter_live_bytes.restype = ctypes.c_int64
+            self.library.pipecheck_meter_peak_bytes.restype = ctypes.c_int64
+            self.library.pipecheck_meter_start()
+        self.base = 0
+
+    def start_step(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.library is not None:
+            self.library.pipecheck_meter_reset_peak()
+        self.started = time.perf_counter()
+
+    def end_step(self):
+        """(step milliseconds, peak bytes or None)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+        elif self.library is not None:
+            peak = self.library.pipecheck_meter_peak_bytes()
+        else:
+            peak = None
+        return (time.perf_counter() - self.started) * 1000.0, peak
+
+
+def ffn_size(model):
+    if model["ffn"] > 0:
+        return model["ffn"]
+    if model["flavor"] == "gpt2":
+        return 4 * model["hidden"]
+    return ((8 * model["hidden"] + 2) // 3 + 3) // 4 * 4
+
+
+class Norm(nn.Module):
+    def __init__(self, flavor, hidden):
+        super().__init__()
+        self.flavor = flavor
+        self.weight = nn.Parameter(torch.ones(hidden))
+        if flavor == "gpt2":
+            self.bias = nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, x):
+        stats = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+        if self.flavor == "llama":
+            normed = stats * torch.rsqrt(stats.pow(2).mean(-1, keepdim=True) + 1e-5)
+            return self.weight * normed.to(x.dtype)
+        centred = stats - stats.mean(-1, keepdim=True)
+        normed = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return self.weight * normed.to(x.dtype) + self.bias
+
+
+class Attention(nn.Module):
+    def __init__(self, flavor, hidden, heads):
+        super().__init__()
+        bias = flavor == "gpt2"
+        self.flavor, self.heads = flavor, heads
+        for name in ("wq", "wk", "wv", "wo"):
+            setattr(self, name, nn.Linear(hidden, hidden, bias=bias))
+
+    def forward(self, x):
+        """Causal attention. Padding sits at the end of each sequence, so a real position never
+        attends to a padded one; padded positions' outputs reach only padded positions and ignored
+        labels, so masking them as well would change no loss or gradient."""
+        b, t, c = x.shape
+        hd = c // self.heads
+        q, k, v = (w(x).view(b, t, self.heads, hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        if self.flavor == "llama":
+            inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float64, device=x.device) / hd))
+            angles = torch.outer(torch.arange(t, dtype=torch.float64, device=x.device), inv_freq)
+            table = torch.cat([angles, angles], -1)
+            cos, sin = table.cos().to(x.dtype), table.sin().to(x.dtype)
+            half = hd // 2
+
+            def rotate(u):
+                return u * cos + torch.cat([-u[..., half:], u[..., :half]], -1) * sin
+
+            q, k = rotate(q), rotate(k)
+        positions = torch.arange(t, device=x.device)
+        causal = positions[:, None] >= positions[None, :]
+        scores = ((q @ k.transpose(-2, -1)) / math.sqrt(hd)).masked_fill(~causal, float("-inf"))
+        mixed = torch.softmax(scores, -1) @ v
+        return self.wo(mixed.transpose(1, 2).reshape(b, t, c))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, flavor, hidden, ffn):
+        super().__init__()
+        bias = flavor == "gpt2"
+        self.flavor = flavor
+        self.w1 = nn.Linear(hidden, ffn, bias=bias)
+        self.w2 = nn.Linear(ffn, hidden, bias=bias)
+        if flavor == "llama":
+            self.w3 = nn.Linear(hidden, ffn, bias=False)
+
+    def forward(self, x):
+        if self.flavor == "llama":
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, flavor, hidden, heads, ffn):
+        super().__init__()
+        self.attention_norm = Norm(flavor, hidden)
+        self.attention = Attention(flavor, hidden, heads)
+        self.ffn_norm = Norm(flavor, hidden)
+        self.feed_forward = FeedForward(flavor, hidden, ffn)
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class StageModule(nn.Module):
+    """One stage of config.json's "stages": its layers under their global names, the embedding on
+    the first stage, the final norm and head on the last (the head is tok_embeddings.weight when
+    tied). The whole model is the one stage of a single-stage config."""
+
+    def __init__(self, model, stage):
+        super().__init__()
+        flavor, hidden = model["flavor"], model["hidden"]
+        self.flavor, self.has_embedding, self.has_head = flavor, stage["embedding"], stage["head"]
+        if self.has_embedding or (self.has_head and model["tied"]):
+            self.tok_embeddings = nn.Embedding(model["vocab"], hidden)
+        if self.has_embedding and flavor == "gpt2":
+            self.pos_embeddings = nn.Embedding(model["seq_len"], hidden)
+        first, end = stage["layers"]
+        self.layers = nn.ModuleDict({str(i): Block(flavor, hidden, model["heads"], ffn_size(model))
+                                     for i in range(first, end)})
+        if self.has_head:
+            self.norm = Norm(flavor, hidden)
+            if not model["tied"]:
+                self.output = nn.Linear(hidden, model["vocab"], bias=False)
+
+    def forward(self, x):
+        if self.has_embedding:
+            x = self.tok_embeddings(x)
+            if self.flavor == "gpt2":
+                x = x + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
+        for block in self.layers.values():
+            x = block(x)
+        if self.has_head:
+            head = self.output.weight if hasattr(self, "output") else self.tok_embeddings.weight
+            x = F.linear(self.norm(x), head)
+        return x
+
+
+def token_loss(logits, labels, total_tokens):
+    """docs/design.md §2's loss for the tokens in `labels`: the summed cross entropy divided by the
+    labelled tokens of the whole batch (so microbatch losses add up to the batch's)."""
+    as_loss = logits if logits.dtype == torch.float64 else logits.float()
+    return F.cross_entropy(as_loss.reshape(-1, as_loss.shape[-1]), labels.reshape(-1), ignore_index=-100,
+                           reduction="sum") / total_tokens
+
+
+def make_optimizer(config, parameters):
+    """The reference's optimizer: plain SGD, or AdamW with config.json's hyper-parameters."""
+    optimizer = config["optimizer"]
+    if optimizer["name"] == "sgd":
+        return torch.optim.SGD(parameters, lr=optimizer["lr"])
+    return torch.optim.AdamW(parameters, lr=optimizer["lr"], betas=tuple(optimizer["betas"]), eps=optimizer["eps"],
+                             weight_decay=optimizer["weight_decay"])
+
+
+def clip_factor(total_norm, max_norm):
+    """PyTorch's clip_grad_norm_ rule, as the reference applies it; 1 when clipping is off."""
+    if max_norm <= 0:
+        return 1.0
+    factor = max_norm / (total_norm + 1e-6)
+    return factor if factor < 1.0 else 1.0

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""PyTorch's own pipelining as a trainer under test (`trainer=torch`), speaking pipecheck's
+external-trainer protocol (protocol.py, docs/protocol.md) like any other trainer.
+
+Each rank builds its stages of docs/design.md §2's model (config.json's partition and placement),
+loads pipecheck's initial weights, wraps each stage in torch.distributed.pipelining's PipelineStage
+and trains config.json's steps with the scenario's schedule class:
+
+  gpipe ScheduleGPipe, 1f1b Schedule1F1B, interleaved ScheduleInterleaved1F1B, loopedbfs
+  ScheduleLoopedBFS, zbh1 ScheduleInterleavedZeroBubble, zbv ScheduleZBVZeroBubble, dualpipev
+  ScheduleDualPipeV, csv:PATH PyTorch's _PipelineScheduleRuntime loading the compute-only CSV.
+
+It does what a user of pipelining must do around the schedule, the way PyTorch's documentation and
+TorchTitan do it: the loss is the batch's summed token cross entropy over its labelled tokens (so
+`scale_grads=False`); a tied embedding held by two ranks has its gradient summed between them
+(one all-reduce), and held twice by one rank (a V) is one shared Parameter; gradients are clipped
+by the global norm (the tied weight counted once); then the reference's optimizer steps. Whatever
+PyTorch computes is handed back unaltered for pipecheck to judge.
+
+Needs PyTorch >= 2.4 (torch.distributed.pipelining); exit 2 when it is missing.
+"""
+import inspect
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from protocol import Exchange, Meter, StageModule, clip_factor, make_optimizer, token_loss  # noqa: E402
+
+try:
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining import PipelineStage
+except ImportError as error:
+    print(f"torch_pipelining: torch.distributed.pipelining needs PyTorch >= 2.4; this is {torch.__version__} ({error})",
+          file=sys.stderr)
+    sys.exit(2)
+
+SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
+                    "loopedbfs": "ScheduleLoopedBFS", "zbh1": "ScheduleInterleavedZeroBubble",
+                    "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+SINGLE_STAGE = ("gpipe", "1f1b")
+# PyTorch's pipelining runs as it ships; the only "fault" it takes undoes this file's one workaround.
+FAULTS = {"none": "PyTorch's pipelining as it ships, with Gloo's self-sends stepped around (step_around_self_sends)",
+          "stock_p2p_init": "also PyTorch's own first-step self-sends, which Gloo cannot carry"}
+
+
+def step_around_self_sends():
+    """PyTorch >= 2.9 starts a schedule by sending a dummy tensor to each stage's neighbours
+    (_get_init_p2p_neighbors_ops, pytorch/pytorch#160210) even when the neighbour stage is on the
+    same rank, as in every V schedule; NCCL accepts a send to oneself, Gloo has no such pair and
+    fails ("Pair is not connected"). On Gloo those self-sends are left out here, so that the V
+    schedules' arithmetic can be judged on the CPU; fault=stock_p2p_init keeps them (as shipped)."""
+    from torch.distributed.pipelining import stage as stage_module
+    base = stage_module._PipelineStageBase
+    original = getattr(base, "_get_init_p2p_neighbors_ops", None)
+    if original is None:
+        return
+    base._get_init_p2p_neighbors_ops = lambda self: [op for op in original(self) if op.group_peer != self.group_rank]
+
+
+def schedule_class(name):
+    cls = getattr(pipelining.schedules, SCHEDULE_CLASSES[name], None)
+    if cls is None:
+        print(f"torch_pipelining: PyTorch {torch.__version__} has no {SCHEDULE_CLASSES[name]}", file=sys.stderr)
+        sys.exit(2)
+    return cls
+
+
+def make_schedule(config, stages, loss_fn):
+    name, microbatches = config["schedule"], config["microbatches"]
+    if name.startswith("csv:"):
+        from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+        schedule = _PipelineScheduleRuntime(stages, microbatches, loss_fn=loss_fn, scale_grads=False)
+        schedule._load_csv(config["schedule_csv"], format="compute_only")
+        return schedule
+    cls = schedule_class(name)
+    kwargs = {}
+    if "scale_grads" in inspect.signature(cls.__init__).parameters:
+        kwargs["scale_grads"] = False  # the loss is already normalised by the whole batch's tokens
+    return cls(stages[0] if name in SINGLE_STAGE else stages, microbatches, loss_fn=loss_fn, **kwargs)
+
+
+def build_stages(exchange, device, weights):
+    """This rank's stage modules (a tied embedding shared when both its stages are here), loaded
+    with pipecheck's initial weights, and their PipelineStages."""
+    config, model = exchange.config, exchange.config["model"]
+    modules = []
+    for stage in exchange.stages_of_rank():
+        module = StageModule(model, stage).to(exchange.dtype)
+        if model["tied"] and stage["head"] and modules and modules[0].has_embedding:
+            module.tok_embeddings = modules[0].tok_embeddings  # one Parameter, as a single model would have it
+        module.load_state_dict({name: weights[name] for name in module.state_dict()})
+        modules.append(module.to(device))
+    stages = [PipelineStage(module, stage["stage"], len(config["stages"]), device)
+              for module, stage in zip(modules, exchange.stages_of_rank())]
+    return modules, stages
+
+
+def named_parameters(modules):
+    """This rank's parameters by global name, each once."""
+    named = {}
+    for module in modules:
+        for name, parameter in module.named_parameters():
+            named.setdefault(name, parameter)
+    return named
+
+
+def main():
+    exchange = Exchange()
+    config = exchange.config
+    if exchange.fault not in FAULTS:
+        print(f"torch_pipelining: no fault {exchange.fault!r} here; this trainer knows: {', '.join(FAULTS)}",
+              file=sys.stderr)
+        return 2
+    device = exchange.device()
+    if device.type == "cpu" and exchange.fault != "stock_p2p_init":
+        step_around_self_sends()
+    meter = Meter(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    stage_ranks = [stage["rank"] for stage in config["stages"]]
+    first_rank, last_rank = stage_ranks[0], stage_ranks[-1]
+    tied_across = config["model"]["tied"] and first_rank != last_rank
+    tied_group = dist.new_group(sorted({first_rank, last_rank})) if tied_across else None
+
+    weights = exchange.weights()
+    modules, stages = build_stages(exchange, device, weights)
+    named = named_parameters(modules)
+    exchange.save_start({name: p for name, p in named.items()})
+    holds_first = exchange.rank == first_rank
+    holds_last = exchange.rank == last_rank
+    # The tied weight is counted once in the global norm: by the first stage's rank.
+    counted = [p for name, p in named.items() if not (tied_across and holds_last and not holds_first
+                                                       and name == "tok_embeddings.weight")]
+    optimizer = make_optimizer(config, list(named.values()))
+
+    for step in range(config["steps"]):
+        batch = exchange.batch(step)
+        # Pipelining's stages keep the shapes of their first step (a later shape is a
+        # PipeliningShapeError), so every batch is padded to seq_len, as fixed-length training does;
+        # the padding's labels are ignored and causal attention keeps it out of real positions.
+        pad = config["model"]["seq_len"] - batch["tokens"].shape[1]
+        tokens = torch.nn.functional.pad(batch["tokens"], (0, pad)).to(device)
+        labels = torch.nn.functional.pad(batch["labels"], (0, pad), value=-100).to(device)
+        total = int((batch["labels"] != -100).sum())
+
+        def loss_fn(logits, target):
+            return token_loss(logits, target, total)
+
+        schedule = make_schedule(config, stages, loss_fn) if step == 0 else schedule
+        optimizer.zero_grad(set_to_none=True)
+        dist.barrier()
+        meter.start_step()
+        losses = []
+        args = (tokens,) if holds_first else ()
+        kwargs = dict(target=labels, losses=losses) if holds_last else {}
+        schedule.step(*args, **kwargs)
+        if tied_across and (holds_first or holds_last):
+            dist.all_reduce(named["tok_embeddings.weight"].grad, group=tied_group)
+        squares = torch.zeros((), dtype=torch.float64, device=device)
+        for p in counted:
+            if p.grad is not None:
+                squares += p.grad.double().pow(2).sum()
+        dist.all_reduce(squares)
+        factor = clip_factor(float(squares.sqrt()), config["clip"])
+        if factor != 1.0:
+            for p in named.values():
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+        optimizer.step()
+        step_ms, peak = meter.end_step()
+        loss = float(sum(l.detach().double() for l in losses)) if holds_last else None
+        grads = {name: p.grad for name, p in named.items() if p.grad is not None}
+        exchange.save_step(step, grads, named, loss=loss, step_ms=step_ms, peak_bytes=peak)
+        if holds_last:
+            print(f"pipecheck progress: step {step + 1}/{config['steps']} loss {loss:.6g}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
