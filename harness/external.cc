@@ -54,15 +54,20 @@ TensorDict ToDict(const NamedTensors& tensors) {
   return dict;
 }
 
-// What a trainer's pipeline looks like: its stages' places and layers. A schedule only PyTorch
-// runs (LoopedBFS) places stages round robin, as interleaved 1F1B does.
-pipeline::PipelineShape ShapeOf(const scenarios::Scenario& scenario) {
-  auto shaped = scenario;
-  if (std::find(scenarios::TorchOnlySchedules().begin(), scenarios::TorchOnlySchedules().end(), scenario.schedule) !=
-      scenarios::TorchOnlySchedules().end()) {
-    shaped.schedule = "interleaved";
+// The scenario as pipecheck's pipeline configuration sees it, for the stages' places and layers
+// alone: the fault is the other trainer's to inject, and a schedule only PyTorch runs (LoopedBFS)
+// places stages round robin, as interleaved 1F1B does.
+pipeline::PipelineConfig PipelineView(scenarios::Scenario scenario) {
+  scenario.fault = "none";
+  const auto& torch_only = scenarios::TorchOnlySchedules();
+  if (std::find(torch_only.begin(), torch_only.end(), scenario.schedule) != torch_only.end()) {
+    scenario.schedule = "interleaved";
   }
-  return pipeline::BuildSchedule(ToPipelineConfig(shaped)).shape;
+  return ToPipelineConfig(scenario);
+}
+
+pipeline::PipelineShape ShapeOf(const scenarios::Scenario& scenario) {
+  return pipeline::BuildSchedule(PipelineView(scenario)).shape;
 }
 
 nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const reference::TrainConfig& train,
@@ -96,7 +101,7 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const reference::
     config["optimizer"]["weight_decay"] = reference::kAdamWeightDecay;
   }
   const auto shape = ShapeOf(scenario);
-  const auto slices = pipeline::StageSlicesOf(ToPipelineConfig(scenario), shape);
+  const auto slices = pipeline::StageSlicesOf(PipelineView(scenario), shape);
   for (int stage = 0; stage < shape.stages(); ++stage) {
     const auto& slice = slices[static_cast<size_t>(stage)];
     config["stages"].push_back({{"stage", stage},
@@ -331,7 +336,9 @@ reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const
   const auto schedule = pipeline::EmptySchedule(scenario.schedule, shape, /*virtual_stages_allowed=*/true);
   const pipeline::SimulationResult simulation;
   const pipeline::MemoryPrediction memory;
-  auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, memory, /*check_communication=*/false});
+  const auto view = PipelineView(scenario);
+  auto report = CompareWithReference(
+      {scenario, oracle, ranks, schedule, simulation, memory, /*check_communication=*/false, &view});
   report.summary.bubble_theory.reset();
   if (report.summary.bubble_measured && std::isnan(*report.summary.bubble_measured)) report.summary.bubble_measured.reset();
   return report;

@@ -145,9 +145,11 @@ void RankRows(const MeasurementInput& input, size_t steps, const StepPrediction&
     row.stages = fmt::format("{}", fmt::join(stages, ";"));
     row.params = parameters;
     row.peak_bytes = Measured(rank_peak);
-    row.busy_ms = time.busy_us * per_step_ms;
-    row.idle_ms = (time.wall_us - time.busy_us - time.comm_us) * per_step_ms;
-    row.comm_ms = time.comm_us * per_step_ms;
+    if (!rank.timeline.empty()) {
+      row.busy_ms = time.busy_us * per_step_ms;
+      row.idle_ms = (time.wall_us - time.busy_us - time.comm_us) * per_step_ms;
+      row.comm_ms = time.comm_us * per_step_ms;
+    }
     row.peak_bytes_predicted = Measured(r < input.memory.peak_bytes.size() ? input.memory.peak_bytes[r] : -1);
     if (!rank_ms.empty()) row.step_ms = reference::Median(rank_ms);
     if (r < predicted.rank_ms.size()) row.step_ms_predicted = predicted.rank_ms[r];

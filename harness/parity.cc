@@ -73,7 +73,8 @@ reports::SummaryRow ScenarioColumns(const scenarios::Scenario& s) {
   row.dtype = s.dtype;
   row.device = s.device;
   row.steps = s.steps;
-  row.transport = ResolveTransport(s);
+  row.transport = s.ExternalTrainer() ? "" : ResolveTransport(s);  // another trainer picks its own
+  row.trainer = s.trainer;
   return row;
 }
 
@@ -466,7 +467,7 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   }
   Verdicts verdicts;
   reports::ScenarioReport report;
-  const auto config = ToPipelineConfig(scenario);
+  const auto config = input.pipeline_config != nullptr ? *input.pipeline_config : ToPipelineConfig(scenario);
   if (input.check_communication) JudgeCommunication(input, config, verdicts, report);
   const NamedTensors final_pp = JudgeSteps(input, config, verdicts, report);
   if (!verdicts.diverged.empty()) return FailedScenarioReport(scenario, reports::Status::kError, verdicts.diverged);

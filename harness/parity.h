@@ -51,6 +51,10 @@ struct ParityInput {
   // The messages each rank posted against the schedule's plan: pipecheck's own trainer only
   // (another trainer's messages are its own business, and it records none).
   bool check_communication = true;
+  // The pipeline configuration the judges read the stages' layers, microbatches and dtype from;
+  // null: the scenario's own (ToPipelineConfig). Another trainer's scenario passes its view
+  // without the fault, which is that trainer's to inject.
+  const pipeline::PipelineConfig* pipeline_config = nullptr;
 };
 
 reports::ScenarioReport CompareWithReference(const ParityInput& input);

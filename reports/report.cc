@@ -51,6 +51,7 @@ const Fields<SummaryRow>& SummaryFields() {
       field::OptionalInteger("pp_tokens_per_s_runs", &R::pp_tokens_per_s_runs),
       field::Text("fingerprint", &R::fingerprint),
       field::Text("config", &R::config),
+      field::Text("trainer", &R::trainer),
   };
   return fields;
 }
@@ -107,9 +108,9 @@ const Fields<RankRow>& RankFields() {
       field::Text("stages", &R::stages),
       field::Integer("params", &R::params),
       field::OptionalInteger("peak_bytes", &R::peak_bytes),
-      field::Real("busy_ms", &R::busy_ms),
-      field::Real("idle_ms", &R::idle_ms),
-      field::Real("comm_ms", &R::comm_ms),
+      field::OptionalReal("busy_ms", &R::busy_ms),
+      field::OptionalReal("idle_ms", &R::idle_ms),
+      field::OptionalReal("comm_ms", &R::comm_ms),
       field::OptionalInteger("peak_bytes_predicted", &R::peak_bytes_predicted),
       field::OptionalReal("step_ms", &R::step_ms),
       field::OptionalReal("step_ms_predicted", &R::step_ms_predicted),

@@ -42,6 +42,7 @@ struct SummaryRow {
   std::optional<double> pp_tokens_per_s_spread;  // (max - min) / median over the timed steps or merged runs
   std::optional<int64_t> pp_tokens_per_s_runs;   // how many runs a baseline row merged
   std::string fingerprint, config;
+  std::string trainer = "pipecheck";  // who trained: pipecheck, torch or external:PATH (as the suite says)
 };
 
 // summary.csv's columns, in file order: the one list.
@@ -86,7 +87,8 @@ struct RankRow {
   std::string stages;  // "0;2"
   int64_t params = 0;
   std::optional<int64_t> peak_bytes;
-  double busy_ms = 0, idle_ms = 0, comm_ms = 0;
+  // From the rank's action timeline; empty for a trainer that hands none back (another trainer).
+  std::optional<double> busy_ms, idle_ms, comm_ms;
   std::optional<int64_t> peak_bytes_predicted;
   std::optional<double> step_ms, step_ms_predicted;
 };

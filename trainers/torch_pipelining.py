@@ -136,7 +136,8 @@ def main():
     # The tied weight is counted once in the global norm: by the first stage's rank.
     counted = [p for name, p in named.items() if not (tied_across and holds_last and not holds_first
                                                        and name == "tok_embeddings.weight")]
-    optimizer = make_optimizer(config, list(named.values()))
+    # A rank whose stages hold no layers (empty stages) has nothing to update.
+    optimizer = make_optimizer(config, list(named.values())) if named else None
 
     for step in range(config["steps"]):
         batch = exchange.batch(step)
@@ -152,7 +153,8 @@ def main():
             return token_loss(logits, target, total)
 
         schedule = make_schedule(config, stages, loss_fn) if step == 0 else schedule
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
         dist.barrier()
         meter.start_step()
         losses = []
@@ -171,7 +173,8 @@ def main():
             for p in named.values():
                 if p.grad is not None:
                     p.grad.mul_(factor)
-        optimizer.step()
+        if optimizer is not None:
+            optimizer.step()
         step_ms, peak = meter.end_step()
         loss = float(sum(l.detach().double() for l in losses)) if holds_last else None
         grads = {name: p.grad for name, p in named.items() if p.grad is not None}
