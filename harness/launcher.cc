@@ -172,6 +172,9 @@ std::string Tail(const std::string& path, size_t count = 4) {
   std::vector<std::string> lines;
   std::string line;
   while (std::getline(stream, line)) {
+    // c10's warning when the tensor-memory meter (trainers/meter.cc) sees a block freed that a
+    // Python trainer allocated before starting it: the meter's, not the trainer's, words.
+    if (line.find("Memory block of unknown size was allocated before the profiling started") != std::string::npos) continue;
     if (!line.empty()) lines.push_back(line);
   }
   size_t first = lines.size() - std::min(count, lines.size());

@@ -54,6 +54,20 @@ expect 0 "^mb4 +[0-9.]+ +[0-9]+ +[0-9]+\.[0-9]+" "$pipecheck" reference --microb
 expect 2 "unknown.csv:1:3: unknown column 'colour'" "$pipecheck" run --scenarios "$work/unknown.csv" --out "$work/r"
 expect 2 "badvalue.csv:3:2" "$pipecheck" run --scenarios "$work/badvalue.csv" --out "$work/r"
 expect 2 "device" "$pipecheck" run --device tpu --scenarios "$work/good.csv"
+# Another trainer this machine cannot run: refused (exit 2, naming the row and why) before anything runs.
+printf '#!/bin/sh\necho "ModuleNotFoundError: No module named torch" >&2\nexit 1\n' >"$work/no-torch-python"
+chmod +x "$work/no-torch-python"
+printf 'name,world_size\nfine,1\ntheirs,1\n' >"$work/torchless.csv"
+sed -i 's/^theirs,1$/theirs,1/; 1s/$/,trainer/; 2s/$/,pipecheck/; 3s/$/,torch/' "$work/torchless.csv"
+expect 2 "torchless.csv:3: scenario 'theirs': trainer=torch needs PyTorch >= 2.4 \(torch.distributed.pipelining\) in .*no-torch-python .*No module named torch" \
+  env PIPECHECK_PYTHON="$work/no-torch-python" "$pipecheck" run --scenarios "$work/torchless.csv" --out "$work/r"
+test ! -e "$work/r/summary.csv" || { failed=$((failed + 1)); echo "FAIL: a refused suite still ran"; }
+printf 'name,world_size,trainer\nmine,1,external:nowhere/train.py\n' >"$work/noprogram.csv"
+expect 2 "noprogram.csv:2: scenario 'mine': trainer program .*nowhere/train.py is not there" \
+  "$pipecheck" validate --scenarios "$work/noprogram.csv"
+expect 2 "is trained by trainer torch, whose ranks are its own processes" \
+  env RANK=0 WORLD_SIZE=1 "$pipecheck" worker --scenarios "$source_dir/scenarios/torch-pipelining.csv" --scenario torch_1f1b --out "$work/w"
+
 printf 'name,world_size,layers,hidden,batch,microbatches,seq_len\npp2,2,2,16,4,2,8\n' >"$work/pp.csv"
 expect 0 "1 scenarios, 1 met their expectation" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/r"
 for report in summary params steps ranks timeline; do

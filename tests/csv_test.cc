@@ -70,7 +70,7 @@ TEST(Reports, ColumnsAreExactlyTheDesigns) {
             "loss_ref,loss_pp,loss_max_abs_diff,grad_max_rel_err,worst_param,params_checked,weights_max_rel_err,"
             "ref_step_ms,pp_step_ms,ref_tokens_per_s,pp_tokens_per_s,ref_peak_bytes,pp_peak_bytes_max,bubble_theory,"
             "bubble_measured,message,transport,pp_peak_bytes_predicted,pp_step_ms_predicted,wall_s,pp_tokens_per_s_spread,"
-            "pp_tokens_per_s_runs,fingerprint,config");
+            "pp_tokens_per_s_runs,fingerprint,config,trainer");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::ParamColumns(), ",")),
             "scenario,param,stage,rank,numel,ref_norm,pp_norm,max_abs_diff,rel_err,ok");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::StepColumns(), ",")), "scenario,step,loss_ref,loss_pp,abs_diff");
@@ -126,6 +126,7 @@ TEST(Reports, EverySummaryFieldRoundTrips) {
   row.pp_peak_bytes_max = 6900296;
   row.pp_tokens_per_s_runs = 3;
   row.message = "a, \"quoted\" message";
+  row.trainer = "external:bin/train.py";
   const auto cells = reports::Cells(reports::SummaryFields(), row);
   const auto back = reports::ParseCells(reports::SummaryFields(), reports::SummaryColumns(), cells);
   EXPECT_EQ(reports::Cells(reports::SummaryFields(), back), cells);
@@ -136,6 +137,9 @@ TEST(Reports, EverySummaryFieldRoundTrips) {
   EXPECT_EQ(*back.grad_max_rel_err, 3.861345427204147e-16);  // the same double, not a rounded one
   EXPECT_EQ(*back.pp_peak_bytes_max, 6900296);
   EXPECT_FALSE(back.loss_ref.has_value());
+  EXPECT_EQ(back.trainer, "external:bin/train.py");
+  EXPECT_EQ(reports::ParseCells(reports::SummaryFields(), {"scenario"}, {"old"}).trainer, "pipecheck")
+      << "a summary from before trainers were a column was pipecheck's own";
   reports::ScenarioReport report;
   report.summary = row;
   EXPECT_EQ(reports::Cells(reports::SummaryFields(), reports::FromJson(reports::ToJson(report)).summary), cells);

@@ -127,7 +127,8 @@ TEST(ScenarioLoader, RejectsUnknownEnumValuesListingTheAllowedOnes) {
   EXPECT_EQ(ErrorFor("name,flavor\nx,bert\n"),
             "suite.csv:2:2: column 'flavor', value 'bert': expected one of: llama, gpt2");
   EXPECT_EQ(ErrorFor("name,schedule\nx,zigzag\n"),
-            "suite.csv:2:2: column 'schedule', value 'zigzag': expected one of: gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev");
+            "suite.csv:2:2: column 'schedule', value 'zigzag': expected one of: gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev, "
+            "loopedbfs");
   // zbv is two stages per rank: its virtual_stages is 2 when left out, and nothing above 2.
   EXPECT_EQ(ErrorFor("name,schedule,virtual_stages\nx,zbv,3\n"),
             "suite.csv:2:3: column 'virtual_stages', value '3': schedule 'zbv' places two stages per rank in a V: "
@@ -145,6 +146,43 @@ TEST(ScenarioLoader, RejectsUnknownEnumValuesListingTheAllowedOnes) {
   EXPECT_EQ(ErrorFor("name,partition\nx,2;;1\n"),
             "suite.csv:2:2: column 'partition', value '2;;1': expected uniform, params, or layer counts per stage "
             "such as 2;0;3;1");
+}
+
+TEST(ScenarioLoader, TrainersAndTheColumnsThatDependOnThem) {
+  const auto suite = ParseSuite(
+      "name,trainer,schedule,fault,note\n"
+      "ours,,1f1b,drop_microbatch,\n"
+      "theirs,torch,loopedbfs,stock_p2p_init,\"a note, with a comma\"\n"
+      "mine,external:bin/train.py,gpipe,anything_it_knows,\n",
+      "dir/suite.csv");
+  ASSERT_EQ(suite.size(), 3u);
+  EXPECT_EQ(suite[0].trainer, "pipecheck");
+  EXPECT_FALSE(suite[0].ExternalTrainer());
+  EXPECT_EQ(suite[1].trainer, "torch");
+  EXPECT_EQ(suite[1].virtual_stages, 2) << "LoopedBFS runs two stages per rank unless told";
+  EXPECT_EQ(suite[1].fault, "stock_p2p_init") << "another trainer's faults are its own to know";
+  EXPECT_EQ(suite[1].note, "a note, with a comma");
+  EXPECT_EQ(suite[2].trainer, "external:bin/train.py");
+  EXPECT_EQ(suite[2].trainer_path, "dir/bin/train.py") << "resolved against the suite's folder";
+  // The configuration (and fingerprint) names another trainer, and leaves pipecheck's rows as they were.
+  EXPECT_EQ(scenarios::Configuration(suite[0]).find("trainer="), std::string::npos);
+  EXPECT_NE(scenarios::Configuration(suite[1]).find("trainer=torch"), std::string::npos);
+  EXPECT_EQ(scenarios::Configuration(suite[1]).find("note="), std::string::npos);
+
+  EXPECT_EQ(ErrorFor("name,trainer\nx,megatron\n"),
+            "suite.csv:2:2: column 'trainer', value 'megatron': expected one of: pipecheck, torch, external:PATH");
+  EXPECT_EQ(ErrorFor("name,trainer\nx,external:\n"),
+            "suite.csv:2:2: column 'trainer', value 'external:': external: needs the trainer program's path, as "
+            "external:PATH");
+  EXPECT_EQ(ErrorFor("name,schedule\nx,loopedbfs\n"),
+            "suite.csv:2:2: column 'schedule', value 'loopedbfs': 'loopedbfs' is one of PyTorch's schedules that "
+            "pipecheck's trainer does not run: it needs trainer=torch");
+  EXPECT_EQ(ErrorFor("name,fault\nx,stock_p2p_init\n").rfind(
+                "suite.csv:2:2: column 'fault', value 'stock_p2p_init': expected one of: none, ", 0),
+            0u) << "pipecheck's own trainer injects only its own faults";
+  EXPECT_EQ(ErrorFor("name,trainer,fault\nx,torch,Bad-Name\n"),
+            "suite.csv:2:3: column 'fault', value 'Bad-Name': expected a fault's name: lower-case letters, digits and "
+            "'_'");
 }
 
 TEST(ScenarioLoader, RejectsImpossibleCombinations) {

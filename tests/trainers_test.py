@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Trainers under test, end to end: `pipecheck run` over a suite of external-trainer rows, then
+each row's status and the words its message must hold.
+
+  --suite external: tests/data/external.csv, the worked external trainer (examples/plain_trainer.py)
+    right, and wrong in each way the protocol names (a gradient bug, a missing step, a wrong shape,
+    a NaN, an unknown name, no loss, a crash, a hang): the bug is caught with its parameter and
+    step, a breach of the protocol is an ERROR saying which, never a PASS.
+  --suite torch: scenarios/torch-pipelining.csv, PyTorch's pipelining: the run exits 0 (every row
+    met its expectation) and every expect=fail row fails for the reason its note gives.
+"""
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+
+# scenario -> (status, words its message must hold)
+EXTERNAL = {
+    "plain_right": ("PASS", ["weights after each step match"]),
+    "plain_right_clipped": ("PASS", ["weights after each step match"]),
+    "plain_grad_bug": ("FAIL", ["gradient of layers.0.feed_forward.w2.weight at step 1", "rel err 0.5"]),
+    "plain_missing_step": ("ERROR", ["broke the protocol", "rank 0 handed back no step_2.pt"]),
+    "plain_wrong_shape": ("ERROR", ["broke the protocol", "rank 0 step_0.pt grads", "layers.0.attention.wq.weight",
+                                    "shape [64, 63], the model's is [64, 64]"]),
+    "plain_nan": ("ERROR", ["broke the protocol", "rank 0 step_0.pt grads: norm.weight holds NaN"]),
+    "plain_bad_name": ("ERROR", ["broke the protocol", "'model.norm.weight' is no parameter of the model"]),
+    "plain_no_loss": ("ERROR", ["broke the protocol", "no rank handed back step 0's loss"]),
+    "plain_crash": ("ERROR", ["rank 0 exited with code 1", "the crash this fault asks for"]),
+    "plain_hang": ("TIMEOUT", ["rank(s) 0 still running after the", "deadline"]),
+    "plain_unknown_fault": ("ERROR", ["unknown fault 'no_such_fault'"]),
+}
+
+TORCH_FAILURES = {
+    "torch_1f1b_uneven_microbatches": ["PipeliningShapeError", "expected torch.Size([3, 32]) actual torch.Size([2, 32])"],
+    "torch_gpipe_uneven_microbatches": ["PipeliningShapeError", "expected torch.Size([2, 32]) actual torch.Size([1, 32])"],
+    "torch_zbh1_identity_stage": ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"],
+    "torch_zbv_identity_stage": ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"],
+    "torch_dualpipev_identity_stage": ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"],
+    "torch_zbv_gloo_init_as_shipped": ["Pair is not connected"],
+    "torch_dualpipev_gloo_init_as_shipped": ["Pair is not connected"],
+}
+
+
+def run(pipecheck, suite, out, timeout):
+    done = subprocess.run([pipecheck, "run", "--scenarios", suite, "--out", out, "--timeout", str(timeout)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(done.stdout[-3000:])
+    with open(os.path.join(out, "summary.csv"), newline="") as f:
+        return done.returncode, {row["scenario"]: row for row in csv.DictReader(f)}
+
+
+def check(rows, expected):
+    problems = []
+    for name, (status, words) in expected.items():
+        row = rows.get(name)
+        if row is None:
+            problems.append(f"{name}: no row in summary.csv")
+            continue
+        if row["status"] != status:
+            problems.append(f"{name}: status {row['status']}, expected {status}: {row['message']}")
+        problems += [f"{name}: message lacks {word!r}: {row['message']}" for word in words if word not in row["message"]]
+    return problems
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pipecheck", required=True)
+    parser.add_argument("--source", required=True, help="the source tree")
+    parser.add_argument("--suite", choices=["external", "torch"], required=True)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="pipecheck_trainers_") as out:
+        if args.suite == "external":
+            code, rows = run(args.pipecheck, os.path.join(args.source, "tests/data/external.csv"), out, 40)
+            problems = check(rows, EXTERNAL)
+            if code != 0:
+                problems.append(f"pipecheck run exited {code}: every row should have met its expectation")
+            for row in rows.values():
+                if row["trainer"] != "external:../../examples/plain_trainer.py":
+                    problems.append(f"{row['scenario']}: summary.csv's trainer is {row['trainer']!r}")
+        else:
+            suite = os.path.join(args.source, "scenarios/torch-pipelining.csv")
+            code, rows = run(args.pipecheck, suite, out, 300)
+            expected = {name: ("ERROR", words) for name, words in TORCH_FAILURES.items()}
+            with open(suite, newline="") as f:
+                lines = [line for line in f if not line.lstrip().startswith("#")]
+            for row in csv.DictReader(lines):
+                if row["expect"] == "pass":
+                    expected[row["name"]] = ("PASS", ["weights after each step match"])
+                elif row["name"] not in TORCH_FAILURES:
+                    sys.exit(f"FAIL: {row['name']} is expect=fail but this test does not say which reason it must give")
+            problems = check(rows, expected)
+            if code != 0:
+                problems.append(f"pipecheck run exited {code}: every row should have met its expectation")
+            problems += [f"{name}: trainer {row['trainer']!r}" for name, row in rows.items() if row["trainer"] != "torch"]
+    if problems:
+        print("FAIL:\n  " + "\n  ".join(problems))
+        sys.exit(1)
+    print(f"PASS: {len(rows)} rows")
+
+
+if __name__ == "__main__":
+    main()
