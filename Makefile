@@ -75,12 +75,13 @@ bench: build
 	$(BUILD_DIR)/benchmarks/bench_pipeline --benchmark_min_time=1
 	$(PIPECHECK) run --scenarios benchmarks/pipeline_2ranks.csv --threads 1 --out $(BUILD_DIR)/bench-2ranks
 
-# pipecheck against PyTorch's own torch.distributed.pipelining on benchmarks/peer.csv: parity of
-# PyTorch's run first, then alternating rounds; prints the table (tokens/s, spreads, ratios).
+# pipecheck's trainer against PyTorch's pipelining (trainer=torch) on benchmarks/peer.csv's twin rows:
+# every run judged against the reference, the twins alternated over rounds; prints tokens/s and peak
+# memory of both, side by side (benchmarks/race.py).
 PEER_ROUNDS ?= 3
 bench-peer: build
-	$(BUILD_PYTHON) benchmarks/peer_pipelining.py --pipecheck $(PIPECHECK) --scenarios benchmarks/peer.csv \
-	  --rounds $(PEER_ROUNDS) --threads 1 $$(sed -n 's/^\(peer_[^,]*\),.*/--scenario \1/p' benchmarks/peer.csv)
+	$(BUILD_PYTHON) benchmarks/race.py --pipecheck $(PIPECHECK) --scenarios benchmarks/peer.csv \
+	  --rounds $(PEER_ROUNDS) --threads 1
 
 clean:
 	rm -rf $(BUILD_DIR) $(SANITIZE_DIR)

@@ -77,6 +77,7 @@ def main():
         first = 0
         for size in config["microbatch_sizes"]:  # accumulate over the scenario's microbatches
             tokens, labels = batch["tokens"][first:first + size], batch["labels"][first:first + size]
+            model.key_lengths = batch["lengths"][first:first + size]  # padded keys are masked
             first += size
             part = token_loss(model(tokens), labels, total)
             part.backward()

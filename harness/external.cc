@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 
+#include "harness/boundaries.h"
 #include "harness/errors.h"
 #include "harness/oracle.h"
 #include "harness/parity.h"
@@ -23,6 +24,7 @@
 #include "pipeline/rank_result.h"
 #include "pipeline/stage.h"
 #include "reference/data.h"
+#include "reference/fingerprint.h"
 #include "reference/optimizer.h"
 #include "reports/csv.h"
 
@@ -207,9 +209,90 @@ std::optional<double> Scalar(const c10::impl::GenericDict& dict, const std::stri
   return number;
 }
 
+// What a boundary tensor of one microbatch must look like: (its sequences, its longest length, hidden).
+struct MicrobatchShape {
+  int64_t rows = 0, time = 0;
+};
+
+std::vector<std::vector<MicrobatchShape>> MicrobatchShapes(const scenarios::Scenario& scenario) {
+  const auto train = ToTrainConfig(scenario);
+  std::vector<std::vector<MicrobatchShape>> steps;
+  for (int64_t step = 0; step < scenario.steps; ++step) {
+    const auto batch = reference::MakeBatch(train.data, train.seed, step);
+    std::vector<MicrobatchShape> shapes;
+    int64_t start = 0;
+    for (int64_t size : reference::MicrobatchSizes(batch.size(), scenario.microbatches)) {
+      shapes.push_back({size, batch.lengths.narrow(0, start, size).max().item<int64_t>()});
+      start += size;
+    }
+    steps.push_back(std::move(shapes));
+  }
+  return steps;
+}
+
+// The optional "boundaries" of a step's record: {"activation/S/M": the hidden state entering stage
+// S for microbatch M, "gradient/S/M": the gradient of stage S's output}, each (the microbatch's
+// sequences, its longest length, hidden), fingerprinted as pipecheck's own ranks do. The rank that
+// hands one back saw it arrive (its stage takes it), leave (its stage made it) or both.
+std::vector<pipeline::BoundaryRecord> ReadBoundaries(const c10::IValue& value, int rank, int64_t step,
+                                                     const pipeline::PipelineShape& shape,
+                                                     const std::vector<MicrobatchShape>& microbatches, int64_t hidden,
+                                                     const std::string& what) {
+  std::vector<pipeline::BoundaryRecord> records;
+  if (value.isNone()) return records;
+  if (!value.isGenericDict()) throw ProtocolError(fmt::format("{}: \"boundaries\" must be a dict", what));
+  const int stages = shape.stages();
+  for (const auto& entry : value.toGenericDict()) {
+    const std::string key = entry.key().isString() ? entry.key().toStringRef() : "";
+    char kind[16] = {0};
+    int stage = -1, microbatch = -1, used = 0;
+    const bool parsed = std::sscanf(key.c_str(), "%15[a-z]/%d/%d%n", kind, &stage, &microbatch, &used) == 3 &&
+                        used == static_cast<int>(key.size());
+    const std::string direction = kind;
+    const bool activation = direction == "activation";
+    if (!parsed || (!activation && direction != "gradient")) {
+      throw ProtocolError(fmt::format("{}: boundary '{}' is not activation/STAGE/MICROBATCH or gradient/STAGE/MICROBATCH",
+                                      what, key));
+    }
+    const bool stage_ok = activation ? stage >= 1 && stage < stages : stage >= 0 && stage + 1 < stages;
+    if (!stage_ok || microbatch < 0 || microbatch >= static_cast<int>(microbatches.size())) {
+      throw ProtocolError(fmt::format("{}: boundary '{}' names no boundary of {} stages and {} microbatches", what, key,
+                                      stages, microbatches.size()));
+    }
+    // The stage that takes the tensor, and the one that makes it.
+    const int taker = stage, maker = activation ? stage - 1 : stage + 1;
+    const int taker_rank = shape.RankOfStage(taker), maker_rank = shape.RankOfStage(maker);
+    if (rank != taker_rank && rank != maker_rank) {
+      throw ProtocolError(fmt::format("{}: boundary '{}' passes between ranks {} and {}, not this one", what, key,
+                                      maker_rank, taker_rank));
+    }
+    if (!entry.value().isTensor()) throw ProtocolError(fmt::format("{}: boundary '{}' is not a tensor", what, key));
+    const auto tensor = entry.value().toTensor().detach().to(torch::kCPU);
+    const auto& expected = microbatches[static_cast<size_t>(microbatch)];
+    if (tensor.dim() != 3 || tensor.size(0) != expected.rows || tensor.size(1) != expected.time || tensor.size(2) != hidden) {
+      throw ProtocolError(fmt::format("{}: boundary '{}' has shape [{}], expected [{}, {}, {}] (the microbatch's "
+                                      "sequences, its longest length, hidden)", what, key,
+                                      fmt::join(tensor.sizes(), ", "), expected.rows, expected.time, hidden));
+    }
+    pipeline::BoundaryRecord record;
+    record.step = step;
+    record.microbatch = microbatch;
+    record.stage = stage;
+    record.direction = activation ? pipeline::Direction::kActivation : pipeline::Direction::kGradient;
+    record.role = taker_rank == maker_rank ? pipeline::BoundaryRole::kHandedOver
+                  : rank == taker_rank    ? pipeline::BoundaryRole::kReceived
+                                          : pipeline::BoundaryRole::kSent;
+    record.peer = taker_rank == maker_rank ? -1 : (rank == taker_rank ? maker_rank : taker_rank);
+    record.fingerprint = reference::FingerprintOf(tensor.contiguous());
+    records.push_back(record);
+  }
+  return records;
+}
+
 // Rank `rank`'s start weights and every step's record, as the judges read a rank of pipecheck's own.
 pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios::Scenario& scenario,
-                              const pipeline::PipelineShape& shape, const ModelSpec& model) {
+                              const pipeline::PipelineShape& shape, const ModelSpec& model,
+                              const std::vector<std::vector<MicrobatchShape>>& microbatches) {
   pipeline::RankResult result;
   result.rank = rank;
   for (int stage = 0; stage < shape.stages(); ++stage) {
@@ -233,6 +316,9 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
     result.step_ms.push_back(ms.value_or(std::nan("")));
     const auto peak = Scalar(record, "peak_bytes", what);
     result.peak_bytes.push_back(peak ? static_cast<int64_t>(*peak) : -1);
+    auto boundaries = ReadBoundaries(Entry(record, "boundaries"), rank, step, shape,
+                                     microbatches[static_cast<size_t>(step)], scenario.hidden, what);
+    result.boundaries.insert(result.boundaries.end(), boundaries.begin(), boundaries.end());
     if (step + 1 < scenario.steps) {
       result.weights.push_back(std::move(after));
     } else {
@@ -319,24 +405,33 @@ void PrepareExchange(const scenarios::Scenario& scenario, const std::string& dir
 
 reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const std::string& directory) {
   const auto shape = ShapeOf(scenario);
-  Oracle oracle(ToTrainConfig(scenario), scenario.microbatches);
-  const ModelSpec model{oracle.InitialWeights()};
+  const auto view = PipelineView(scenario);
+  const auto initial = reference::ReferenceTrainer([&] {
+    auto train = ToTrainConfig(scenario);
+    train.device = torch::kCPU;
+    return train;
+  }()).Weights();
+  const auto microbatches = MicrobatchShapes(scenario);
   std::vector<pipeline::RankResult> ranks;
   try {
     for (int rank = 0; rank < scenario.world_size; ++rank) {
       ranks.push_back(ReadRank(fs::path(ExchangeOutputs(directory)) / fmt::format("rank{}", rank), rank, scenario,
-                               shape, model));
+                               shape, ModelSpec{initial}, microbatches));
     }
     CheckCompleteness(ranks, scenario.steps);
   } catch (const ProtocolError& error) {
     return FailedScenarioReport(scenario, reports::Status::kError,
                                 fmt::format("trainer {} broke the protocol: {}", scenario.trainer, error.what()));
   }
+  // The reference taps the stage boundaries only when the trainer handed some back.
+  auto train = view.train;
+  const bool boundaries = std::any_of(ranks.begin(), ranks.end(), [](const auto& r) { return !r.boundaries.empty(); });
+  if (boundaries) train.boundary_layers = BoundaryLayers(pipeline::StageSlicesOf(view, shape));
+  Oracle oracle(train, scenario.microbatches);
   // Nothing planned: another trainer's messages are its own business; no prediction of ours applies.
   const auto schedule = pipeline::EmptySchedule(scenario.schedule, shape, /*virtual_stages_allowed=*/true);
   const pipeline::SimulationResult simulation;
   const pipeline::MemoryPrediction memory;
-  const auto view = PipelineView(scenario);
   auto report = CompareWithReference(
       {scenario, oracle, ranks, schedule, simulation, memory, /*check_communication=*/false, &view});
   report.summary.bubble_theory.reset();

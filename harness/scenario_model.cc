@@ -140,7 +140,14 @@ std::string ResolveTransport(const scenarios::Scenario& scenario) {
 }
 
 std::string UnmetRequirement(const scenarios::Scenario& scenario) {
-  if (ResolveTransport(scenario) != "nccl") return "";
+  if (scenario.trainer == "torch" && scenario.device == "cuda" && scenario.world_size > 1) {
+    // trainers/torch_pipelining.py: NCCL on GPUs, which refuses two ranks on one GPU.
+    const int gpus = reference::CudaDeviceCount();
+    if (scenario.world_size <= gpus) return "";
+    return fmt::format("trainer torch runs PyTorch's pipelining over NCCL on GPUs, a GPU per rank: {} ranks, {} GPU{}",
+                       scenario.world_size, gpus, gpus == 1 ? "" : "s");
+  }
+  if (scenario.ExternalTrainer() || ResolveTransport(scenario) != "nccl") return "";
   const int64_t ranks = RanksOnThisHost(scenario);
   const int gpus = reference::CudaDeviceCount();
   if (ranks <= gpus) return "";

@@ -11,9 +11,9 @@
 #   ws1     the throughput rows alone, three rounds: world size 1 with 8 microbatches against the
 #           reference, fp32 and bf16 (issue 11's GPU target), and the reference accumulating over
 #           the same microbatches (pipecheck reference --microbatched)
-#   peer    benchmarks/peer_pipelining.py on benchmarks/peer.csv, 2 and 4 ranks on the machine's
-#           CPU, pipecheck and torch.distributed.pipelining alternated over 3 rounds each
-#           (PEER_SCENARIOS="peer_2ranks_1f1b_m8" runs one: each takes a few minutes)
+#   peer    benchmarks/race.py on benchmarks/peer.csv, 2 and 4 ranks on the machine's CPU,
+#           pipecheck's trainer and torch.distributed.pipelining's (trainer=torch) alternated over
+#           3 rounds (PEER_SCENARIOS="peer_2ranks_1f1b_m8" races one pair: each takes a few minutes)
 #
 # A stage's failure is recorded in $OUT/status and the next stage still runs; the exit status is
 # that of the first failure.
@@ -66,10 +66,10 @@ stage_ws1() {
 }
 stage_peer() {
   local rc=0
-  for scenario in ${PEER_SCENARIOS:-peer_2ranks_1f1b_m8 peer_4ranks_1f1b_m8}; do
-    python3 benchmarks/peer_pipelining.py --pipecheck "$pipecheck" --scenarios benchmarks/peer.csv \
-      --scenario "$scenario" --rounds 3 --threads 1 || rc=1
-  done
+  local only=()
+  for scenario in ${PEER_SCENARIOS:-peer_2ranks_1f1b_m8 peer_4ranks_1f1b_m8}; do only+=(--only "$scenario"); done
+  python3 benchmarks/race.py --pipecheck "$pipecheck" --scenarios benchmarks/peer.csv "${only[@]}" --rounds 3 \
+    --threads 1 || rc=1
   return $rc
 }
 

@@ -5,7 +5,8 @@ each row's status and the words its message must hold.
   --suite external: tests/data/external.csv, the worked external trainer (examples/plain_trainer.py)
     right, and wrong in each way the protocol names (a gradient bug, a missing step, a wrong shape,
     a NaN, an unknown name, no loss, a crash, a hang): the bug is caught with its parameter and
-    step, a breach of the protocol is an ERROR saying which, never a PASS.
+    step, a breach of the protocol is an ERROR saying which, never a PASS; and PyTorch's pipelining
+    with one activation corrupted on purpose, named by the first-divergence judge.
   --suite torch: scenarios/torch-pipelining.csv, PyTorch's pipelining: the run exits 0 (every row
     met its expectation) and every expect=fail row fails for the reason its note gives.
 """
@@ -30,6 +31,8 @@ EXTERNAL = {
     "plain_crash": ("ERROR", ["rank 0 exited with code 1", "the crash this fault asks for"]),
     "plain_hang": ("TIMEOUT", ["rank(s) 0 still running after the", "deadline"]),
     "plain_unknown_fault": ("ERROR", ["unknown fault 'no_such_fault'"]),
+    # PyTorch's trainer handing back its boundary tensors: the corrupted one is named first.
+    "torch_corrupted_activation": ("FAIL", ["step 0, microbatch 1: activation into stage 1 (from rank 0) rel err 0.01"]),
 }
 
 TORCH_FAILURES = {
@@ -77,7 +80,8 @@ def main():
             if code != 0:
                 problems.append(f"pipecheck run exited {code}: every row should have met its expectation")
             for row in rows.values():
-                if row["trainer"] != "external:../../examples/plain_trainer.py":
+                if row["trainer"] != ("torch" if row["scenario"].startswith("torch_") else
+                                      "external:../../examples/plain_trainer.py"):
                     problems.append(f"{row['scenario']}: summary.csv's trainer is {row['trainer']!r}")
         else:
             suite = os.path.join(args.source, "scenarios/torch-pipelining.csv")

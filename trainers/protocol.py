@@ -18,7 +18,10 @@ What a rank hands back, all by pipecheck's global parameter names:
                       "weights": {name: tensor}, the weights after step K's update,
                       "loss": 0-dim tensor, step K's loss (only the rank that computes it),
                       "step_ms": 0-dim tensor, this rank's step wall time (optional),
-                      "peak_bytes": 0-dim tensor, tensor bytes held at most in the step (optional)}
+                      "peak_bytes": 0-dim tensor, tensor bytes held at most in the step (optional),
+                      "boundaries": {"activation/S/M" or "gradient/S/M": tensor}, the hidden
+                                state entering stage S for microbatch M, or the gradient of stage
+                                S's output, cut to the microbatch's longest sequence (optional)}
 Files are written whole (to a temporary name, then renamed), so pipecheck never reads half a file.
 """
 import ctypes
@@ -80,9 +83,11 @@ class Exchange:
     def save_start(self, weights):
         self.save("start.pt", {name: t.detach().cpu().clone() for name, t in weights.items()})
 
-    def save_step(self, step, grads, weights, loss=None, step_ms=None, peak_bytes=None):
+    def save_step(self, step, grads, weights, loss=None, step_ms=None, peak_bytes=None, boundaries=None):
         record = {"grads": {name: g.detach().cpu().clone() for name, g in grads.items()},
                   "weights": {name: w.detach().cpu().clone() for name, w in weights.items()}}
+        if boundaries:
+            record["boundaries"] = boundaries
         if loss is not None:
             record["loss"] = torch.tensor(float(loss), dtype=torch.float64)
         if step_ms is not None:
@@ -127,6 +132,76 @@ class Meter:
         return (time.perf_counter() - self.started) * 1000.0, peak
 
 
+class Microbatches:
+    """Which microbatch each stage module's forward runs, for schedules that hand a stage only its
+    hidden states: forwards of a stage run in microbatch order in every schedule, so counting
+    them numbers the microbatches (pipelining's shape inference, on meta tensors or under
+    no_grad, is not one). Each forward gets its microbatch's sequence lengths (module.key_lengths,
+    so padded keys are masked as docs/design.md §2 says), and `listeners` hear (stage, microbatch,
+    input)."""
+
+    def __init__(self, modules, stages, microbatch_sizes):
+        self.sizes, self.listeners, self.lengths, self.count = microbatch_sizes, [], [], {}
+        for module, stage in zip(modules, stages):
+            module.register_forward_pre_hook(self._pre_hook(stage["stage"]))
+
+    def begin_step(self, lengths):
+        """`lengths`: the step's sequence lengths (the batch's "lengths")."""
+        self.count, self.lengths, first = {}, [], 0
+        for size in self.sizes:
+            self.lengths.append(lengths[first:first + size])
+            first += size
+
+    def _pre_hook(self, stage):
+        def hook(module, args):
+            x = args[0]
+            if x.device.type == "meta" or not torch.is_grad_enabled():
+                module.key_lengths = None
+                return
+            microbatch = self.count.get(stage, 0)
+            self.count[stage] = microbatch + 1
+            module.key_lengths = self.lengths[microbatch].to(x.device)
+            for listener in self.listeners:
+                listener(stage, microbatch, x)
+        return hook
+
+
+class BoundaryTaps:
+    """The tensors crossing stage boundaries, for pipecheck's first-divergence judge: each
+    non-first stage's input as it arrives ("activation/S/M") and the gradient it sends back for it
+    ("gradient/S-1/M", hooked on that input), cut to the microbatch's longest sequence.
+
+    The copies are made, kept and freed on a helper thread: pipecheck's meter counts the training
+    thread's tensors only, so the trainer's measured peak stays its own."""
+
+    def __init__(self, microbatches):
+        import concurrent.futures
+        self.helper = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self.microbatches, self.records, self.handles = microbatches, {}, []
+        microbatches.listeners.append(self._arrived)
+
+    def begin_step(self):
+        self.helper.submit(self.records.clear).result()
+
+    def end_step(self):
+        """The step's boundary tensors (dropped by the next begin_step, on the helper thread)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        return self.records
+
+    def _keep(self, key, tensor, time):
+        self.helper.submit(lambda: self.records.__setitem__(key, tensor.detach()[:, :time].clone())).result()
+
+    def _arrived(self, stage, microbatch, x):
+        if stage == 0:
+            return
+        time = int(self.microbatches.lengths[microbatch].max())
+        self._keep(f"activation/{stage}/{microbatch}", x, time)
+        if x.requires_grad:
+            self.handles.append(x.register_hook(lambda grad: self._keep(f"gradient/{stage - 1}/{microbatch}", grad, time)))
+
+
 def ffn_size(model):
     if model["ffn"] > 0:
         return model["ffn"]
@@ -161,10 +236,8 @@ class Attention(nn.Module):
         for name in ("wq", "wk", "wv", "wo"):
             setattr(self, name, nn.Linear(hidden, hidden, bias=bias))
 
-    def forward(self, x):
-        """Causal attention. Padding sits at the end of each sequence, so a real position never
-        attends to a padded one; padded positions' outputs reach only padded positions and ignored
-        labels, so masking them as well would change no loss or gradient."""
+    def forward(self, x, keep):
+        """Causal attention over the keys `keep` (b or 1, 1, t, t) allows."""
         b, t, c = x.shape
         hd = c // self.heads
         q, k, v = (w(x).view(b, t, self.heads, hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
@@ -179,9 +252,7 @@ class Attention(nn.Module):
                 return u * cos + torch.cat([-u[..., half:], u[..., :half]], -1) * sin
 
             q, k = rotate(q), rotate(k)
-        positions = torch.arange(t, device=x.device)
-        causal = positions[:, None] >= positions[None, :]
-        scores = ((q @ k.transpose(-2, -1)) / math.sqrt(hd)).masked_fill(~causal, float("-inf"))
+        scores = ((q @ k.transpose(-2, -1)) / math.sqrt(hd)).masked_fill(~keep, float("-inf"))
         mixed = torch.softmax(scores, -1) @ v
         return self.wo(mixed.transpose(1, 2).reshape(b, t, c))
 
@@ -210,8 +281,8 @@ class Block(nn.Module):
         self.ffn_norm = Norm(flavor, hidden)
         self.feed_forward = FeedForward(flavor, hidden, ffn)
 
-    def forward(self, x):
-        h = x + self.attention(self.attention_norm(x))
+    def forward(self, x, keep):
+        h = x + self.attention(self.attention_norm(x), keep)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -236,13 +307,24 @@ class StageModule(nn.Module):
             if not model["tied"]:
                 self.output = nn.Linear(hidden, model["vocab"], bias=False)
 
+    # The sequence lengths of the microbatch in the next forward: keys past a sequence's length
+    # are masked (design §2). None: causal only, which changes no loss or gradient (padding sits
+    # at the end, so no real position attends to it) but does change padded positions' hidden
+    # states, which the first-divergence judge compares.
+    key_lengths = None
+
     def forward(self, x):
+        t = x.shape[1]
+        positions = torch.arange(t, device=x.device)
+        keep = (positions[:, None] >= positions[None, :])[None, None]
+        if self.key_lengths is not None:
+            keep = keep & (positions[None, None, None, :] < self.key_lengths[:, None, None, None])
         if self.has_embedding:
             x = self.tok_embeddings(x)
             if self.flavor == "gpt2":
                 x = x + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
         for block in self.layers.values():
-            x = block(x)
+            x = block(x, keep)
         if self.has_head:
             head = self.output.weight if hasattr(self, "output") else self.tok_embeddings.weight
             x = F.linear(self.norm(x), head)

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from protocol import Exchange, Meter, StageModule, clip_factor, make_optimizer, token_loss  # noqa: E402
+from protocol import BoundaryTaps, Exchange, Meter, Microbatches, StageModule, clip_factor, make_optimizer, token_loss  # noqa: E402
 
 try:
     from torch.distributed import pipelining
@@ -44,7 +44,26 @@ SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleav
 SINGLE_STAGE = ("gpipe", "1f1b")
 # PyTorch's pipelining runs as it ships; the only "fault" it takes undoes this file's one workaround.
 FAULTS = {"none": "PyTorch's pipelining as it ships, with Gloo's self-sends stepped around (step_around_self_sends)",
-          "stock_p2p_init": "also PyTorch's own first-step self-sends, which Gloo cannot carry"}
+          "stock_p2p_init": "also PyTorch's own first-step self-sends, which Gloo cannot carry",
+          "corrupt_activation": "a control: stage 1's input of microbatch 1 arrives scaled by 1.01 at every step, as a "
+                                "transport that corrupts one message would deliver it"}
+
+
+def corrupt_arrivals(modules, stages, microbatches):
+    """fault=corrupt_activation: stage 1's input of microbatch 1 is scaled by 1.01 before the stage
+    (and the boundary taps) see it, every step."""
+    for module, stage in zip(modules, stages):
+        if stage["stage"] != 1:
+            continue
+        seen = {"forwards": 0}
+
+        def hook(module, args):
+            if args[0].device.type == "meta" or not torch.is_grad_enabled():
+                return None
+            microbatch = seen["forwards"] % microbatches
+            seen["forwards"] += 1
+            return (args[0] * 1.01,) if microbatch == 1 else None
+        module.register_forward_pre_hook(hook)
 
 
 def step_around_self_sends():
@@ -129,6 +148,10 @@ def main():
 
     weights = exchange.weights()
     modules, stages = build_stages(exchange, device, weights)
+    if exchange.fault == "corrupt_activation":  # before the taps, so that they see what arrived
+        corrupt_arrivals(modules, exchange.stages_of_rank(), config["microbatches"])
+    microbatches = Microbatches(modules, exchange.stages_of_rank(), config["microbatch_sizes"])
+    taps = BoundaryTaps(microbatches)
     named = named_parameters(modules)
     exchange.save_start({name: p for name, p in named.items()})
     holds_first = exchange.rank == first_rank
@@ -143,7 +166,7 @@ def main():
         batch = exchange.batch(step)
         # Pipelining's stages keep the shapes of their first step (a later shape is a
         # PipeliningShapeError), so every batch is padded to seq_len, as fixed-length training does;
-        # the padding's labels are ignored and causal attention keeps it out of real positions.
+        # the padding's labels are ignored and its keys masked.
         pad = config["model"]["seq_len"] - batch["tokens"].shape[1]
         tokens = torch.nn.functional.pad(batch["tokens"], (0, pad)).to(device)
         labels = torch.nn.functional.pad(batch["labels"], (0, pad), value=-100).to(device)
@@ -155,6 +178,8 @@ def main():
         schedule = make_schedule(config, stages, loss_fn) if step == 0 else schedule
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
+        microbatches.begin_step(batch["lengths"])
+        taps.begin_step()
         dist.barrier()
         meter.start_step()
         losses = []
@@ -178,7 +203,7 @@ def main():
         step_ms, peak = meter.end_step()
         loss = float(sum(l.detach().double() for l in losses)) if holds_last else None
         grads = {name: p.grad for name, p in named.items() if p.grad is not None}
-        exchange.save_step(step, grads, named, loss=loss, step_ms=step_ms, peak_bytes=peak)
+        exchange.save_step(step, grads, named, loss=loss, step_ms=step_ms, peak_bytes=peak, boundaries=taps.end_step())
         if holds_last:
             print(f"pipecheck progress: step {step + 1}/{config['steps']} loss {loss:.6g}", flush=True)
     dist.barrier()
