@@ -460,6 +460,11 @@ std::vector<std::pair<std::string, std::string>> TrainerEnvironment(const scenar
       {"PIPECHECK_FAULT", scenario.fault},
       {"PIPECHECK_THREADS", std::to_string(threads)},
       {"PYTHONUNBUFFERED", "1"},
+      // The host allocator settings pipecheck's own ranks run with (reference/host_memory.h), as
+      // glibc reads them from the environment: no block mapped and unmapped, the heap never
+      // trimmed; so neither trainer pays page faults the other does not.
+      {"MALLOC_MMAP_MAX_", "0"},
+      {"MALLOC_TRIM_THRESHOLD_", "2147483647"},
   };
   const std::string meter = PIPECHECK_METER_LIBRARY;
   std::error_code error;

@@ -93,7 +93,9 @@ std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioRepo
     const auto found = compared.find(r.scenario);
     const ComparisonRow* row = found == compared.end() ? nullptr : found->second;
     const bool ok = r.ok && !(row && Fails(*row));
-    text += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", Mark(ok), Cell(r.scenario),
+    // Another trainer's row says whose it is, beside pipecheck's rows on the same work.
+    const std::string who = r.trainer == "pipecheck" ? "" : fmt::format(" ({})", Cell(r.trainer));
+    text += fmt::format("| {} | {}{} | {} | {} | {} | {} | {} | {} | {} |\n", Mark(ok), Cell(r.scenario), who,
                         StatusName(r.status), Number(r.loss_max_abs_diff, "{:.1e}"), Number(r.grad_max_rel_err, "{:.1e}"),
                         Number(r.pp_tokens_per_s, "{:.0f}"), row ? Arrow(row->throughput_change) : "",
                         Bytes(r.pp_peak_bytes_max), row ? Arrow(row->memory_change) : "");

@@ -161,6 +161,9 @@ def main():
                                                        and name == "tok_embeddings.weight")]
     # A rank whose stages hold no layers (empty stages) has nothing to update.
     optimizer = make_optimizer(config, list(named.values())) if named else None
+    # Each step's loss is divided by that step's labelled tokens (design §2).
+    labelled = {"tokens": 1}
+    schedule = make_schedule(config, stages, lambda logits, target: token_loss(logits, target, labelled["tokens"]))
 
     for step in range(config["steps"]):
         batch = exchange.batch(step)
@@ -170,12 +173,7 @@ def main():
         pad = config["model"]["seq_len"] - batch["tokens"].shape[1]
         tokens = torch.nn.functional.pad(batch["tokens"], (0, pad)).to(device)
         labels = torch.nn.functional.pad(batch["labels"], (0, pad), value=-100).to(device)
-        total = int((batch["labels"] != -100).sum())
-
-        def loss_fn(logits, target):
-            return token_loss(logits, target, total)
-
-        schedule = make_schedule(config, stages, loss_fn) if step == 0 else schedule
+        labelled["tokens"] = int((batch["labels"] != -100).sum())
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
         microbatches.begin_step(batch["lengths"])
