@@ -328,14 +328,21 @@ Command AddDump(CLI::App& app) {
           }};
 }
 
-// `run --list`: each selected scenario, what it runs and the memory it needs.
+// `run --list`: each selected scenario, what it runs and the memory it needs (pipecheck's own
+// trainer; the memory model does not predict another trainer, which the line names instead).
 void ListScenarios(const std::vector<pipecheck::scenarios::Scenario>& selected) {
   for (const auto& s : selected) {
-    int64_t needed = 0;
-    for (const auto& need : pipecheck::harness::MemoryNeeds(s)) needed += need.needed;
-    fmt::print("{}  world_size {} {} m={} {} {} {} steps, needs at least {}  ({})\n", s.name, s.world_size,
+    std::string needs;
+    if (s.ExternalTrainer()) {
+      needs = "trainer " + s.trainer;
+    } else {
+      int64_t needed = 0;
+      for (const auto& need : pipecheck::harness::MemoryNeeds(s)) needed += need.needed;
+      needs = "needs at least " + pipecheck::harness::HumanBytes(static_cast<double>(needed));
+    }
+    fmt::print("{}  world_size {} {} m={} {} {} {} steps, {}  ({})\n", s.name, s.world_size,
                s.schedule_written.empty() ? s.schedule : s.schedule_written, s.microbatches, s.dtype, s.device,
-               s.steps, pipecheck::harness::HumanBytes(static_cast<double>(needed)), s.source);
+               s.steps, needs, s.source);
   }
 }
 
@@ -441,6 +448,14 @@ Command AddInvariance(CLI::App& app) {
             auto scenario = pipecheck::scenarios::FindScenario(suite, options->scenario, options->scenarios);
             if (!options->device.empty()) scenario.device = options->device;
             if (!CudaPresentFor(scenario, " invariance")) return kExitBadInput;
+            if (scenario.ExternalTrainer()) {
+              // The matrix is of pipecheck's own pipelines: its variants are its schedules and
+              // partitions, and its bitwise pairs come from what its ranks record.
+              fmt::print(stderr, "pipecheck invariance: {}: scenario '{}' is trained by trainer {}; invariance varies "
+                                 "pipecheck's own trainer (run it with `pipecheck run`)\n",
+                         scenario.source, scenario.name, scenario.trainer);
+              return kExitBadInput;
+            }
             if (!WritableOut(options->out, "invariance")) return kExitBadInput;
             const pipecheck::harness::RunDirectory directory(options->out, {});
             ApplyThreads(options->invariance.threads);  // the reference, computed here, with the ranks' count

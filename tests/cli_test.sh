@@ -65,6 +65,8 @@ test ! -e "$work/r/summary.csv" || { failed=$((failed + 1)); echo "FAIL: a refus
 printf 'name,world_size,trainer\nmine,1,external:nowhere/train.py\n' >"$work/noprogram.csv"
 expect 2 "noprogram.csv:2: scenario 'mine': trainer program .*nowhere/train.py is not there" \
   "$pipecheck" validate --scenarios "$work/noprogram.csv"
+expect 2 "scenario 'torch_1f1b' is trained by trainer torch; invariance varies pipecheck's own trainer" \
+  "$pipecheck" invariance --scenarios "$source_dir/scenarios/torch-pipelining.csv" --scenario torch_1f1b --out "$work/inv"
 expect 2 "is trained by trainer torch, whose ranks are its own processes" \
   env RANK=0 WORLD_SIZE=1 "$pipecheck" worker --scenarios "$source_dir/scenarios/torch-pipelining.csv" --scenario torch_1f1b --out "$work/w"
 
