@@ -73,6 +73,11 @@ def main():
     parser.add_argument("--source", required=True, help="the source tree")
     parser.add_argument("--suite", choices=["external", "torch"], required=True)
     args = parser.parse_args()
+    try:  # this Python is the one pipecheck runs trainers with (the build's)
+        import torch.distributed.pipelining  # noqa: F401
+    except ImportError as error:
+        print(f"SKIP: trainer=torch needs PyTorch >= 2.4 with torch.distributed.pipelining ({error})")
+        sys.exit(77)
     with tempfile.TemporaryDirectory(prefix="pipecheck_trainers_") as out:
         if args.suite == "external":
             code, rows = run(args.pipecheck, os.path.join(args.source, "tests/data/external.csv"), out, 40)
