@@ -67,9 +67,9 @@ def corrupt_arrivals(modules, stages, microbatches):
 
 
 def step_around_self_sends():
-    """PyTorch >= 2.9 starts a schedule by sending a dummy tensor to each stage's neighbours
-    (_get_init_p2p_neighbors_ops, pytorch/pytorch#160210) even when the neighbour stage is on the
-    same rank, as in every V schedule; NCCL accepts a send to oneself, Gloo has no such pair and
+    """Since pytorch/pytorch#160210 a schedule's first step sends a dummy tensor to each stage's
+    neighbours (_get_init_p2p_neighbors_ops) even when the neighbour stage is on the same rank, as
+    in every V schedule; NCCL accepts a send to oneself, Gloo has no such pair and
     fails ("Pair is not connected"). On Gloo those self-sends are left out here, so that the V
     schedules' arithmetic can be judged on the CPU; fault=stock_p2p_init keeps them (as shipped)."""
     from torch.distributed.pipelining import stage as stage_module
