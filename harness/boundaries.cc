@@ -45,21 +45,6 @@ int FlowPosition(Direction direction, int stage, int stages) {
   return direction == Direction::kActivation ? stage : 2 * stages - 1 - stage;
 }
 
-// The microbatches' rows and padded lengths, as SplitMicrobatches cuts them.
-struct MicrobatchCut {
-  int64_t start = 0, size = 0, time = 0;
-};
-
-std::vector<MicrobatchCut> CutMicrobatches(const reference::Batch& batch, int microbatches) {
-  std::vector<MicrobatchCut> cuts;
-  int64_t start = 0;
-  for (int64_t size : reference::MicrobatchSizes(batch.size(), microbatches)) {
-    cuts.push_back({start, size, batch.lengths.narrow(0, start, size).max().item<int64_t>()});
-    start += size;
-  }
-  return cuts;
-}
-
 // One wrong thing, ordered by where it shows first.
 struct Finding {
   std::tuple<int, int, int> order;  // microbatch, flow position, kind (0 in flight, 1 consumed, 2 sent)
@@ -100,6 +85,16 @@ class ReferenceBoundaries {
 };
 
 }  // namespace
+
+std::vector<MicrobatchCut> CutMicrobatches(const reference::Batch& batch, int64_t microbatches) {
+  std::vector<MicrobatchCut> cuts;
+  int64_t start = 0;
+  for (int64_t size : reference::MicrobatchSizes(batch.size(), microbatches)) {
+    cuts.push_back({start, size, batch.lengths.narrow(0, start, size).max().item<int64_t>()});
+    start += size;
+  }
+  return cuts;
+}
 
 std::vector<int64_t> BoundaryLayers(const std::vector<reference::SliceSpec>& slices) {
   std::vector<int64_t> layers;

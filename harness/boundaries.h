@@ -36,6 +36,13 @@ struct BoundaryVerdict {
 
 BoundaryVerdict JudgeBoundaries(const BoundaryInput& input);
 
+// A microbatch's rows of the batch and the length it is padded to (its longest sequence), as
+// reference::SplitMicrobatches cuts them: the shape of its boundary tensors.
+struct MicrobatchCut {
+  int64_t start = 0, size = 0, time = 0;
+};
+std::vector<MicrobatchCut> CutMicrobatches(const reference::Batch& batch, int64_t microbatches);
+
 // The layers whose incoming hidden state is a boundary: stage s >= 1 starts at slices[s].first_layer.
 std::vector<int64_t> BoundaryLayers(const std::vector<reference::SliceSpec>& slices);
 

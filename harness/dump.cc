@@ -27,6 +27,16 @@ TensorDict ToDict(const reference::NamedTensors& tensors) {
 
 }  // namespace
 
+void SaveTensors(const reference::NamedTensors& tensors, const std::string& path) { SaveDict(ToDict(tensors), path); }
+
+void SaveBatch(const reference::Batch& batch, const std::string& path) {
+  TensorDict dict;
+  dict.insert("tokens", batch.tokens);
+  dict.insert("labels", batch.labels);
+  dict.insert("lengths", batch.lengths);
+  SaveDict(dict, path);
+}
+
 void DumpReference(const scenarios::Scenario& scenario, const std::string& directory) {
   const std::filesystem::path out(directory);
   std::filesystem::create_directories(out);
@@ -38,16 +48,12 @@ void DumpReference(const scenarios::Scenario& scenario, const std::string& direc
   const auto batch = reference::MakeBatch(config.data, config.seed, /*step=*/0);
   const auto loss = trainer.ForwardBackward(batch);
 
-  TensorDict batch_dict;
-  batch_dict.insert("tokens", batch.tokens);
-  batch_dict.insert("labels", batch.labels);
-  batch_dict.insert("lengths", batch.lengths);
   TensorDict loss_dict;
   loss_dict.insert("loss", loss.cpu());
 
-  SaveDict(ToDict(weights), out / "weights.pt");
-  SaveDict(batch_dict, out / "batch.pt");
-  SaveDict(ToDict(trainer.Gradients()), out / "grads.pt");
+  SaveTensors(weights, (out / "weights.pt").string());
+  SaveBatch(batch, (out / "batch.pt").string());
+  SaveTensors(trainer.Gradients(), (out / "grads.pt").string());
   SaveDict(loss_dict, out / "loss.pt");
 
   reports::CsvTable table(scenarios::ColumnNames());

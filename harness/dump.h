@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "reference/data.h"
+#include "reference/trainer.h"
 #include "scenarios/scenario.h"
 
 namespace pipecheck::harness {
@@ -14,5 +16,11 @@ namespace pipecheck::harness {
 //   loss.pt     loss -> 0-dim first-step loss   scenario.csv  the scenario at effective values
 // Gradients are before clipping and before any optimizer step.
 void DumpReference(const scenarios::Scenario& scenario, const std::string& directory);
+
+// The files those are made of, which torch.load reads (written atomically): name -> tensor (on
+// the CPU), and a batch as {tokens, labels, lengths}. The external-trainer protocol hands a
+// trainer its weights and batches in the same files.
+void SaveTensors(const reference::NamedTensors& tensors, const std::string& path);
+void SaveBatch(const reference::Batch& batch, const std::string& path);
 
 }  // namespace pipecheck::harness

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
-#include <sys/stat.h>
 #include <torch/serialize.h>
 #include <unistd.h>
 
@@ -13,9 +12,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <memory>
 
 #include "harness/boundaries.h"
+#include "harness/dump.h"
 #include "harness/errors.h"
 #include "harness/oracle.h"
 #include "harness/parity.h"
@@ -43,36 +42,17 @@ namespace {
 
 namespace fs = std::filesystem;
 using reference::NamedTensors;
-using TensorDict = c10::Dict<std::string, torch::Tensor>;
-
-void SaveDict(const TensorDict& dict, const fs::path& path) {
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  reports::WriteFileAtomically(path.string(), std::string(bytes.begin(), bytes.end()));
-}
-
-TensorDict ToDict(const NamedTensors& tensors) {
-  TensorDict dict;
-  for (const auto& item : tensors) dict.insert(item.key(), item.value().detach().cpu().contiguous());
-  return dict;
-}
 
 // The scenario as pipecheck's pipeline configuration sees it, for the stages' places and layers
 // alone: the fault is the other trainer's to inject, and a schedule only PyTorch runs (LoopedBFS)
 // places stages round robin, as interleaved 1F1B does.
 pipeline::PipelineConfig PipelineView(scenarios::Scenario scenario) {
   scenario.fault = "none";
-  const auto& torch_only = scenarios::TorchOnlySchedules();
-  if (std::find(torch_only.begin(), torch_only.end(), scenario.schedule) != torch_only.end()) {
-    scenario.schedule = "interleaved";
-  }
+  if (scenarios::TorchOnlySchedule(scenario.schedule)) scenario.schedule = "interleaved";
   return ToPipelineConfig(scenario);
 }
 
-pipeline::PipelineShape ShapeOf(const scenarios::Scenario& scenario) {
-  return pipeline::BuildSchedule(PipelineView(scenario)).shape;
-}
-
-nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const reference::TrainConfig& train,
+nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const std::vector<reference::Batch>& batches,
                           const NamedTensors& weights) {
   const auto effective = WithEffectiveValues(scenario);
   nlohmann::json config;
@@ -102,8 +82,9 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const reference::
     config["optimizer"]["eps"] = reference::kAdamEps;
     config["optimizer"]["weight_decay"] = reference::kAdamWeightDecay;
   }
-  const auto shape = ShapeOf(scenario);
-  const auto slices = pipeline::StageSlicesOf(PipelineView(scenario), shape);
+  const auto view = PipelineView(scenario);
+  const auto shape = pipeline::BuildSchedule(view).shape;
+  const auto slices = pipeline::StageSlicesOf(view, shape);
   for (int stage = 0; stage < shape.stages(); ++stage) {
     const auto& slice = slices[static_cast<size_t>(stage)];
     config["stages"].push_back({{"stage", stage},
@@ -114,9 +95,7 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const reference::
   }
   for (const auto& item : weights) config["parameters"][item.key()] = item.value().sizes().vec();
   config["loss"] = "the summed token cross entropy of the batch divided by its labelled tokens";
-  for (int64_t step = 0; step < scenario.steps; ++step) {
-    config["tokens_per_step"].push_back(reference::MakeBatch(train.data, train.seed, step).valid_tokens);
-  }
+  for (const auto& batch : batches) config["tokens_per_step"].push_back(batch.valid_tokens);
   return config;
 }
 
@@ -154,25 +133,21 @@ c10::impl::GenericDict ReadDict(const fs::path& path, const std::string& what) {
   return value.toGenericDict();
 }
 
-// The model's parameter names and shapes, and the dtype the judges compare in.
-struct ModelSpec {
-  const NamedTensors& initial;
-};
-
 // A {name: tensor} dict of the model's parameters: known names, the model's shapes, finite values;
-// converted to the reference's dtype on the CPU.
-NamedTensors ReadTensors(const c10::IValue& value, const ModelSpec& model, const std::string& what) {
+// converted to the reference's dtype on the CPU. `initial`: the model's initial weights, which
+// give every name, shape and that dtype.
+NamedTensors ReadTensors(const c10::IValue& value, const NamedTensors& initial, const std::string& what) {
   if (!value.isGenericDict()) throw ProtocolError(fmt::format("{}: expected a dict of name -> tensor, got a {}", what, value.tagKind()));
   NamedTensors tensors;
   for (const auto& entry : value.toGenericDict()) {
     if (!entry.key().isString()) throw ProtocolError(fmt::format("{}: a key is a {}, not a parameter name", what, entry.key().tagKind()));
     const std::string name = entry.key().toStringRef();
-    if (!model.initial.contains(name)) {
+    if (!initial.contains(name)) {
       throw ProtocolError(fmt::format("{}: '{}' is no parameter of the model (names are pipecheck's global names, as in "
                                       "config.json's \"parameters\")", what, name));
     }
     if (!entry.value().isTensor()) throw ProtocolError(fmt::format("{}: {} is a {}, not a tensor", what, name, entry.value().tagKind()));
-    const auto& expected = model.initial[name];
+    const auto& expected = initial[name];
     const auto tensor = entry.value().toTensor();
     if (tensor.sizes() != expected.sizes()) {
       throw ProtocolError(fmt::format("{}: {} has shape [{}], the model's is [{}]", what, name,
@@ -209,23 +184,12 @@ std::optional<double> Scalar(const c10::impl::GenericDict& dict, const std::stri
   return number;
 }
 
-// What a boundary tensor of one microbatch must look like: (its sequences, its longest length, hidden).
-struct MicrobatchShape {
-  int64_t rows = 0, time = 0;
-};
-
-std::vector<std::vector<MicrobatchShape>> MicrobatchShapes(const scenarios::Scenario& scenario) {
-  const auto train = ToTrainConfig(scenario);
-  std::vector<std::vector<MicrobatchShape>> steps;
+// Every step's microbatch cuts: what its boundary tensors must look like.
+std::vector<std::vector<MicrobatchCut>> MicrobatchCuts(const scenarios::Scenario& scenario,
+                                                       const reference::TrainConfig& train) {
+  std::vector<std::vector<MicrobatchCut>> steps;
   for (int64_t step = 0; step < scenario.steps; ++step) {
-    const auto batch = reference::MakeBatch(train.data, train.seed, step);
-    std::vector<MicrobatchShape> shapes;
-    int64_t start = 0;
-    for (int64_t size : reference::MicrobatchSizes(batch.size(), scenario.microbatches)) {
-      shapes.push_back({size, batch.lengths.narrow(0, start, size).max().item<int64_t>()});
-      start += size;
-    }
-    steps.push_back(std::move(shapes));
+    steps.push_back(CutMicrobatches(reference::MakeBatch(train.data, train.seed, step), scenario.microbatches));
   }
   return steps;
 }
@@ -236,7 +200,7 @@ std::vector<std::vector<MicrobatchShape>> MicrobatchShapes(const scenarios::Scen
 // hands one back saw it arrive (its stage takes it), leave (its stage made it) or both.
 std::vector<pipeline::BoundaryRecord> ReadBoundaries(const c10::IValue& value, int rank, int64_t step,
                                                      const pipeline::PipelineShape& shape,
-                                                     const std::vector<MicrobatchShape>& microbatches, int64_t hidden,
+                                                     const std::vector<MicrobatchCut>& microbatches, int64_t hidden,
                                                      const std::string& what) {
   std::vector<pipeline::BoundaryRecord> records;
   if (value.isNone()) return records;
@@ -269,10 +233,10 @@ std::vector<pipeline::BoundaryRecord> ReadBoundaries(const c10::IValue& value, i
     if (!entry.value().isTensor()) throw ProtocolError(fmt::format("{}: boundary '{}' is not a tensor", what, key));
     const auto tensor = entry.value().toTensor().detach().to(torch::kCPU);
     const auto& expected = microbatches[static_cast<size_t>(microbatch)];
-    if (tensor.dim() != 3 || tensor.size(0) != expected.rows || tensor.size(1) != expected.time || tensor.size(2) != hidden) {
+    if (tensor.dim() != 3 || tensor.size(0) != expected.size || tensor.size(1) != expected.time || tensor.size(2) != hidden) {
       throw ProtocolError(fmt::format("{}: boundary '{}' has shape [{}], expected [{}, {}, {}] (the microbatch's "
                                       "sequences, its longest length, hidden)", what, key,
-                                      fmt::join(tensor.sizes(), ", "), expected.rows, expected.time, hidden));
+                                      fmt::join(tensor.sizes(), ", "), expected.size, expected.time, hidden));
     }
     pipeline::BoundaryRecord record;
     record.step = step;
@@ -291,8 +255,8 @@ std::vector<pipeline::BoundaryRecord> ReadBoundaries(const c10::IValue& value, i
 
 // Rank `rank`'s start weights and every step's record, as the judges read a rank of pipecheck's own.
 pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios::Scenario& scenario,
-                              const pipeline::PipelineShape& shape, const ModelSpec& model,
-                              const std::vector<std::vector<MicrobatchShape>>& microbatches) {
+                              const pipeline::PipelineShape& shape, const NamedTensors& initial,
+                              const std::vector<std::vector<MicrobatchCut>>& microbatches) {
   pipeline::RankResult result;
   result.rank = rank;
   for (int stage = 0; stage < shape.stages(); ++stage) {
@@ -300,7 +264,7 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
   }
   const std::string who = fmt::format("rank {}", rank);
   const auto start = ReadDict(folder / "start.pt", who);
-  result.weights.push_back(ReadTensors(c10::IValue(start), model, fmt::format("rank {} start.pt", rank)));
+  result.weights.push_back(ReadTensors(c10::IValue(start), initial, fmt::format("rank {} start.pt", rank)));
   for (int64_t step = 0; step < scenario.steps; ++step) {
     const std::string file = fmt::format("step_{}.pt", step);
     const std::string what = fmt::format("rank {} {}", rank, file);
@@ -308,8 +272,8 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
     for (const char* key : {"grads", "weights"}) {
       if (Entry(record, key).isNone()) throw ProtocolError(fmt::format("{}: no \"{}\" (the protocol asks for it every step)", what, key));
     }
-    result.gradients.push_back(ReadTensors(Entry(record, "grads"), model, what + " grads"));
-    auto after = ReadTensors(Entry(record, "weights"), model, what + " weights");
+    result.gradients.push_back(ReadTensors(Entry(record, "grads"), initial, what + " grads"));
+    auto after = ReadTensors(Entry(record, "weights"), initial, what + " weights");
     const auto loss = Scalar(record, "loss", what);
     result.losses.push_back(loss.value_or(std::nan("")));
     const auto ms = Scalar(record, "step_ms", what);
@@ -389,45 +353,36 @@ void PrepareExchange(const scenarios::Scenario& scenario, const std::string& dir
   auto train = ToTrainConfig(scenario);
   train.device = torch::kCPU;  // the files are the same for every device
   train.record_gradients = false;
-  reference::ReferenceTrainer trainer(train);
-  const auto weights = trainer.Weights();
-  SaveDict(ToDict(weights), in / "weights.pt");
+  const auto weights = reference::ReferenceTrainer(train).Weights();
+  SaveTensors(weights, (in / "weights.pt").string());
+  std::vector<reference::Batch> batches;
   for (int64_t step = 0; step < scenario.steps; ++step) {
-    const auto batch = reference::MakeBatch(train.data, train.seed, step);
-    TensorDict dict;
-    dict.insert("tokens", batch.tokens);
-    dict.insert("labels", batch.labels);
-    dict.insert("lengths", batch.lengths);
-    SaveDict(dict, in / fmt::format("batch_{}.pt", step));
+    batches.push_back(reference::MakeBatch(train.data, train.seed, step));
+    SaveBatch(batches.back(), (in / fmt::format("batch_{}.pt", step)).string());
   }
-  reports::WriteFileAtomically((in / "config.json").string(), ConfigJson(scenario, train, weights).dump(2) + "\n");
+  reports::WriteFileAtomically((in / "config.json").string(), ConfigJson(scenario, batches, weights).dump(2) + "\n");
 }
 
 reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const std::string& directory) {
-  const auto shape = ShapeOf(scenario);
   const auto view = PipelineView(scenario);
-  const auto initial = reference::ReferenceTrainer([&] {
-    auto train = ToTrainConfig(scenario);
-    train.device = torch::kCPU;
-    return train;
-  }()).Weights();
-  const auto microbatches = MicrobatchShapes(scenario);
+  const auto shape = pipeline::BuildSchedule(view).shape;
+  // The reference taps the stage boundaries, as for pipecheck's own ranks; they are judged where
+  // the trainer handed some back.
+  auto train = view.train;
+  train.boundary_layers = BoundaryLayers(pipeline::StageSlicesOf(view, shape));
+  Oracle oracle(train, scenario.microbatches);
+  const auto microbatches = MicrobatchCuts(scenario, train);
   std::vector<pipeline::RankResult> ranks;
   try {
     for (int rank = 0; rank < scenario.world_size; ++rank) {
       ranks.push_back(ReadRank(fs::path(ExchangeOutputs(directory)) / fmt::format("rank{}", rank), rank, scenario,
-                               shape, ModelSpec{initial}, microbatches));
+                               shape, oracle.InitialWeights(), microbatches));
     }
     CheckCompleteness(ranks, scenario.steps);
   } catch (const ProtocolError& error) {
     return FailedScenarioReport(scenario, reports::Status::kError,
                                 fmt::format("trainer {} broke the protocol: {}", scenario.trainer, error.what()));
   }
-  // The reference taps the stage boundaries only when the trainer handed some back.
-  auto train = view.train;
-  const bool boundaries = std::any_of(ranks.begin(), ranks.end(), [](const auto& r) { return !r.boundaries.empty(); });
-  if (boundaries) train.boundary_layers = BoundaryLayers(pipeline::StageSlicesOf(view, shape));
-  Oracle oracle(train, scenario.microbatches);
   // Nothing planned: another trainer's messages are its own business; no prediction of ours applies.
   const auto schedule = pipeline::EmptySchedule(scenario.schedule, shape, /*virtual_stages_allowed=*/true);
   const pipeline::SimulationResult simulation;

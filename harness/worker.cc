@@ -117,6 +117,16 @@ std::unique_ptr<pipeline::Transport> ConnectRanks(const pipeline::RendezvousOpti
   }
 }
 
+// A scenario's verdict handed over: the reports and the views in `out`, result.json for the
+// launcher, a line on stdout; the worker's exit code (0 met its expectation, 1 not).
+int Deliver(const scenarios::Scenario& scenario, const reports::ScenarioReport& report, const std::string& out) {
+  reports::WriteReports(out, {report});
+  reports::WriteTimelineViews(out, report);
+  reports::WriteFileAtomically((std::filesystem::path(out) / kResultFile).string(), reports::ToJson(report));
+  fmt::print("{} {}: {}\n", scenario.name, reports::StatusName(report.summary.status), report.summary.message);
+  return report.summary.ok ? 0 : 1;
+}
+
 // Rank 0's part after the pipeline: the reference, the comparison, the reports.
 int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::PipelineConfig& config,
                      const std::vector<pipeline::RankResult>& ranks, const std::string& out, bool save_tensors) {
@@ -129,11 +139,7 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
   const auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, memory});
   std::filesystem::create_directories(out);
   if (save_tensors) SaveTrainedTensors(FromRanks(ranks), (std::filesystem::path(out) / kTensorsFile).string());
-  reports::WriteReports(out, {report});
-  reports::WriteTimelineViews(out, report);
-  reports::WriteFileAtomically((std::filesystem::path(out) / kResultFile).string(), reports::ToJson(report));
-  fmt::print("{} {}: {}\n", scenario.name, reports::StatusName(report.summary.status), report.summary.message);
-  return report.summary.ok ? 0 : 1;
+  return Deliver(scenario, report, out);
 }
 
 // A phase of another trainer's scenario (external.h): its inputs written, or its outputs judged
@@ -144,12 +150,7 @@ int RunExternalPhase(const scenarios::Scenario& scenario, const WorkerOptions& o
     PrepareExchange(scenario, options.out);
     return 0;
   }
-  const auto report = JudgeExchange(scenario, options.out);
-  reports::WriteReports(options.out, {report});
-  reports::WriteTimelineViews(options.out, report);
-  reports::WriteFileAtomically((std::filesystem::path(options.out) / kResultFile).string(), reports::ToJson(report));
-  fmt::print("{} {}: {}\n", scenario.name, reports::StatusName(report.summary.status), report.summary.message);
-  return report.summary.ok ? 0 : 1;
+  return Deliver(scenario, JudgeExchange(scenario, options.out), options.out);
 }
 
 }  // namespace

@@ -389,11 +389,6 @@ Header ReadHeader(const std::string& file, const std::string& text) {
   return header;
 }
 
-bool TorchOnly(const std::string& schedule) {
-  const auto& names = TorchOnlySchedules();
-  return std::find(names.begin(), names.end(), schedule) != names.end();
-}
-
 // The pipeline's schedule rules, and those of the schedules only PyTorch runs.
 std::vector<ScheduleRule> ScheduleRules() {
   std::vector<ScheduleRule> rules = CurrentVocabulary()->schedule_rules;
@@ -412,7 +407,7 @@ void CheckTrainer(Scenario& s, unsigned line, const Locator& at) {
       throw at.At(line, "fault", s.fault, fmt::format("expected one of: {}", fmt::join(faults, ", ")));
     }
   }
-  if (TorchOnly(s.schedule) && s.trainer != "torch") {
+  if (TorchOnlySchedule(s.schedule) && s.trainer != "torch") {
     throw at.At(line, "schedule", s.schedule,
                 fmt::format("'{}' is one of PyTorch's schedules that pipecheck's trainer does not run: it needs "
                             "trainer=torch", s.schedule));
@@ -480,7 +475,7 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
                 fmt::format("schedule '{}' runs one stage per rank; virtual stages need schedule {} (or a csv: "
                             "schedule)", s.schedule, fmt::join(allowing, " or ")));
   }
-  if (CurrentVocabulary()->schedule_problem && !TorchOnly(s.schedule)) {
+  if (CurrentVocabulary()->schedule_problem && !TorchOnlySchedule(s.schedule)) {
     const std::string problem = CurrentVocabulary()->schedule_problem(s);
     if (!problem.empty()) throw at.At(line, "schedule", s.schedule, problem);
   }
@@ -621,6 +616,11 @@ std::string ToCsv(const std::vector<Scenario>& scenarios) {
 const std::vector<std::string>& TorchOnlySchedules() {
   static const std::vector<std::string> names = {"loopedbfs"};
   return names;
+}
+
+bool TorchOnlySchedule(const std::string& schedule) {
+  const auto& names = TorchOnlySchedules();
+  return std::find(names.begin(), names.end(), schedule) != names.end();
 }
 
 double MaxTolerance(const std::string& dtype) {

@@ -132,11 +132,16 @@ class Meter:
         return (time.perf_counter() - self.started) * 1000.0, peak
 
 
+def runs_a_microbatch(x):
+    """Whether a stage's forward on input `x` trains a microbatch, rather than pipelining's shape
+    inference (run on meta tensors, or on zeros under no_grad)."""
+    return x.device.type != "meta" and torch.is_grad_enabled()
+
+
 class Microbatches:
     """Which microbatch each stage module's forward runs, for schedules that hand a stage only its
     hidden states: forwards of a stage run in microbatch order in every schedule, so counting
-    them numbers the microbatches (pipelining's shape inference, on meta tensors or under
-    no_grad, is not one). Each forward gets its microbatch's sequence lengths (module.key_lengths,
+    them numbers the microbatches (pipelining's shape inference is not one). Each forward gets its microbatch's sequence lengths (module.key_lengths,
     so padded keys are masked as docs/design.md §2 says), and `listeners` hear (stage, microbatch,
     input)."""
 
@@ -155,7 +160,7 @@ class Microbatches:
     def _pre_hook(self, stage):
         def hook(module, args):
             x = args[0]
-            if x.device.type == "meta" or not torch.is_grad_enabled():
+            if not runs_a_microbatch(x):
                 module.key_lengths = None
                 return
             microbatch = self.count.get(stage, 0)

@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from protocol import BoundaryTaps, Exchange, Meter, Microbatches, StageModule, clip_factor, make_optimizer, token_loss  # noqa: E402
+from protocol import (BoundaryTaps, Exchange, Meter, Microbatches, StageModule, clip_factor,  # noqa: E402
+                      make_optimizer, runs_a_microbatch, token_loss)
 
 try:
     from torch.distributed import pipelining
@@ -58,7 +59,7 @@ def corrupt_arrivals(modules, stages, microbatches):
         seen = {"forwards": 0}
 
         def hook(module, args):
-            if args[0].device.type == "meta" or not torch.is_grad_enabled():
+            if not runs_a_microbatch(args[0]):
                 return None
             microbatch = seen["forwards"] % microbatches
             seen["forwards"] += 1
