@@ -104,4 +104,64 @@ CommVerdict CheckCommunication(const CommInput& input) {
   return verdict;
 }
 
+CommVerdict CheckCollectives(const CollectiveInput& input) {
+  CommVerdict verdict;
+  verdict.first_problem.resize(input.steps);
+  for (size_t step = 0; step < input.steps; ++step) {
+    for (const auto& rank : input.ranks) {
+      int64_t elements = 0;
+      for (const auto& item : rank.final_weights) elements += item.value().numel();
+      double last_backward_end = 0.0;
+      for (const auto& t : rank.timeline) {
+        const bool backward = t.action.kind == pipeline::ActionKind::kBackward ||
+                              t.action.kind == pipeline::ActionKind::kBackwardWeight;
+        if (t.step == static_cast<int64_t>(step) && backward) last_backward_end = std::max(last_backward_end, t.end_us);
+      }
+      std::vector<const pipeline::CollectiveRecord*> done;
+      for (const auto& c : rank.collectives) {
+        if (c.step == static_cast<int64_t>(step)) done.push_back(&c);
+      }
+      const std::string planned = fmt::format("all-reduce of {} gradient elements over {} replicas after the last "
+                                              "backward", elements, rank.replicas);
+      const std::string stage = rank.stages.empty() ? "" : fmt::format(" (stage {})", fmt::join(rank.stages, ";"));
+      std::string problem;
+      if (done.empty()) {
+        problem = fmt::format("data parallel, step {}: {}{} performed no all-reduce of its gradients; the plan has an {}",
+                              step, rank.Who(), stage, planned);
+      } else if (done.size() > 1) {
+        problem = fmt::format("data parallel, step {}: {}{} performed {} all-reduces; the plan has one", step,
+                              rank.Who(), stage, done.size());
+      } else if (done.front()->elements != elements) {
+        problem = fmt::format("data parallel, step {}: {}{} all-reduced {} gradient elements; the plan has {}", step,
+                              rank.Who(), stage, done.front()->elements, elements);
+      } else if (done.front()->start_us < last_backward_end) {
+        problem = fmt::format("data parallel, step {}: {}{} issued its all-reduce at {:.0f} us, before its last "
+                              "backward ended at {:.0f} us: gradients made after it are its replica's own",
+                              step, rank.Who(), stage, done.front()->start_us, last_backward_end);
+      }
+      for (size_t i = 0; i < std::max<size_t>(done.size(), 1); ++i) {
+        reports::CommRow row;
+        row.scenario = input.scenario;
+        row.rank = rank.rank;
+        row.replica = rank.replica;
+        row.step = static_cast<int64_t>(step);
+        row.order = static_cast<int64_t>(i);
+        row.direction = "gradients";
+        row.stage = rank.stages.empty() ? 0 : rank.stages.front();
+        row.microbatch = -1;
+        if (i < done.size()) {
+          row.op = "allreduce";
+          row.shape = fmt::format("({})", done[i]->elements);
+          row.bytes = done[i]->bytes;
+        }
+        row.planned = i == 0 ? planned : "none";
+        row.ok = problem.empty();
+        verdict.rows.push_back(row);
+      }
+      if (!problem.empty() && verdict.first_problem[step].empty()) verdict.first_problem[step] = problem;
+    }
+  }
+  return verdict;
+}
+
 }  // namespace pipecheck::harness

@@ -29,4 +29,15 @@ struct CommVerdict {
 
 CommVerdict CheckCommunication(const CommInput& input);
 
+// The data-parallel collectives (pipeline x data parallel): each rank of every replica performs
+// exactly one all-reduce a step, of every gradient element it holds (its final weights' count),
+// and issues it only after its last backward of the step (B or W) has ended. Rows go to comm.csv
+// as op "allreduce"; the first problem of a step names the replica, rank and stage.
+struct CollectiveInput {
+  const std::string& scenario;
+  const std::vector<pipeline::RankResult>& ranks;  // every replica's
+  size_t steps;
+};
+CommVerdict CheckCollectives(const CollectiveInput& input);
+
 }  // namespace pipecheck::harness

@@ -80,7 +80,7 @@ Binding BindingOf(const scenarios::Scenario& scenario, const LaunchOptions& opti
   const std::string device = options.device.empty() ? scenario.device : options.device;
   if (!options.bind_cpus || device != "cpu") return binding;
   const auto allowed = AllowedCpus();
-  const auto mine = CpusOfRank(allowed, rank, static_cast<int>(scenario.world_size));
+  const auto mine = CpusOfRank(allowed, rank, static_cast<int>(scenario.Processes()));
   if (mine.empty()) return binding;
   CPU_ZERO(&binding.cpus);
   for (int cpu : mine) CPU_SET(cpu, &binding.cpus);
@@ -482,11 +482,11 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
   fs::create_directories(directory);
   const fs::path result_path = directory / kResultFile;
   fs::remove(result_path);
-  for (int r = 0; r < scenario.world_size; ++r) fs::remove(FlightRecordPath(directory.string(), r));
+  for (int r = 0; r < scenario.Processes(); ++r) fs::remove(FlightRecordPath(directory.string(), r));
   const Group group{scenario, options, directory, result_path, true,
                     std::chrono::steady_clock::now() + std::chrono::duration<double>(options.timeout_seconds)};
   if (scenario.ExternalTrainer()) return AttemptExternal(group, port, port_busy);
-  auto ranks = Spawn(scenario, options, static_cast<int>(scenario.world_size), port,
+  auto ranks = Spawn(scenario, options, static_cast<int>(scenario.Processes()), port,
                      [&](int) { return WorkerCommand(scenario, options, directory.string()); },
                      [&](int r) { return (directory / fmt::format("rank{}.log", r)).string(); });
   if (auto failed = Watch(group, ranks, port_busy)) return *failed;
@@ -502,7 +502,7 @@ reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, cons
   for (int attempt = 1;; ++attempt) {
     bool port_busy = false;
     auto report = Attempt(scenario, options, port, port_busy);
-    if (!port_busy || attempt == kAttempts || scenario.world_size == 1) return report;
+    if (!port_busy || attempt == kAttempts || scenario.Processes() == 1) return report;
     port = FreeLoopbackPort();
   }
 }

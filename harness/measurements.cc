@@ -34,11 +34,28 @@ RankTime TimeOf(const pipeline::RankResult& rank, size_t steps) {
   return time;
 }
 
+const pipeline::MemoryPrediction& MemoryOf(const MeasurementInput& input, int replica) {
+  if (input.replica_memory == nullptr || static_cast<size_t>(replica) >= input.replica_memory->size()) {
+    return input.memory;
+  }
+  return (*input.replica_memory)[static_cast<size_t>(replica)];
+}
+
+// Replica 0's ranks (every rank with one replica): what the schedule's lists index.
+std::vector<pipeline::RankResult> FirstReplica(const std::vector<pipeline::RankResult>& ranks) {
+  std::vector<pipeline::RankResult> first;
+  for (const auto& rank : ranks) {
+    if (rank.replica == 0) first.push_back(rank);
+  }
+  return first;
+}
+
 // Bytes, or none where nothing was measured (-1).
 std::optional<int64_t> Measured(int64_t bytes) { return bytes >= 0 ? std::optional<int64_t>(bytes) : std::nullopt; }
 
 void TimelineRows(const MeasurementInput& input, reports::ScenarioReport& report) {
   for (const auto& rank : input.ranks) {
+    if (rank.replica != 0) continue;
     std::map<int64_t, size_t> index_in_step;
     for (const auto& t : rank.timeline) {
       const size_t index = index_in_step[t.step]++;
@@ -64,6 +81,21 @@ void TimelineRows(const MeasurementInput& input, reports::ScenarioReport& report
       row.step_start_us = std::round(t.step_start_us);
       row.peak_bytes = Measured(t.peak_bytes);
       row.peak_bytes_predicted = predicted(input.memory.peak_during);
+      report.timeline.push_back(row);
+    }
+    // The data-parallel all-reduce, where the rank performed it.
+    for (const auto& c : rank.collectives) {
+      reports::TimelineRow row;
+      row.scenario = input.scenario.name;
+      row.rank = rank.rank;
+      row.step = c.step;
+      row.action = "ALLREDUCE";
+      row.stage = -1;
+      row.microbatch = -1;
+      row.start_us = std::round(c.start_us);
+      row.end_us = std::round(c.end_us);
+      row.wait_start_us = row.start_us;
+      row.step_start_us = std::round(c.step_start_us);
       report.timeline.push_back(row);
     }
   }
@@ -142,6 +174,8 @@ void RankRows(const MeasurementInput& input, size_t steps, const StepPrediction&
     reports::RankRow row;
     row.scenario = input.scenario.name;
     row.rank = rank.rank;
+    row.replica = rank.replica;
+    const auto& memory = MemoryOf(input, rank.replica);
     row.stages = fmt::format("{}", fmt::join(stages, ";"));
     row.params = parameters;
     row.peak_bytes = Measured(rank_peak);
@@ -150,9 +184,9 @@ void RankRows(const MeasurementInput& input, size_t steps, const StepPrediction&
       row.idle_ms = (time.wall_us - time.busy_us - time.comm_us) * per_step_ms;
       row.comm_ms = time.comm_us * per_step_ms;
     }
-    row.peak_bytes_predicted = Measured(r < input.memory.peak_bytes.size() ? input.memory.peak_bytes[r] : -1);
+    row.peak_bytes_predicted = Measured(r < memory.peak_bytes.size() ? memory.peak_bytes[r] : -1);
     if (!rank_ms.empty()) row.step_ms = reference::Median(rank_ms);
-    if (r < predicted.rank_ms.size()) row.step_ms_predicted = predicted.rank_ms[r];
+    if (r < predicted.rank_ms.size() && rank.replica == 0) row.step_ms_predicted = predicted.rank_ms[r];
     report.ranks.push_back(row);
   }
 }
@@ -165,11 +199,14 @@ void MemoryAndBubble(const MeasurementInput& input, const reference::TrainResult
   int64_t pp_peak = -1, pp_peak_predicted = -1;
   for (const auto& rank : input.ranks) {
     const RankTime time = TimeOf(rank, steps);
-    busy += time.busy_us;
-    wall += time.wall_us;
+    if (rank.replica == 0) {
+      busy += time.busy_us;
+      wall += time.wall_us;
+    }
     for (int64_t bytes : rank.peak_bytes) pp_peak = std::max(pp_peak, bytes);
     const size_t r = static_cast<size_t>(rank.rank);
-    if (r < input.memory.peak_bytes.size()) pp_peak_predicted = std::max(pp_peak_predicted, input.memory.peak_bytes[r]);
+    const auto& memory = MemoryOf(input, rank.replica);
+    if (r < memory.peak_bytes.size()) pp_peak_predicted = std::max(pp_peak_predicted, memory.peak_bytes[r]);
   }
   row.ref_peak_bytes = Measured(reference.PeakBytes());
   row.pp_peak_bytes_max = Measured(pp_peak);
@@ -191,7 +228,7 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
     pp_rate.push_back(static_cast<double>(reference.steps[k].tokens) / (slowest / 1000.0));
   }
   TimelineRows(input, report);
-  const StepPrediction predicted = PredictStepMs(input.schedule, input.ranks, steps);
+  const StepPrediction predicted = PredictStepMs(input.schedule, FirstReplica(input.ranks), steps);
   auto& row = report.summary;
   row.ref_step_ms = reference.MedianStepMs();
   row.pp_step_ms = reference::Median(pp_ms);

@@ -20,10 +20,15 @@ namespace pipecheck::harness {
 
 struct MeasurementInput {
   const scenarios::Scenario& scenario;
-  const std::vector<pipeline::RankResult>& ranks;  // indexed by rank
+  // Indexed by rank; with several replicas, replica by replica. The timeline, the bubble and the
+  // predicted step time are replica 0's (every replica runs the same list); ranks.csv and the
+  // peaks cover every replica.
+  const std::vector<pipeline::RankResult>& ranks;
   const pipeline::Schedule& schedule;              // the lowered schedule the ranks ran
   const pipeline::SimulationResult& simulation;    // its bubble under the unit cost model
   const pipeline::MemoryPrediction& memory;        // empty: not predicted
+  // Each replica's prediction where there are several (data_parallel); null: `memory` for all.
+  const std::vector<pipeline::MemoryPrediction>* replica_memory = nullptr;
 };
 
 void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainResult& reference,

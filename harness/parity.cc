@@ -75,6 +75,8 @@ reports::SummaryRow ScenarioColumns(const scenarios::Scenario& s) {
   row.steps = s.steps;
   row.transport = s.ExternalTrainer() ? "" : ResolveTransport(s);  // another trainer picks its own
   row.trainer = s.trainer;
+  row.data_parallel = s.data_parallel;
+  row.recompute = s.recompute;
   return row;
 }
 
@@ -89,7 +91,8 @@ enum class Evidence {
   kLoss = 3,
   kGradients = 4,
   kUpdate = 5,
-  kTrajectory = 6
+  kCollective = 6,  // after the gradients: their message names the parameter a skipped average left wrong
+  kTrajectory = 7
 };
 
 class Problems {
@@ -118,7 +121,7 @@ struct Worst {
 // Everything the judges accumulate for one scenario.
 struct Verdicts {
   Problems problems;
-  std::map<std::pair<std::string, int>, Worst> worst_by_param;  // (name, rank)
+  std::map<std::tuple<std::string, int, int>, Worst> worst_by_param;  // (name, replica, rank)
   double grad_max_rel = 0.0;
   std::string worst_param;
   size_t worst_step = 0;
@@ -134,6 +137,35 @@ const pipeline::RankResult& LossRank(const std::vector<pipeline::RankResult>& ra
     if (!rank.losses.empty() && !std::isnan(rank.losses[0])) loss_rank = &rank;
   }
   return *loss_rank;
+}
+
+// The stage of `rank` that holds parameter `key` (NAME, or NAME@stageS for a rank's second copy).
+int StageOfParameter(const std::string& key, const pipeline::RankResult& rank,
+                     const std::vector<reference::SliceSpec>& slices) {
+  const auto copy = key.find("@stage");
+  if (copy != std::string::npos) return std::stoi(key.substr(copy + 6));
+  const std::string name = pipeline::ParameterName(key);
+  for (int stage : rank.stages) {
+    if (stage < 0 || static_cast<size_t>(stage) >= slices.size()) continue;
+    const auto& slice = slices[stage];
+    if (name.rfind("layers.", 0) == 0) {
+      const int64_t layer = std::stoll(name.substr(7));
+      if (layer >= slice.first_layer && layer < slice.end_layer) return stage;
+    } else if (name == "tok_embeddings.weight") {
+      if (slice.has_embedding || slice.has_head) return stage;  // the head's copy where the rank has no embedding
+    } else if (name.rfind("pos_embeddings", 0) == 0) {
+      if (slice.has_embedding) return stage;
+    } else if (slice.has_head) {
+      return stage;  // norm, output
+    }
+  }
+  return rank.stages.empty() ? 0 : rank.stages.front();
+}
+
+// "rank 1 (stage 1)", or "replica 1 rank 1 (stage 1)" with several replicas: who holds `key`.
+std::string Where(const pipeline::RankResult& rank, const std::string& key,
+                  const std::vector<reference::SliceSpec>& slices) {
+  return fmt::format("{} (stage {})", rank.Who(), StageOfParameter(key, rank, slices));
 }
 
 double LossAt(const pipeline::RankResult& rank, size_t step) {
@@ -159,27 +191,29 @@ const NamedTensors* WeightsAt(const pipeline::RankResult& rank, size_t step, siz
 NamedTensors PipelineWeights(const std::vector<pipeline::RankResult>& ranks, size_t step, size_t steps,
                              Problems& problems) {
   NamedTensors merged;
-  std::map<std::string, int> owner;
+  std::map<std::string, std::string> owner;
   for (const auto& rank : ranks) {
     const NamedTensors* held = WeightsAt(rank, step, steps);
     if (held == nullptr) {
-      problems.Add(step, Evidence::kStartWeights, fmt::format("rank {} reported no weights for step {}", rank.rank, step));
+      problems.Add(step, Evidence::kStartWeights, fmt::format("{} reported no weights for step {}", rank.Who(), step));
       continue;
     }
     for (const auto& item : *held) {
       const std::string name = pipeline::ParameterName(item.key());
       if (!torch::isfinite(item.value()).all().item<bool>()) {
         problems.Add(step, Evidence::kStartWeights,
-                     fmt::format("weight {} on rank {} is not finite {}", item.key(), rank.rank,
+                     fmt::format("weight {} on {} is not finite {}", item.key(), rank.Who(),
                                  step < steps ? fmt::format("at the start of step {}", step) : "after the last step"));
       }
       if (!merged.contains(name)) {
         merged.insert(name, item.value());
-        owner[name] = rank.rank;
+        owner[name] = rank.Who();
       } else if (!torch::equal(merged[name], item.value())) {
+        // Copies are one weight (a tied weight's two owners) or one replica's weight and
+        // another's: bitwise equal, or the pipeline has let them drift apart.
         problems.Add(step, Evidence::kStartWeights,
-                     fmt::format("copies of {} differ between rank {} and rank {} {} (max abs diff {:.3g})",
-                                 item.key(), owner[name], rank.rank,
+                     fmt::format("copies of {} differ between {} and {} {} (max abs diff {:.3g})",
+                                 item.key(), owner[name], rank.Who(),
                                  step < steps ? fmt::format("at the start of step {}", step) : "after the last step",
                                  (merged[name].to(torch::kFloat64) - item.value().to(torch::kFloat64))
                                      .abs().max().item<double>()));
@@ -232,13 +266,14 @@ void JudgeLoss(size_t step, double loss_pp, double loss_ref, double tol, Verdict
 
 // 2b. Every parameter's gradient of step k at the pipeline's weights, on every rank holding it.
 void JudgeGradients(size_t step, const std::vector<pipeline::RankResult>& ranks, const NamedTensors& reference,
-                    const scenarios::Scenario& scenario, Verdicts& verdicts) {
+                    const std::vector<reference::SliceSpec>& slices, const scenarios::Scenario& scenario,
+                    Verdicts& verdicts) {
   const double tol = scenario.tol;
   const double floor = GradientFloorFraction(scenario.dtype) * GlobalNorm(reference);
   std::map<std::string, int> seen;
   for (const auto& rank : ranks) {
     if (step >= rank.gradients.size()) {
-      verdicts.problems.Add(step, Evidence::kGradients, fmt::format("rank {} reported no gradients for step {}", rank.rank, step));
+      verdicts.problems.Add(step, Evidence::kGradients, fmt::format("{} reported no gradients for step {}", rank.Who(), step));
       continue;
     }
     for (const auto& item : rank.gradients[step]) {
@@ -246,24 +281,24 @@ void JudgeGradients(size_t step, const std::vector<pipeline::RankResult>& ranks,
       ++seen[name];
       if (!reference.contains(name)) {
         verdicts.problems.Add(step, Evidence::kGradients,
-                              fmt::format("rank {} has a gradient for {}, which the reference does not", rank.rank, name));
+                              fmt::format("{} has a gradient for {}, which the reference does not", rank.Who(), name));
         continue;
       }
       const auto& ref = reference[name];
       const auto error = Compare(item.value(), ref, Norm(ref), floor);
-      auto& worst = verdicts.worst_by_param[{name, rank.rank}];
+      auto& worst = verdicts.worst_by_param[{name, rank.replica, rank.rank}];
       if (error.rel >= worst.error.rel) worst = {error, step, ref.numel()};
       if (error.rel > verdicts.grad_max_rel || verdicts.worst_param.empty()) {
         verdicts.grad_max_rel = error.rel, verdicts.worst_param = name, verdicts.worst_step = step;
       }
       if (error.pp_norm == 0.0 && error.ref_norm > floor) {
         verdicts.problems.Add(step, Evidence::kGradients,
-                              fmt::format("gradient of {} at step {} is all zero on rank {}; the reference's norm is {:.3g}",
-                                          item.key(), step, rank.rank, error.ref_norm));
+                              fmt::format("gradient of {} at step {} is all zero on {}; the reference's norm is {:.3g}",
+                                          item.key(), step, Where(rank, item.key(), slices), error.ref_norm));
       } else if (!(error.rel <= tol)) {
         verdicts.problems.Add(step, Evidence::kGradients,
-                              fmt::format("gradient of {} at step {} on rank {}: rel err {:.3g} > tol {:.3g}", item.key(),
-                                          step, rank.rank, error.rel, tol));
+                              fmt::format("gradient of {} at step {} on {}: rel err {:.3g} > tol {:.3g}", item.key(),
+                                          step, Where(rank, item.key(), slices), error.rel, tol));
       }
     }
   }
@@ -279,7 +314,8 @@ void JudgeGradients(size_t step, const std::vector<pipeline::RankResult>& ranks,
 // pipeline started step k with, applying the gradients it applied. Error relative to the
 // update's size (floored like gradients), so a wrong optimizer shows at any learning rate.
 void JudgeUpdate(size_t step, const std::vector<pipeline::RankResult>& ranks, const NamedTensors& before,
-                 const NamedTensors& predicted, size_t steps, const scenarios::Scenario& scenario, Verdicts& verdicts) {
+                 const NamedTensors& predicted, size_t steps, const std::vector<reference::SliceSpec>& slices,
+                 const scenarios::Scenario& scenario, Verdicts& verdicts) {
   const double floor = GradientFloorFraction(scenario.dtype) * GlobalDistance(predicted, before);
   for (const auto& rank : ranks) {
     const NamedTensors* after = WeightsAt(rank, step + 1, steps);
@@ -293,9 +329,9 @@ void JudgeUpdate(size_t step, const std::vector<pipeline::RankResult>& ranks, co
       verdicts.update_max_rel = std::max(verdicts.update_max_rel, error.rel);
       if (!(error.rel <= scenario.tol)) {
         verdicts.problems.Add(step, Evidence::kUpdate,
-                              fmt::format("update of {} at step {} on rank {}: rel err {:.3g} > tol {:.3g} against one "
+                              fmt::format("update of {} at step {} on {}: rel err {:.3g} > tol {:.3g} against one "
                                           "reference optimizer step with the same gradients",
-                                          item.key(), step, rank.rank, error.rel, scenario.tol));
+                                          item.key(), step, Where(rank, item.key(), slices), error.rel, scenario.tol));
       }
     }
   }
@@ -358,18 +394,39 @@ void JudgeTrajectory(const std::vector<pipeline::RankResult>& ranks, const Named
 void ParamRows(const ParityInput& input, const Verdicts& verdicts, reports::ScenarioReport& report) {
   for (const auto& rank : input.ranks) {
     for (const auto& item : rank.final_weights) {
-      auto found = verdicts.worst_by_param.find({item.key(), rank.rank});
+      auto found = verdicts.worst_by_param.find({item.key(), rank.replica, rank.rank});
       if (found == verdicts.worst_by_param.end()) continue;
       const auto& w = found->second;
       const int stage = rank.stages.empty() ? 0 : rank.stages.front();
       report.params.push_back({input.scenario.name, item.key(), stage, rank.rank, w.numel, w.error.ref_norm,
-                               w.error.pp_norm, w.error.max_abs, w.error.rel, w.error.rel <= input.scenario.tol});
+                               w.error.pp_norm, w.error.max_abs, w.error.rel, w.error.rel <= input.scenario.tol,
+                               rank.replica});
     }
   }
 }
 
+// Replica r's ranks, indexed by pipeline rank (all ranks with one replica).
+std::vector<pipeline::RankResult> ReplicaRanks(const std::vector<pipeline::RankResult>& ranks, int replica) {
+  std::vector<pipeline::RankResult> mine;
+  for (const auto& rank : ranks) {
+    if (rank.replica == replica) mine.push_back(rank);
+  }
+  return mine;
+}
+
+int ReplicasOf(const std::vector<pipeline::RankResult>& ranks) {
+  return ranks.empty() ? 1 : std::max(1, ranks.front().replicas);
+}
+
+// "replica 1: " with several replicas, else nothing: the prefix of a replica's own verdict.
+std::string ReplicaPrefix(int replicas, int replica) {
+  return replicas > 1 ? fmt::format("replica {}: ", replica) : std::string();
+}
+
 // 2d. The tensors that crossed stage boundaries in step k against the reference's (boundaries.h).
 // Judged when the ranks fingerprinted any, which needs an oracle tapping the same boundaries.
+// Each replica on its own: its microbatch m is the global batch's microbatch replica x m_r + m
+// (the oracle cuts the batch into data_parallel x microbatches), and its records say so.
 void JudgeStepBoundaries(const ParityInput& input, const pipeline::PipelineConfig& config,
                          const std::vector<reference::SliceSpec>& slices, size_t step,
                          const reference::StepRecord& at_pipeline, Verdicts& verdicts,
@@ -381,20 +438,55 @@ void JudgeStepBoundaries(const ParityInput& input, const pipeline::PipelineConfi
               "the oracle must tap the pipeline's stage boundaries to judge them");
   const auto batch = reference::MakeBatch(input.oracle.config().data, input.oracle.config().seed,
                                           static_cast<int64_t>(step));
-  auto verdict = JudgeBoundaries({input.scenario.name, step, input.ranks, at_pipeline, batch, config.microbatches,
-                                  slices, config.train.dtype, input.scenario.tol});
-  report.boundaries.insert(report.boundaries.end(), verdict.rows.begin(), verdict.rows.end());
-  if (!verdict.first_problem.empty()) verdicts.problems.Add(step, Evidence::kBoundary, verdict.first_problem);
+  const int replicas = ReplicasOf(input.ranks);
+  for (int replica = 0; replica < replicas; ++replica) {
+    auto ranks = replicas == 1 ? input.ranks : ReplicaRanks(input.ranks, replica);
+    for (auto& rank : ranks) {
+      for (auto& record : rank.boundaries) {
+        record.microbatch += replica * config.microbatches;
+        if (replicas == 1 || record.direction != pipeline::Direction::kGradient) continue;
+        // A replica's loss terms are data_parallel times the whole batch's (its gradients are
+        // averaged, not summed): its boundary gradients are too. Compared at the whole batch's
+        // scale; the hash is of the unscaled bits, so it is not compared.
+        auto& f = record.fingerprint;
+        f.sum /= replicas, f.norm /= replicas, f.max_abs /= replicas, f.row_weighted_sum /= replicas;
+        f.hashed = false;
+      }
+    }
+    auto verdict = JudgeBoundaries({input.scenario.name, step, ranks, at_pipeline, batch,
+                                    config.microbatches * replicas, slices, config.train.dtype, input.scenario.tol});
+    report.boundaries.insert(report.boundaries.end(), verdict.rows.begin(), verdict.rows.end());
+    if (!verdict.first_problem.empty()) {
+      verdicts.problems.Add(step, Evidence::kBoundary, ReplicaPrefix(replicas, replica) + verdict.first_problem);
+    }
+  }
 }
 
-// 2e. The messages every rank posted against the plan (comm_check.h).
+// 2e. The messages every rank posted against the plan (comm_check.h), replica by replica, and
+// with several replicas each rank's data-parallel all-reduce: one a step, of every gradient the
+// rank holds, after its last backward.
 void JudgeCommunication(const ParityInput& input, const pipeline::PipelineConfig& config, Verdicts& verdicts,
                         reports::ScenarioReport& report) {
-  auto verdict = CheckCommunication({input.scenario.name, config, input.schedule, input.ranks});
-  report.comm = std::move(verdict.rows);
+  const int replicas = ReplicasOf(input.ranks);
+  for (int replica = 0; replica < replicas; ++replica) {
+    auto replica_config = config;
+    replica_config.replica = replica;
+    const auto ranks = replicas == 1 ? input.ranks : ReplicaRanks(input.ranks, replica);
+    auto verdict = CheckCommunication({input.scenario.name, replica_config, input.schedule, ranks});
+    for (auto& row : verdict.rows) row.replica = replica;
+    report.comm.insert(report.comm.end(), verdict.rows.begin(), verdict.rows.end());
+    for (size_t step = 0; step < verdict.first_problem.size(); ++step) {
+      if (!verdict.first_problem[step].empty()) {
+        verdicts.problems.Add(step, Evidence::kCommunication, ReplicaPrefix(replicas, replica) + verdict.first_problem[step]);
+      }
+    }
+  }
+  if (replicas == 1) return;
+  auto verdict = CheckCollectives({input.scenario.name, input.ranks, static_cast<size_t>(input.scenario.steps)});
+  report.comm.insert(report.comm.end(), verdict.rows.begin(), verdict.rows.end());
   for (size_t step = 0; step < verdict.first_problem.size(); ++step) {
     if (!verdict.first_problem[step].empty()) {
-      verdicts.problems.Add(step, Evidence::kCommunication, verdict.first_problem[step]);
+      verdicts.problems.Add(step, Evidence::kCollective, verdict.first_problem[step]);
     }
   }
 }
@@ -418,9 +510,9 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
     }
     JudgeStepBoundaries(input, config, slices, k, at_pipeline, verdicts, report);
     JudgeLoss(k, LossAt(loss_rank, k), at_pipeline.loss, scenario.tol, verdicts);
-    JudgeGradients(k, input.ranks, at_pipeline.gradients, scenario, verdicts);
+    JudgeGradients(k, input.ranks, at_pipeline.gradients, slices, scenario, verdicts);
     const auto predicted = input.oracle.UpdateFrom(start, AppliedGradients(input.ranks, k));
-    JudgeUpdate(k, input.ranks, start, predicted, steps, scenario, verdicts);
+    JudgeUpdate(k, input.ranks, start, predicted, steps, slices, scenario, verdicts);
     start = PipelineWeights(input.ranks, k + 1, steps, verdicts.problems);
   }
   return start;
@@ -474,7 +566,8 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   report.summary = ScenarioColumns(scenario);
   JudgeTrajectory(input.ranks, final_pp, input.oracle, scenario, report, verdicts);
   ParamRows(input, verdicts, report);
-  SpeedAndMemoryRows({scenario, input.ranks, input.schedule, input.simulation, input.memory}, reference, report);
+  SpeedAndMemoryRows({scenario, input.ranks, input.schedule, input.simulation, input.memory, input.replica_memory},
+                     reference, report);
 
   const std::vector<std::string> failures = verdicts.problems.InOrder();
   const auto status = failures.empty() ? reports::Status::kPass : reports::Status::kFail;

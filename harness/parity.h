@@ -44,7 +44,8 @@ constexpr double kDivergedLossFactor = 100.0;
 struct ParityInput {
   const scenarios::Scenario& scenario;
   Oracle& oracle;
-  const std::vector<pipeline::RankResult>& ranks;  // indexed by rank
+  // Indexed by rank; with several replicas, replica by replica (each indexed by pipeline rank).
+  const std::vector<pipeline::RankResult>& ranks;
   const pipeline::Schedule& schedule;              // the lowered schedule the ranks ran
   const pipeline::SimulationResult& simulation;    // its predicted bubble
   const pipeline::MemoryPrediction& memory;        // what each rank should hold (empty: not predicted)
@@ -55,6 +56,9 @@ struct ParityInput {
   // null: the scenario's own (ToPipelineConfig). Another trainer's scenario passes its view
   // without the fault, which is that trainer's to inject.
   const pipeline::PipelineConfig* pipeline_config = nullptr;
+  // With several replicas (data_parallel), each replica's prediction, by replica (its shard's
+  // sequences differ); null: `memory` for every replica.
+  const std::vector<pipeline::MemoryPrediction>* replica_memory = nullptr;
 };
 
 reports::ScenarioReport CompareWithReference(const ParityInput& input);

@@ -76,16 +76,21 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
   const auto& model = config.train.model;
   const double parameters = static_cast<double>(model.ParameterCount());
   const int64_t element = static_cast<int64_t>(c10::elementSize(config.train.dtype));
-  const int64_t copies = static_cast<int64_t>(parameters) * element * (2 * scenario.steps + 1);
+  const int64_t copies = static_cast<int64_t>(parameters) * element * (2 * scenario.steps + 1) * scenario.data_parallel;
 
   std::map<std::string, MemoryNeed> needs;  // by place
   std::map<std::string, std::vector<std::string>> parts;
   const int gpus = scenario.device == "cuda" ? std::max(1, reference::CudaDeviceCount()) : 0;
   auto place_of = [&](int rank) { return gpus == 0 ? std::string("host memory") : fmt::format("cuda:{}", rank % gpus); };
-  for (int rank = 0; rank < static_cast<int>(prediction.peak_bytes.size()); ++rank) {
-    const std::string place = place_of(rank);
-    needs[place].needed += prediction.peak_bytes[rank];
-    parts[place].push_back(fmt::format("rank {} {}", rank, HumanBytes(static_cast<double>(prediction.peak_bytes[rank]))));
+  // Every replica holds what replica 0 does (give or take a sequence of its shard).
+  const int ranks = static_cast<int>(prediction.peak_bytes.size());
+  for (int replica = 0; replica < config.data_parallel; ++replica) {
+    for (int rank = 0; rank < ranks; ++rank) {
+      const std::string place = place_of(replica * ranks + rank);
+      needs[place].needed += prediction.peak_bytes[rank];
+      parts[place].push_back(fmt::format("{}rank {} {}", config.data_parallel > 1 ? fmt::format("replica {} ", replica) : "",
+                                         rank, HumanBytes(static_cast<double>(prediction.peak_bytes[rank]))));
+    }
   }
   // The reference trains on rank 0's device after the pipeline, beside the pipeline's stages.
   needs[place_of(0)].needed += reference;

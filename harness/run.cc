@@ -113,7 +113,7 @@ reports::ScenarioReport RunScenario(const scenarios::Scenario& scenario, const R
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : DefaultDeadlineSeconds(scenario);
   launch.threads_per_rank = options.threads_per_rank > 0 ? options.threads_per_rank
-                                                         : std::max(1, cores / static_cast<int>(scenario.world_size));
+                                                         : std::max(1, cores / static_cast<int>(scenario.Processes()));
   const auto start = std::chrono::steady_clock::now();
   launch.progress = [&](const std::string& line) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

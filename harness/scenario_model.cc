@@ -121,7 +121,7 @@ namespace {
 
 // Ranks of this run on this host: torchrun's LOCAL_WORLD_SIZE, else all of them (`run`).
 int64_t RanksOnThisHost(const scenarios::Scenario& scenario) {
-  return EnvironmentIntegerOr("LOCAL_WORLD_SIZE", scenario.world_size);
+  return EnvironmentIntegerOr("LOCAL_WORLD_SIZE", scenario.Processes());
 }
 
 }  // namespace
@@ -183,6 +183,8 @@ pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario) {
   config.schedule = scenario.schedule;
   config.partition = scenario.partition;
   config.fault = pipeline::ParseFault(scenario.fault);
+  config.data_parallel = static_cast<int>(scenario.data_parallel);
+  config.recompute = scenario.recompute;
   config.communication = ResolveTransport(scenario) == "nccl" ? pipeline::CommunicationModel::kDeviceStreams
                                                               : pipeline::CommunicationModel::kHost;
   return config;

@@ -60,7 +60,8 @@ std::pair<int, std::string> EnvironmentInteger(const char* name, const char* fal
   throw EnvironmentError(fmt::format("{}='{}' is not an integer", read_as, text));
 }
 
-pipeline::RendezvousOptions ReadRendezvous(int expected_world_size, double timeout_seconds) {
+// `expected`: the scenario's processes, world_size x data_parallel; `needs` says so in words.
+pipeline::RendezvousOptions ReadRendezvous(int expected_world_size, const std::string& needs, double timeout_seconds) {
   pipeline::RendezvousOptions options;
   const auto [rank, rank_name] = EnvironmentInteger("RANK", "SLURM_PROCID");
   const auto [world_size, world_size_name] = EnvironmentInteger("WORLD_SIZE", "SLURM_NTASKS");
@@ -68,8 +69,7 @@ pipeline::RendezvousOptions ReadRendezvous(int expected_world_size, double timeo
   options.world_size = world_size;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
   if (options.world_size != expected_world_size) {
-    throw EnvironmentError(fmt::format("{} is {} but the scenario needs world_size {}", world_size_name,
-                                       options.world_size, expected_world_size));
+    throw EnvironmentError(fmt::format("{} is {} but the scenario needs {}", world_size_name, options.world_size, needs));
   }
   if (options.rank < 0 || options.rank >= options.world_size) {
     throw EnvironmentError(fmt::format("{} {} is outside [0, {}) ({} {})", rank_name, options.rank, options.world_size,
@@ -94,16 +94,15 @@ pipeline::RendezvousOptions ReadRendezvous(int expected_world_size, double timeo
 // Connects to the other ranks. A rendezvous that does not complete in time is the environment's
 // fault (no rank 0 listening, a rank never started, MASTER_ADDR/MASTER_PORT differing between
 // ranks): exit 2, saying what this rank waited for.
-std::unique_ptr<pipeline::Transport> ConnectRanks(const pipeline::RendezvousOptions& rendezvous,
-                                                  const std::string& transport, torch::Device device,
-                                                  double timeout_seconds) {
+pipeline::ProcessGroups ConnectRanks(const pipeline::RendezvousOptions& rendezvous, int pipeline_size,
+                                     const std::string& transport, torch::Device device, double timeout_seconds) {
   if (rendezvous.world_size > 1) {
     fmt::print(stderr, "pipecheck: rank {} joins the rendezvous of {} ranks at {}:{} (waiting up to {:g} s)\n",
                rendezvous.rank, rendezvous.world_size, rendezvous.master_addr, rendezvous.master_port, timeout_seconds);
   }
   const auto start = std::chrono::steady_clock::now();
   try {
-    return pipeline::Connect(rendezvous, transport, device);
+    return pipeline::ConnectGroups(rendezvous, pipeline_size, transport, device);
   } catch (const std::exception& error) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const std::string message = ErrorMessage(error);
@@ -133,10 +132,18 @@ int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::Pipeli
   const auto schedule = pipeline::BuildSchedule(config);
   auto oracle_config = config.train;
   oracle_config.boundary_layers = BoundaryLayers(pipeline::StageSlicesOf(config, schedule.shape));
-  Oracle oracle(oracle_config, config.microbatches);
-  const auto simulation = pipeline::ValidateSchedule(schedule, {}, config.communication);
-  const auto memory = pipeline::PredictMemory(config, schedule);
-  const auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, memory});
+  // The reference cuts the global batch as the replicas do (data_parallel x microbatches), so its
+  // boundary taps line up with every replica's microbatches.
+  Oracle oracle(oracle_config, config.microbatches * config.data_parallel);
+  const auto simulation = pipeline::ValidateSchedule(schedule, pipeline::UnitCosts(config), config.communication);
+  std::vector<pipeline::MemoryPrediction> replica_memory;
+  for (int replica = 0; replica < config.data_parallel; ++replica) {
+    auto replica_config = config;
+    replica_config.replica = replica;
+    replica_memory.push_back(pipeline::PredictMemory(replica_config, schedule));
+  }
+  const auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, replica_memory.front(),
+                                            /*check_communication=*/true, nullptr, &replica_memory});
   std::filesystem::create_directories(out);
   if (save_tensors) SaveTrainedTensors(FromRanks(ranks), (std::filesystem::path(out) / kTensorsFile).string());
   return Deliver(scenario, report, out);
@@ -182,7 +189,12 @@ int RunWorker(const WorkerOptions& options) {
           "them between a --phase prepare and a --phase judge worker", scenario.source, scenario.name, scenario.trainer));
     }
     auto config = ToPipelineConfig(scenario);
-    const auto rendezvous = ReadRendezvous(config.world_size, options.rendezvous_timeout_seconds);
+    const std::string needs =
+        config.data_parallel == 1 ? fmt::format("world_size {}", config.world_size)
+                                  : fmt::format("world_size {} x data_parallel {} = {} processes", config.world_size,
+                                                config.data_parallel, config.world_size * config.data_parallel);
+    const auto rendezvous =
+        ReadRendezvous(config.world_size * config.data_parallel, needs, options.rendezvous_timeout_seconds);
     rank = std::to_string(rendezvous.rank);
     std::filesystem::create_directories(options.out);
     config.flight_record = FlightRecordPath(options.out, rendezvous.rank);
@@ -197,12 +209,14 @@ int RunWorker(const WorkerOptions& options) {
     }
     const std::string unmet = UnmetRequirement(scenario);
     if (!unmet.empty()) throw std::runtime_error(unmet);  // `run` skips these; a worker started anyway fails
-    auto transport = ConnectRanks(rendezvous, ResolveTransport(scenario), config.train.device,
-                                  options.rendezvous_timeout_seconds);
-    pipeline::PipelineTrainer trainer(config, *transport);
+    auto groups = ConnectRanks(rendezvous, config.world_size, ResolveTransport(scenario), config.train.device,
+                               options.rendezvous_timeout_seconds);
+    config.replica = groups.replica;
+    auto& transport = groups.pipeline;
+    pipeline::PipelineTrainer trainer(config, *transport, groups.data_parallel.get());
     // The rank of the last stage knows the loss: it reports progress in its log, which `run` shows.
     const auto& shape = trainer.schedule().shape;
-    const bool reports_progress = rendezvous.rank == shape.RankOfStage(shape.stages() - 1);
+    const bool reports_progress = groups.replica == 0 && groups.pipeline_rank == shape.RankOfStage(shape.stages() - 1);
     auto own = trainer.Train([&](int64_t step, const pipeline::RankResult& r) {
       if (!reports_progress) return;
       fmt::print("{}step {}/{} loss {:.6g}\n", kProgressPrefix, step + 1, config.train.steps, r.losses.back());
@@ -210,6 +224,7 @@ int RunWorker(const WorkerOptions& options) {
     });
     trainer.RecordPhase(config.train.steps, "results_to_rank_0", rendezvous.rank == 0 ? -1 : 0);
     auto results = pipeline::GatherResults(*transport, std::move(own));
+    if (groups.pipeline_rank == 0) results = pipeline::GatherReplicas(*groups.data_parallel, std::move(results));
     trainer.EndPhase();
     if (rendezvous.rank != 0) return 0;
     return FinishOnRankZero(scenario, config, results, options.out, options.save_tensors);

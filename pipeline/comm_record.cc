@@ -77,7 +77,7 @@ std::unique_ptr<PendingRecv> RecordingTransport::Recv(int peer, int tag, torch::
 
 std::vector<MessageRecord> PlannedMessages(const PipelineConfig& config, const Schedule& schedule, int rank,
                                            int64_t step, const reference::Batch& batch) {
-  const auto microbatches = reference::SplitMicrobatches(batch, config.microbatches);
+  const auto microbatches = ReplicaMicrobatches(config, batch);
   const auto& shape = schedule.shape;
   std::vector<MessageRecord> plan;
   for (const Action& action : schedule.ranks.at(rank)) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "pipeline/message.h"
@@ -61,6 +62,7 @@ struct Executor::StepState {
   std::map<Message, torch::Tensor> arrived;                   // not yet used
   // The send in flight per (peer, direction): the next one to the same place waits for it.
   std::map<std::pair<int, Direction>, std::unique_ptr<PendingSend>> sends;
+  int64_t replica_tokens = 0;  // of this replica's microbatches (the whole batch's with one replica)
   torch::Tensor loss_sum;  // 0-dim float64 on the device
   std::vector<BoundaryRecord> probes;    // fingerprints without their numbers yet
   std::vector<torch::Tensor> probe_values;  // their numbers, (4) each, still on the device (else undefined)
@@ -105,25 +107,57 @@ void Executor::Forward(const Action& action, StepState& state) {
   auto context = has_layers ? reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(),
                                                               config_.train.dtype, device)
                             : reference::AttentionContext{};
+  // Recomputation keeps only the input (stage 0's is the batch's tokens): the forward builds no
+  // graph, and the backward runs it again from what was kept.
+  if (config_.recompute && s > 0) state.inputs[{s, mb}] = fault_.KeptForRecompute(s, input);
+  std::optional<torch::NoGradGuard> no_graph;
+  if (config_.recompute) no_graph.emplace();
   auto output = stage.module->forward(input, context);
   if (!stage.slice.has_head) {
     state.outputs[{s, mb}] = output;
     return;
   }
-  // Summed token loss over the *whole batch's* token count: microbatch terms add up exactly.
-  auto loss = reference::TokenLossSum(output, reference::ToDevice(part.labels, device)) /
-              fault_.LossDenominator(part.valid_tokens, state.batch.valid_tokens);
+  auto loss = LossOf(output, mb, state);
   // Accumulated on the device: reading it per microbatch would sync the host with the device.
   auto term = loss.detach().to(torch::kFloat64);
   state.loss_sum = state.loss_sum.defined() ? state.loss_sum + term : term;
   state.losses[{s, mb}] = loss;
 }
 
+// Summed token loss over the *whole global batch's* token count (over the replicas, which
+// average): microbatch terms add up exactly.
+torch::Tensor Executor::LossOf(const torch::Tensor& output, int microbatch, const StepState& state) const {
+  const auto& part = state.microbatches[microbatch];
+  const LossTokens tokens{part.valid_tokens, state.replica_tokens, state.batch.valid_tokens, config_.data_parallel};
+  return reference::TokenLossSum(output, reference::ToDevice(part.labels, config_.train.device)) /
+         fault_.LossDenominator(tokens);
+}
+
+torch::Tensor Executor::Recompute(int s, int mb, StepState& state) {
+  const auto& part = state.microbatches[mb];
+  const auto device = config_.train.device;
+  Stage& stage = StageAt(stages_, s, transport_.rank());
+  torch::Tensor input;
+  if (s == 0) {
+    input = reference::ToDevice(part.tokens, device);
+  } else {
+    // A fresh leaf over the kept input: its gradient is this backward's alone.
+    input = state.inputs.at({s, mb}).detach().requires_grad_(true);
+    state.inputs[{s, mb}] = input;
+  }
+  const bool has_layers = stage.slice.end_layer > stage.slice.first_layer;
+  auto context = has_layers ? reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(),
+                                                              config_.train.dtype, device)
+                            : reference::AttentionContext{};
+  auto output = stage.module->forward(input, context);
+  return stage.slice.has_head ? LossOf(output, mb, state) : output;
+}
+
 Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepState& state) {
   const int s = action.stage, mb = action.microbatch;
   BackwardRoot start;
   if (StageAt(stages_, s, transport_.rank()).slice.has_head) {
-    start.root = state.losses.at({s, mb});
+    start.root = config_.recompute ? Recompute(s, mb, state) : state.losses.at({s, mb});
     state.losses.erase({s, mb});
     start.gradient = fault_.BackwardSeed(torch::ones_like(start.root), mb);
     return start;
@@ -137,7 +171,7 @@ Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepStat
     Probe(start.gradient, Direction::kGradient, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s + 1),
           state);
   }
-  start.root = state.outputs.at({s, mb});
+  start.root = config_.recompute ? Recompute(s, mb, state) : state.outputs.at({s, mb});
   state.outputs.erase({s, mb});
   start.passthrough = !start.root.grad_fn();
   start.gradient = fault_.BackwardSeed(start.gradient, mb);
@@ -160,6 +194,7 @@ void Executor::Backward(const Action& action, StepState& state) {
   if (!start.passthrough) BackwardFrom(start.root, start.gradient);
   fault_.AfterBackward(owned_parameters_);
   accumulator_.AfterBackward();
+  if (after_backward_) after_backward_(action);
   if (s == 0) return;
   auto input = state.inputs.at({s, mb});
   state.inputs.erase({s, mb});
@@ -213,6 +248,7 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
   fault_.AfterWeightGradient(module, before);
   fault_.AfterBackward(owned_parameters_);
   accumulator_.AfterBackward();
+  if (after_backward_) after_backward_(action);
 }
 
 void Executor::Receive(const Action& action, StepState& state) {
@@ -224,7 +260,11 @@ void Executor::Receive(const Action& action, StepState& state) {
 void Executor::SendForward(const Action& action, StepState& state) {
   auto& output = state.outputs.at({action.stage, action.microbatch});
   IssueSend(output.detach(), MessageOf(action), state);
-  ReleaseOutputData(output);  // the send's buffer keeps the data alive only until it has left
+  if (config_.recompute) {
+    output = torch::Tensor();  // the backward makes it again; the send's buffer keeps it until it has left
+  } else {
+    ReleaseOutputData(output);  // the send's buffer keeps the data alive only until it has left
+  }
 }
 
 void Executor::SendBackward(const Action& action, StepState& state) {
@@ -350,7 +390,8 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
   StepState state;
   state.step = step;
   state.batch = batch;
-  state.microbatches = reference::SplitMicrobatches(batch, config_.microbatches);
+  state.microbatches = ReplicaMicrobatches(config_, batch);
+  for (const auto& part : state.microbatches) state.replica_tokens += part.valid_tokens;
   fault_.BeginStep();
   const double step_start = HostMicroseconds();
   const auto& actions = schedule_.ranks[transport_.rank()];

@@ -17,6 +17,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 
 #include <vector>
 
@@ -58,6 +59,9 @@ class Executor {
   // Each action's start and end also go to `recorder` as they happen (borrowed; null: none).
   void SetFlightRecorder(FlightRecorder* recorder) { recorder_ = recorder; }
 
+  // Called after every backward that accumulates into the parameters (a B or a W), with it.
+  void SetAfterBackward(std::function<void(const Action&)> hook) { after_backward_ = std::move(hook); }
+
  private:
   struct StepState;
 
@@ -92,6 +96,11 @@ class Executor {
     bool passthrough = false;
   };
   BackwardRoot TakeBackwardRoot(const Action& action, StepState& state);
+  // A microbatch's loss term from the head's output.
+  torch::Tensor LossOf(const torch::Tensor& output, int microbatch, const StepState& state) const;
+  // recompute=1: stage s's forward of microbatch mb again, from its kept input (a fresh leaf, put
+  // back in its place), with the graph the backward needs; the loss term for the head's stage.
+  torch::Tensor Recompute(int s, int mb, StepState& state);
   // The input gradient a stage hands back, as the fault's InputGradient hook leaves it.
   void KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input, StepState& state);
   // Sends `tensor` as `message` (fingerprinted first) once the previous message to the same peer
@@ -113,6 +122,7 @@ class Executor {
   reference::DeviceClock clock_;  // action timings, on the device's own clock
   std::vector<torch::Tensor> owned_parameters_;  // with the tied copy: what backward accumulates into
   FlightRecorder* recorder_ = nullptr;
+  std::function<void(const Action&)> after_backward_;
   double HostMicroseconds() const;  // now, on the run's clock
 };
 

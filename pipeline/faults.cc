@@ -68,8 +68,8 @@ class DetachInput : public Fault {
 class MeanOfMicrobatchMeans : public Fault {
  public:
   using Fault::Fault;
-  double LossDenominator(int64_t microbatch_tokens, int64_t /*batch_tokens*/) const override {
-    return static_cast<double>(microbatch_tokens) * static_cast<double>(context().microbatches);
+  double LossDenominator(const LossTokens& tokens) const override {
+    return static_cast<double>(tokens.microbatch) * static_cast<double>(context().microbatches);
   }
 };
 
@@ -392,6 +392,69 @@ std::unique_ptr<Fault> Make(const FaultContext& context) {
 
 }  // namespace
 
+// dp_sum_not_average: the replicas' gradients summed and never divided by their count (an
+// all-reduce with SUM where AVG was meant): every gradient data_parallel times too large.
+class DpSumNotAverage : public Fault {
+ public:
+  using Fault::Fault;
+  int ReplicaDivisor(int /*replicas*/) const override { return 1; }
+};
+
+// dp_skip_stage: the last stage's rank never averages across replicas (its bucket left out of
+// the data-parallel sync): each replica applies the gradient of its own shard there.
+class DpSkipStage : public Fault {
+ public:
+  using Fault::Fault;
+  bool SkipsReplicaAverage(int rank) const override { return rank == context().world_size - 1; }
+};
+
+// dp_average_after_first_microbatch: the data-parallel all-reduce issued once the first
+// microbatch's backward is done (an overlap hook firing on the first gradient instead of the
+// last): later microbatches' gradients stay each replica's own.
+class DpAverageAfterFirstMicrobatch : public Fault {
+ public:
+  using Fault::Fault;
+  bool AveragesAfterFirstMicrobatch() const override { return true; }
+};
+
+// dp_average_before_tied_sum: the replicas' average runs before the tied sum, over the
+// parameters with the tied weight counted once (the clipping norm's list): the last stage's copy
+// enters the sum as its replica's own, so each replica's embedding moves its own way.
+class DpAverageBeforeTiedSum : public Fault {
+ public:
+  using Fault::Fault;
+  bool AveragesBeforeTiedSum() const override { return true; }
+};
+
+// dp_local_token_mean: each replica divides its loss by its own tokens, then the replicas
+// average: a mean of means, wrong wherever the replicas' shards hold different token counts.
+class DpLocalTokenMean : public Fault {
+ public:
+  using Fault::Fault;
+  double LossDenominator(const LossTokens& tokens) const override { return static_cast<double>(tokens.replica); }
+};
+
+// recompute_stale_input: the input a stage keeps for recomputation lives in one buffer per stage,
+// overwritten by every later forward: a backward recomputes from the newest microbatch's input.
+class RecomputeStaleInput : public Fault {
+ public:
+  using Fault::Fault;
+  torch::Tensor KeptForRecompute(int stage, const torch::Tensor& input) override {
+    auto& buffer = buffers_[stage];
+    if (!buffer.defined() || buffer.sizes() != input.sizes()) {
+      buffer = torch::empty_like(input).requires_grad_(input.requires_grad());
+    }
+    {
+      torch::NoGradGuard no_grad;
+      buffer.copy_(input);
+    }
+    return buffer;
+  }
+
+ private:
+  std::map<int, torch::Tensor> buffers_;
+};
+
 const std::vector<FaultInfo>& FaultRegistry() {
   static const std::vector<FaultInfo> registry = {
       {"none", "the correct pipeline", Make<Fault>},
@@ -424,6 +487,16 @@ const std::vector<FaultInfo>& FaultRegistry() {
       {"reversed_accumulation", "rank 0 sums each microbatch's gradients newest first", Make<ReversedAccumulation>},
       {"slow_steps", "every rank busy a quarter longer each step", Make<SlowSteps>},
       {"killed_rank", "the last rank gets SIGKILL in the middle of step 1", Make<KilledRank>},
+      {"dp_sum_not_average", "replicas' gradients summed, not averaged", Make<DpSumNotAverage>},
+      {"dp_skip_stage", "the last stage's rank skips the data-parallel average", Make<DpSkipStage>},
+      {"dp_average_after_first_microbatch", "the data-parallel average issued after the first microbatch's backward",
+       Make<DpAverageAfterFirstMicrobatch>},
+      {"dp_average_before_tied_sum", "the replicas' average before the tied sum, the tied weight counted once",
+       Make<DpAverageBeforeTiedSum>},
+      {"dp_local_token_mean", "each replica's loss divided by its own tokens, then averaged",
+       Make<DpLocalTokenMean>},
+      {"recompute_stale_input", "a stage's input kept for recomputation in one buffer reused by later microbatches",
+       Make<RecomputeStaleInput>},
   };
   return registry;
 }

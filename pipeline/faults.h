@@ -29,6 +29,16 @@ struct FaultContext {
   int rank = 0;
   int world_size = 1;
   int64_t steps = 1;
+  int replicas = 1;  // data_parallel
+};
+
+// What a rank's loss terms are divided by: the tokens of a microbatch, of its replica's
+// microbatches, and of the whole global batch, and how many replicas share that batch.
+struct LossTokens {
+  int64_t microbatch = 0;
+  int64_t replica = 0;
+  int64_t batch = 0;
+  int replicas = 1;
 };
 
 class Fault {
@@ -46,10 +56,13 @@ class Fault {
   virtual void BeforeAction(int64_t /*step*/, size_t /*index*/, size_t /*actions*/) const {}
   // The activation a stage takes from another rank, already a leaf that requires its gradient.
   virtual torch::Tensor ReceivedInput(const torch::Tensor& input) const { return input; }
-  // The denominator of a microbatch's loss term: the whole batch's tokens.
-  virtual double LossDenominator(int64_t /*microbatch_tokens*/, int64_t batch_tokens) const {
-    return static_cast<double>(batch_tokens);
+  // The denominator of a microbatch's loss term: the whole global batch's tokens over the
+  // replicas, so the replicas' average of their gradients is the whole batch's gradient.
+  virtual double LossDenominator(const LossTokens& tokens) const {
+    return static_cast<double>(tokens.batch) / tokens.replicas;
   }
+  // The input a stage keeps for its backward to recompute its forward from (recompute=1).
+  virtual torch::Tensor KeptForRecompute(int /*stage*/, const torch::Tensor& input) { return input; }
   // The gradient a backward of `microbatch` starts from (ones for the loss, else the output's).
   virtual torch::Tensor BackwardSeed(const torch::Tensor& gradient, int /*microbatch*/) const { return gradient; }
   // The input gradient a backward hands back (undefined where its input had no graph).
@@ -75,6 +88,13 @@ class Fault {
   virtual bool SkipsTiedSync() const { return false; }        // tied gradients not summed
   virtual bool CountsTiedTwice() const { return false; }      // the tied weight in the norm twice
   virtual bool ClipsLocally() const { return false; }         // each rank clips by its own norm
+  // Data parallelism: what the replicas' gradient sum is divided by (data_parallel), whether
+  // pipeline rank `rank` skips its average, whether the average is issued after the first
+  // microbatch's backward instead of after the last, and whether it runs before the tied sum.
+  virtual int ReplicaDivisor(int replicas) const { return replicas; }
+  virtual bool SkipsReplicaAverage(int /*rank*/) const { return false; }
+  virtual bool AveragesAfterFirstMicrobatch() const { return false; }
+  virtual bool AveragesBeforeTiedSum() const { return false; }
   // At the step's end, `started` being its beginning.
   virtual void EndStep(std::chrono::steady_clock::time_point /*started*/) const {}
 

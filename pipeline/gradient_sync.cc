@@ -2,6 +2,7 @@
 #include "pipeline/gradient_sync.h"
 
 #include <cmath>
+#include <map>
 
 #include "reference/optimizer.h"
 
@@ -48,6 +49,41 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
   transport.CheckReceived();
   auto sum = is_first ? own + other : other + own;
   own.copy_(sum);
+}
+
+ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters, int divisor, Transport& replicas,
+                                     ReplicaBuckets& persistent) {
+  ReplicaTraffic traffic;
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> buckets;
+  for (const auto& parameter : parameters) {
+    const auto gradient = parameter.grad();
+    TORCH_CHECK(gradient.defined(), "a parameter of shape ", parameter.sizes(), " has no gradient to average across ",
+                replicas.world_size(), " replicas");
+    buckets[gradient.scalar_type()].push_back(gradient);
+  }
+  for (auto& [dtype, gradients] : buckets) {
+    std::vector<torch::Tensor> flat;
+    int64_t elements = 0;
+    for (const auto& gradient : gradients) {
+      flat.push_back(gradient.reshape({-1}));
+      elements += gradient.numel();
+    }
+    auto& bucket = persistent[dtype];
+    if (!bucket.defined() || bucket.numel() != elements || bucket.device() != gradients.front().device()) {
+      bucket = torch::empty({elements}, gradients.front().options());
+    }
+    torch::cat_out(bucket, flat);
+    replicas.AllReduceSum(bucket);
+    if (divisor != 1) bucket.div_(divisor);
+    int64_t offset = 0;
+    for (auto& gradient : gradients) {
+      gradient.copy_(bucket.narrow(0, offset, gradient.numel()).view(gradient.sizes()));
+      offset += gradient.numel();
+    }
+    traffic.elements += bucket.numel();
+    traffic.bytes += bucket.numel() * static_cast<int64_t>(bucket.element_size());
+  }
+  return traffic;
 }
 
 double ClipGradients(const Stages& stages, const PipelineConfig& config, const Fault& faults, Transport& transport) {

@@ -5,6 +5,8 @@
 // Not the optimizer: stages apply their own.
 #pragma once
 
+#include <map>
+
 #include "pipeline/stage.h"
 #include "pipeline/transport.h"
 
@@ -17,6 +19,20 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
 // The ordered pairs of ranks the tied sum sends over: both ways between the first and last
 // stage's ranks when they differ; none otherwise.
 std::vector<std::pair<int, int>> TiedChannels(const PipelineConfig& config, const PipelineShape& shape);
+
+// Averages `parameters`' gradients across the replicas (the data-parallel group `replicas`): one
+// flat bucket per dtype, summed by an all-reduce (the same bits on every replica) and divided by
+// `divisor` (the replica count), then copied back. The buckets persist in `buckets` from step to
+// step, as DDP's do: allocated once, so what the rank holds does not depend on when c10d's worker
+// thread lets go of a finished all-reduce's tensor. Returns the elements and bytes each replica
+// contributed.
+struct ReplicaTraffic {
+  int64_t elements = 0;
+  int64_t bytes = 0;
+};
+using ReplicaBuckets = std::map<torch::ScalarType, torch::Tensor>;
+ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters, int divisor, Transport& replicas,
+                                     ReplicaBuckets& buckets);
 
 // Scales every owned gradient by the global-norm clip factor; returns the norm before clipping.
 double ClipGradients(const Stages& stages, const PipelineConfig& config, const Fault& faults, Transport& transport);

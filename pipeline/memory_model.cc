@@ -125,6 +125,23 @@ int64_t ForwardTransient(const Sizes& z, const reference::SliceSpec& slice, int6
   return bytes;
 }
 
+// A forward without its graph (recompute=1) frees each op's inputs as it goes: at its height it
+// holds one attention's scores beside their softmax (and the mask), or an MLP's hidden-sized
+// products; the head holds its logits and their log-softmax in the loss dtype. An estimate:
+// the recomputing backward, not this, sets a recomputing rank's peak.
+int64_t GraphlessForwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t) {
+  const int64_t n = b * t, h = z.model.hidden, f = z.model.FfnSize();
+  int64_t bytes = 0;
+  if (slice.end_layer > slice.first_layer) {
+    const int64_t scores = z.e * b * z.model.heads * t * t;
+    bytes = std::max(2 * scores + b * t * t + 2 * n * h * z.e, ((IsLlama(z) ? 3 : 2) * f + 2 * h) * n * z.e);
+  }
+  if (slice.has_head) {
+    bytes = std::max(bytes, n * h * z.e + 2 * n * z.model.vocab * std::max(z.e, z.loss));
+  }
+  return bytes;
+}
+
 // Which part of a backward an action runs: both (B), the input's gradient (I), the weights' (W).
 enum class Pass { kFull, kInput, kWeight };
 
@@ -237,8 +254,8 @@ int64_t BatchBytes(const reference::Batch& batch, const std::vector<reference::B
 class RankWalk {
  public:
   RankWalk(const Sizes& z, const std::vector<reference::SliceSpec>& slices, const PipelineShape& shape,
-           const std::vector<reference::Batch>& parts, int64_t held)
-      : z_(z), slices_(slices), shape_(shape), parts_(parts), held_(held) {}
+           const std::vector<reference::Batch>& parts, int64_t held, bool recompute)
+      : z_(z), slices_(slices), shape_(shape), parts_(parts), held_(held), recompute_(recompute) {}
 
   // Walks `actions`, appending the bytes held after each and the most held during it.
   void Run(const std::vector<Action>& actions, std::vector<int64_t>& held_after, std::vector<int64_t>& peak_during) {
@@ -288,11 +305,29 @@ class RankWalk {
     const int64_t b = parts_[mb].tokens.size(0), t = parts_[mb].time();
     const bool remote_input = InputMessage(shape_, a).has_value();
     const Input input = a.stage == 0 ? Input::kTokens : remote_input ? Input::kReceived : Input::kLocal;
-    const int64_t kept = Retained(z_, slice, input, b, t);
+    // Recomputation keeps the input alone (a received one; the tokens and a local input are held
+    // anyway) and builds no graph: its forward holds only what one op at a time makes.
+    const int64_t kept = recompute_ ? (input == Input::kReceived ? MessageBytes(mb) : 0) : Retained(z_, slice, input, b, t);
     const int64_t output = slice.has_head || Passthrough(slice) ? 0 : MessageBytes(mb);
     held_ += kept + output - (remote_input ? MessageBytes(mb) + kMessageHeaderBytes : 0);
-    Reach(held_ + ForwardTransient(z_, slice, b, t));
+    Reach(held_ + (recompute_ ? GraphlessForwardTransient(z_, slice, b, t) : ForwardTransient(z_, slice, b, t)));
     retained_[{a.stage, mb}] = kept + output;
+  }
+
+  // recompute=1: a B or I first runs the stage's forward again from its kept input, saving what
+  // a forward with its graph saves (Retained, less the input held already) and making the output
+  // again (the backward's root, held until it ends), with the forward's transient on top.
+  void Recompute(const Action& a) {
+    const auto& slice = slices_[a.stage];
+    const int mb = a.microbatch;
+    const int64_t b = parts_[mb].tokens.size(0), t = parts_[mb].time();
+    const bool remote_input = InputMessage(shape_, {ActionKind::kForward, a.stage, mb}).has_value();
+    const Input input = a.stage == 0 ? Input::kTokens : remote_input ? Input::kReceived : Input::kLocal;
+    const int64_t saved = Retained(z_, slice, input, b, t) - (input == Input::kReceived ? MessageBytes(mb) : 0);
+    const int64_t root = slice.has_head || Passthrough(slice) ? 0 : MessageBytes(mb);
+    held_ += saved + root;
+    retained_[{a.stage, mb}] += saved + root;
+    Reach(held_ + ForwardTransient(z_, slice, b, t));
   }
 
   // The previous message to this peer and direction has left; the data now belongs to the send
@@ -339,6 +374,7 @@ class RankWalk {
     // Stage 0's I has no input gradient to compute, and an empty stage nothing at all (its W
     // recomputes nothing either): they run nothing.
     const bool runs = !passthrough && (a.kind != ActionKind::kBackwardInput || a.stage > 0);
+    if (recompute_ && input_part && !passthrough) Recompute(a);
     const bool accumulates = z_.grad == z_.e && has_gradients_.count(a.stage) > 0;
     // W also recomputes the input's gradient where its weights need it.
     const int64_t recomputed = a.kind == ActionKind::kBackwardWeight && a.stage > 0 ? MessageBytes(mb) : 0;
@@ -409,6 +445,7 @@ class RankWalk {
   const PipelineShape& shape_;
   const std::vector<reference::Batch>& parts_;
   int64_t held_ = 0;
+  bool recompute_ = false;
   int64_t peak_ = 0;
   int64_t action_peak_ = 0;
   std::set<int> has_gradients_;                          // stages whose gradients exist this step
@@ -422,8 +459,11 @@ class RankWalk {
 // After the actions: clipping takes each gradient's squared sum in float64 (a tied weight's two
 // gradients summed first, the peer's copy received), AdamW makes two temporaries per parameter,
 // and the first step creates its state. Returns the step's peak from `peak` on.
+// With several replicas, the first step's average across them (after the tied sum, before the
+// clip) allocates a flat bucket of every gradient of the rank, `replica_bucket` bytes, kept from
+// then on (the trainer's persistent buckets).
 int64_t StepEndPeak(const Sizes& z, const PipelineShape& shape, int rank, int64_t step, int64_t& held, int64_t peak,
-                    int64_t largest, int64_t largest_clipped, int64_t state_bytes) {
+                    int64_t largest, int64_t largest_clipped, int64_t state_bytes, int64_t replica_bucket) {
   int64_t clip = largest_clipped * (z.e == 8 ? 8 : 16);
   const int last = shape.stages() - 1;
   const bool owns_tied = z.model.tied && last > 0 && (shape.RankOfStage(0) == rank || shape.RankOfStage(last) == rank);
@@ -432,6 +472,7 @@ int64_t StepEndPeak(const Sizes& z, const PipelineShape& shape, int rank, int64_
     clip = std::max(clip, shape.RankOfStage(0) == shape.RankOfStage(last) ? tied : 2 * tied + 2 * kMessageHeaderBytes);
   }
   const int64_t update = (z.adamw ? 2 * largest * z.e : 0) + (z.grad != z.e ? largest * z.e : 0);
+  if (step == 0) held += replica_bucket;
   peak = std::max(peak, held + clip);
   if (step == 0) held += state_bytes;
   return std::max(peak, held + update);
@@ -457,19 +498,20 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
   }
   for (int64_t step = 0; step < config.train.steps; ++step) {
     const auto batch = reference::MakeBatch(config.train.data, config.train.seed, step);
-    const auto parts = reference::SplitMicrobatches(batch, config.microbatches);
+    const auto parts = ReplicaMicrobatches(config, batch);
     const int64_t batch_bytes = BatchBytes(batch, parts);
     prediction.held_after[step].resize(shape.ranks);
     prediction.peak_during[step].resize(shape.ranks);
     for (int rank = 0; rank < shape.ranks; ++rank) {
       const int64_t param_bytes = params[rank] * z.e;
       const int64_t state_bytes = z.adamw ? 2 * param_bytes : 0;
-      const int64_t start = param_bytes + (step > 0 ? state_bytes : 0) + batch_bytes;
-      RankWalk walk(z, slices, shape, parts, start);
+      const int64_t bucket = config.data_parallel > 1 ? params[rank] * z.grad : 0;
+      const int64_t start = param_bytes + (step > 0 ? state_bytes + bucket : 0) + batch_bytes;
+      RankWalk walk(z, slices, shape, parts, start, config.recompute);
       walk.Run(schedule.ranks[rank], prediction.held_after[step][rank], prediction.peak_during[step][rank]);
       int64_t held = walk.held();
       const int64_t peak = StepEndPeak(z, shape, rank, step, held, std::max(start, walk.peak()), largest[rank],
-                                       largest_clipped[rank], state_bytes);
+                                       largest_clipped[rank], state_bytes, bucket);
       prediction.peak_bytes[rank] = std::max(prediction.peak_bytes[rank], peak);
     }
   }

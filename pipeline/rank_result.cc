@@ -7,6 +7,11 @@
 
 namespace pipecheck::pipeline {
 
+std::string RankResult::Who() const {
+  return replicas > 1 ? "replica " + std::to_string(replica) + " rank " + std::to_string(rank)
+                      : "rank " + std::to_string(rank);
+}
+
 std::string StageCopyKey(const std::string& name, int stage) { return name + "@stage" + std::to_string(stage); }
 
 std::string ParameterName(const std::string& key) { return key.substr(0, key.find("@stage")); }
@@ -71,6 +76,15 @@ std::vector<double> ToDoubles(const torch::Tensor& tensor) {
 torch::Tensor SerializeRankResult(const RankResult& result) {
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   dict.insert("rank", static_cast<int64_t>(result.rank));
+  dict.insert("replica", static_cast<int64_t>(result.replica));
+  dict.insert("replicas", static_cast<int64_t>(result.replicas));
+  std::vector<double> collectives;
+  for (const auto& c : result.collectives) {
+    collectives.insert(collectives.end(), {static_cast<double>(c.step), static_cast<double>(c.elements),
+                                           static_cast<double>(c.bytes), static_cast<double>(c.replicas), c.start_us,
+                                           c.end_us, c.step_start_us});
+  }
+  dict.insert("collectives", Doubles(collectives));
   dict.insert("stages", c10::List<int64_t>(std::vector<int64_t>(result.stages.begin(), result.stages.end())));
   dict.insert("losses", Doubles(result.losses));
   dict.insert("step_ms", Doubles(result.step_ms));
@@ -122,6 +136,14 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   const auto dict = torch::pickle_load(std::vector<char>(data, data + contiguous.numel())).toGenericDict();
   RankResult result;
   result.rank = static_cast<int>(dict.at("rank").toInt());
+  result.replica = static_cast<int>(dict.at("replica").toInt());
+  result.replicas = static_cast<int>(dict.at("replicas").toInt());
+  const auto collectives = ToDoubles(dict.at("collectives").toTensor());
+  for (size_t i = 0; i + 7 <= collectives.size(); i += 7) {
+    const double* c = collectives.data() + i;
+    result.collectives.push_back({static_cast<int64_t>(c[0]), static_cast<int64_t>(c[1]), static_cast<int64_t>(c[2]),
+                                  static_cast<int>(c[3]), c[4], c[5], c[6]});
+  }
   for (int64_t stage : dict.at("stages").toIntVector()) result.stages.push_back(static_cast<int>(stage));
   result.losses = ToDoubles(dict.at("losses").toTensor());
   result.step_ms = ToDoubles(dict.at("step_ms").toTensor());
@@ -185,6 +207,32 @@ std::vector<RankResult> GatherResults(Transport& transport, RankResult own) {
   for (int peer = 1; peer < transport.world_size(); ++peer) {
     transport.Send(torch::zeros({1}, torch::kUInt8), peer, MessageTag(Direction::kResult, peer, 1), std::nullopt)
         ->Wait();
+  }
+  return results;
+}
+
+std::vector<RankResult> GatherReplicas(Transport& replicas, std::vector<RankResult> own) {
+  if (replicas.world_size() == 1) return own;
+  const int replica = replicas.rank();
+  const int64_t count = static_cast<int64_t>(own.size());
+  if (replica != 0) {
+    for (int64_t i = 0; i < count; ++i) {
+      replicas.Send(SerializeRankResult(own[i]), 0, MessageTag(Direction::kResult, static_cast<int>(i), 0), std::nullopt)
+          ->Wait();
+    }
+    replicas.Recv(0, MessageTag(Direction::kResult, 0, 1), torch::kCPU, std::nullopt)->Wait();
+    return {};
+  }
+  std::vector<RankResult> results = std::move(own);
+  for (int peer = 1; peer < replicas.world_size(); ++peer) {
+    for (int64_t i = 0; i < count; ++i) {
+      auto bytes = replicas.Recv(peer, MessageTag(Direction::kResult, static_cast<int>(i), 0), torch::kCPU, std::nullopt)
+                       ->Wait();
+      results.push_back(DeserializeRankResult(bytes));
+    }
+  }
+  for (int peer = 1; peer < replicas.world_size(); ++peer) {
+    replicas.Send(torch::zeros({1}, torch::kUInt8), peer, MessageTag(Direction::kResult, 0, 1), std::nullopt)->Wait();
   }
   return results;
 }

@@ -43,9 +43,22 @@ struct BoundaryRecord {
   reference::Fingerprint fingerprint;
 };
 
+// One data-parallel collective as a rank performed it (the gradient average across replicas).
+struct CollectiveRecord {
+  int64_t step = 0;
+  int64_t elements = 0;  // summed per replica
+  int64_t bytes = 0;
+  int replicas = 1;
+  double start_us = 0.0;  // since the step started, on the run's clock (ActionTiming's)
+  double end_us = 0.0;
+  double step_start_us = 0.0;
+};
+
 // What one rank produced over the whole run.
 struct RankResult {
-  int rank = 0;
+  int rank = 0;     // in its pipeline
+  int replica = 0;  // which replica of the pipeline (data parallelism); 0 with one
+  int replicas = 1;
   std::vector<int> stages;
   std::vector<double> losses;      // per step; only the last stage's rank knows them (NaN elsewhere)
   std::vector<double> step_ms;     // per step, this rank's wall time
@@ -57,6 +70,9 @@ struct RankResult {
   std::vector<ActionTiming> timeline;
   std::vector<BoundaryRecord> boundaries;  // every step's, in the order the rank met them
   std::vector<MessageRecord> messages;     // every step's, in the order the rank posted them
+  std::vector<CollectiveRecord> collectives;  // every step's data-parallel all-reduces, in order
+  // "rank 1", or "replica 1 rank 1" where the run has several replicas: for messages.
+  std::string Who() const;
 };
 
 // A rank records one entry per parameter name; a name that two of its stages hold (the tied
@@ -75,5 +91,11 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes);
 // acknowledgement before returning. Returns all results (indexed by rank) on rank 0, an empty
 // vector elsewhere.
 std::vector<RankResult> GatherResults(Transport& transport, RankResult own);
+
+// Every replica's results on replica 0's rank 0, over the data-parallel group of pipeline rank 0
+// (the replicas' rank 0s): `own` is this replica's GatherResults. Returns every replica's
+// results, replica by replica, each indexed by pipeline rank, on replica 0; an empty vector
+// elsewhere.
+std::vector<RankResult> GatherReplicas(Transport& replicas, std::vector<RankResult> own);
 
 }  // namespace pipecheck::pipeline

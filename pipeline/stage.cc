@@ -10,6 +10,22 @@ std::vector<reference::SliceSpec> StageSlicesOf(const PipelineConfig& config, co
   return StageSlices(PartitionLayers(config.train.model, shape.stages(), config.partition));
 }
 
+CostModel UnitCosts(const PipelineConfig& config) {
+  CostModel costs;
+  if (config.recompute) {
+    costs.backward += costs.forward;
+    costs.backward_input += costs.forward;
+  }
+  return costs;
+}
+
+std::vector<reference::Batch> ReplicaMicrobatches(const PipelineConfig& config, const reference::Batch& batch) {
+  auto parts = reference::SplitMicrobatches(batch, static_cast<int64_t>(config.data_parallel) * config.microbatches);
+  if (config.data_parallel == 1) return parts;
+  const auto first = parts.begin() + static_cast<std::ptrdiff_t>(config.replica) * config.microbatches;
+  return {first, first + config.microbatches};
+}
+
 Stages BuildStages(const PipelineConfig& config, const PipelineShape& shape, int rank) {
   const auto& model = config.train.model;
   const auto slices = StageSlicesOf(config, shape);

@@ -33,7 +33,24 @@ struct PipelineConfig {
   // Where this rank appends each action's start and end as they happen (flight_recorder.h), so a
   // crash or hang can be explained; "" records nothing.
   std::string flight_record;
+  // Replicas of this pipeline (PP x DP) and which one this rank's is. Each replica trains on its
+  // own `microbatches` of the global batch's data_parallel x microbatches (ReplicaMicrobatches);
+  // after the last backward every stage's gradients are averaged across its replicas.
+  int data_parallel = 1;
+  int replica = 0;
+  // Each stage keeps only its input in the forward and runs the forward again in its backward.
+  bool recompute = false;
 };
+
+// The simulator's unit costs for this configuration: a forward 1, a backward 1 (I and W a half
+// each); recomputation runs the forward again at the start of every B and I, so each takes a
+// forward's cost more.
+CostModel UnitCosts(const PipelineConfig& config);
+
+// The microbatches replica `config.replica` trains on: its `microbatches` contiguous ones of the
+// global batch split into data_parallel x microbatches (sizes differ by at most one; each padded
+// to its own longest sequence). At data_parallel 1: the batch's microbatches.
+std::vector<reference::Batch> ReplicaMicrobatches(const PipelineConfig& config, const reference::Batch& batch);
 
 struct Stage {
   int index = 0;

@@ -20,7 +20,8 @@ namespace pipecheck::pipeline {
 
 Schedule BuildSchedule(const PipelineConfig& config) {
   const PipelineShape shape{config.world_size, config.virtual_stages, config.microbatches};
-  const auto fault = MakeFault(config.fault, {config.microbatches, 0, config.world_size, config.train.steps});
+  const auto fault =
+      MakeFault(config.fault, {config.microbatches, 0, config.world_size, config.train.steps, config.data_parallel});
   Schedule lowered = LowerSchedule(ScheduleByName(config.schedule, shape), fault->PostReceivesFirst());
   ValidateSchedule(lowered, {}, config.communication);
   return lowered;
@@ -38,11 +39,16 @@ std::vector<std::pair<int, int>> MessageChannels(const PipelineConfig& config, c
   return channels;
 }
 
-PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport)
-    : config_(config), transport_(transport), fault_(MakeFault(config.fault, {config.microbatches, transport.rank(), config.world_size, config.train.steps})),
+PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport, Transport* replicas)
+    : config_(config), transport_(transport), replicas_(config.data_parallel > 1 ? replicas : nullptr),
+      fault_(MakeFault(config.fault, {config.microbatches, transport.rank(), config.world_size, config.train.steps,
+                                      config.data_parallel})),
       schedule_(BuildSchedule(config)), baseline_bytes_(reference::HeldTensorBytes(config.train.device)) {
   TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
               " but ", transport.world_size(), " ranks were started");
+  TORCH_CHECK(config.data_parallel == 1 || (replicas != nullptr && replicas->world_size() == config.data_parallel),
+              "the scenario has data_parallel ", config.data_parallel, " but this rank's data-parallel group has ",
+              replicas == nullptr ? 1 : replicas->world_size(), " replicas");
   reference::CheckDtypeSupported(config.train.dtype, config.train.device);
   stages_ = BuildStages(config, schedule_.shape, transport.rank());
   accumulator_ = std::make_unique<reference::GradientAccumulator>(OwnedParameters());
@@ -50,6 +56,28 @@ PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transp
   recorder_ = config.flight_record.empty() ? std::make_unique<FlightRecorder>()
                                            : std::make_unique<FlightRecorder>(config.flight_record);
   executor_->SetFlightRecorder(recorder_.get());
+}
+
+double PipelineTrainer::StepStartMicroseconds(const RankResult& result, int64_t step) const {
+  for (auto it = result.timeline.rbegin(); it != result.timeline.rend(); ++it) {
+    if (it->step == step) return it->step_start_us;
+  }
+  return 0.0;
+}
+
+void PipelineTrainer::AverageReplicas(int64_t step, RankResult& result, bool tied_copy_once) {
+  if (replicas_ == nullptr || averaged_this_step_) return;
+  averaged_this_step_ = true;
+  if (fault_->SkipsReplicaAverage(transport_.rank())) return;
+  const auto now = [&] { return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - executor_->ClockOrigin()).count(); };
+  const double start = now();
+  const auto parameters = pipeline::OwnedParameters(stages_, config_.train.model.tied, !tied_copy_once);
+  const auto traffic = AverageAcrossReplicas(parameters, fault_->ReplicaDivisor(config_.data_parallel), *replicas_,
+                                             replica_buckets_);
+  const double end = now();
+  const double step_start = StepStartMicroseconds(result, step);
+  result.collectives.push_back({step, traffic.elements, traffic.bytes, config_.data_parallel, start - step_start,
+                                end - step_start, step_start});
 }
 
 void PipelineTrainer::RecordPhase(int64_t step, const std::string& what, int peer) {
@@ -94,14 +122,18 @@ reference::NamedTensors PipelineTrainer::GradientCopies() const {
   return gradients;
 }
 
-// Tied sums, then the global clip (in the other order under clip_before_tied_sync).
-void PipelineTrainer::SynchroniseGradients(RankResult& result) {
+// Tied sums within the pipeline, the average across replicas, then the global clip (in other
+// orders under clip_before_tied_sync and dp_average_before_tied_sum).
+void PipelineTrainer::SynchroniseGradients(int64_t step, RankResult& result) {
   if (fault_->ClipsBeforeTiedSync()) {
     result.grad_norms.push_back(ClipGradients(stages_, config_, *fault_, transport_));
     SyncTiedGradients(stages_, config_, schedule_.shape, *fault_, transport_);
+    AverageReplicas(step, result);
     return;
   }
+  if (fault_->AveragesBeforeTiedSum()) AverageReplicas(step, result, /*tied_copy_once=*/true);
   SyncTiedGradients(stages_, config_, schedule_.shape, *fault_, transport_);
+  AverageReplicas(step, result);
   result.grad_norms.push_back(ClipGradients(stages_, config_, *fault_, transport_));
 }
 
@@ -137,12 +169,25 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   }
   reference::StepWindow window(baseline_bytes_, config_.train.device);
   const auto batch = reference::MakeBatch(config_.train.data, config_.train.seed, step);
-  const torch::Tensor loss = executor_->Run(step, batch, window, result.timeline, result.boundaries);
+  averaged_this_step_ = false;
+  if (replicas_ != nullptr && fault_->AveragesAfterFirstMicrobatch()) {
+    executor_->SetAfterBackward([&](const Action& action) {
+      if (action.microbatch == 0) AverageReplicas(step, result);
+    });
+  }
+  torch::Tensor loss = executor_->Run(step, batch, window, result.timeline, result.boundaries);
+  executor_->SetAfterBackward({});
   accumulator_->Finish();
   fault_->AfterAccumulation(OwnedParameters());
   RecordPhase(step, "gradient_sync", -1);  // tied sums and the clipping norm: collectives with every owner
-  SynchroniseGradients(result);
+  SynchroniseGradients(step, result);
   EndPhase();
+  if (replicas_ != nullptr && loss.defined()) {
+    // The step's loss over the whole global batch: the replicas' terms averaged, as their gradients are.
+    auto total = loss.reshape({1}).to(torch::kCPU, torch::kFloat64).contiguous();
+    replicas_->AllReduceSum(total);
+    loss = total[0] / config_.data_parallel;
+  }
   const auto messages = transport_.Stop();
   result.messages.insert(result.messages.end(), messages.begin(), messages.end());
   window.PauseForCopies();
@@ -161,6 +206,8 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
 RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankResult&)>& after_step) {
   RankResult result;
   result.rank = transport_.rank();
+  result.replica = config_.replica;
+  result.replicas = config_.data_parallel;
   for (const auto& stage : stages_) result.stages.push_back(stage->index);
   transport_.OpenChannels(MessageChannels(config_, schedule_));
   AlignClocks();

@@ -16,6 +16,7 @@
 #include "pipeline/executor.h"
 #include "pipeline/faults.h"
 #include "pipeline/flight_recorder.h"
+#include "pipeline/gradient_sync.h"
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
@@ -35,7 +36,9 @@ std::vector<std::pair<int, int>> MessageChannels(const PipelineConfig& config, c
 
 class PipelineTrainer {
  public:
-  PipelineTrainer(const PipelineConfig& config, Transport& transport);
+  // `replicas`: the data-parallel group of this pipeline rank (ConnectGroups), borrowed; null
+  // with one replica.
+  PipelineTrainer(const PipelineConfig& config, Transport& transport, Transport* replicas = nullptr);
   ~PipelineTrainer();
 
   // One training step on MakeBatch(seed, step); returns this rank's record of it.
@@ -54,11 +57,18 @@ class PipelineTrainer {
   std::vector<torch::Tensor> OwnedParameters() const;  // with the tied copy
   reference::NamedTensors WeightCopies() const;        // detached copies of this rank's parameters
   reference::NamedTensors GradientCopies() const;
-  void SynchroniseGradients(RankResult& result);
+  void SynchroniseGradients(int64_t step, RankResult& result);
+  // The data-parallel average of every owned gradient (the tied copy counted unless
+  // `tied_copy_once`), recorded with its timing; nothing with one replica.
+  void AverageReplicas(int64_t step, RankResult& result, bool tied_copy_once = false);
+  double StepStartMicroseconds(const RankResult& result, int64_t step) const;
   void AlignClocks();  // sets the executor's clock origin, the same instant on every rank
 
   PipelineConfig config_;
-  RecordingTransport transport_;  // every step's messages recorded, for the communication check
+  RecordingTransport transport_;
+  Transport* replicas_ = nullptr;  // the data-parallel group; null with one replica
+  bool averaged_this_step_ = false;
+  ReplicaBuckets replica_buckets_;  // the data-parallel average's flat buckets, kept from step to step  // every step's messages recorded, for the communication check
   std::unique_ptr<Fault> fault_;  // the injected fault: the correct pipeline's no-op hooks unless a scenario names one
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending

@@ -9,6 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <algorithm>
 
 #include "pipeline/c10d_compat.h"
@@ -176,6 +178,15 @@ class GlooTransport : public Transport {
 
   void Barrier() override { group_->barrier()->wait(); }
 
+  // Gloo's ring all-reduce: each chunk is summed on one rank and copied to the others, so every
+  // rank gets the same bits. CUDA tensors (staged) go through host memory.
+  void AllReduceSum(torch::Tensor& tensor) override {
+    TORCH_CHECK(tensor.is_contiguous(), "all-reduce needs a contiguous tensor");
+    std::vector<torch::Tensor> buffer = {tensor.is_cuda() ? tensor.cpu() : tensor};
+    group_->allreduce(buffer)->wait();
+    if (tensor.is_cuda()) tensor.copy_(buffer[0]);
+  }
+
  private:
   c10::intrusive_ptr<c10d::Store> store_;
   compat::GlooGroup group_;
@@ -197,6 +208,7 @@ class SoloTransport : public Transport {
   }
   std::vector<double> AllGather(double value) override { return {value}; }
   void Barrier() override {}
+  void AllReduceSum(torch::Tensor& /*tensor*/) override {}  // the sum over one rank
 };
 
 bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
@@ -260,6 +272,45 @@ std::unique_ptr<Transport> Connect(const RendezvousOptions& options, const std::
                                     options.rank == 0 && options.serve_store, options.world_size, options.timeout);
   if (kind == "nccl") return MakeNcclTransport(store, options, device);
   return MakeGlooTransport(store, MakeGloo(store, options), options, kind == "staged");
+}
+
+ProcessGroups ConnectGroups(const RendezvousOptions& options, int pipeline_size, const std::string& kind,
+                            torch::Device device) {
+  TORCH_CHECK(pipeline_size >= 1 && options.world_size % pipeline_size == 0, "a run of ", options.world_size,
+              " processes cannot hold whole pipelines of ", pipeline_size, " ranks");
+  ProcessGroups groups;
+  groups.replica = options.rank / pipeline_size;
+  groups.pipeline_rank = options.rank % pipeline_size;
+  const int replicas = options.world_size / pipeline_size;
+  if (replicas == 1) {
+    groups.pipeline = Connect(options, kind, device);
+    groups.data_parallel = std::make_unique<SoloTransport>();
+    return groups;
+  }
+  TORCH_CHECK(options.master_port > 0 && options.master_port < 65536, "MASTER_PORT ", options.master_port,
+              " is not a port");
+  auto store = compat::MakeTcpStore(options.master_addr, static_cast<uint16_t>(options.master_port),
+                                    options.rank == 0 && options.serve_store, options.world_size, options.timeout);
+  RendezvousOptions pipeline = options;
+  pipeline.rank = groups.pipeline_rank;
+  pipeline.world_size = pipeline_size;
+  if (pipeline_size == 1) {
+    groups.pipeline = std::make_unique<SoloTransport>();
+  } else {
+    TORCH_CHECK(kind == "gloo" || kind == "staged" || kind == "nccl", "unknown transport '", kind,
+                "' (gloo, staged, nccl)");
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(fmt::format("pipeline{}", groups.replica), store);
+    groups.pipeline = kind == "nccl" ? MakeNcclTransport(prefixed, pipeline, device)
+                                     : MakeGlooTransport(prefixed, MakeGloo(prefixed, pipeline), pipeline,
+                                                         kind == "staged");
+  }
+  RendezvousOptions data_parallel = options;
+  data_parallel.rank = groups.replica;
+  data_parallel.world_size = replicas;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(fmt::format("replicas{}", groups.pipeline_rank), store);
+  groups.data_parallel = MakeGlooTransport(prefixed, MakeGloo(prefixed, data_parallel), data_parallel,
+                                           /*staged=*/device.is_cuda());
+  return groups;
 }
 
 std::unique_ptr<Transport> ConnectGloo(const RendezvousOptions& options) {

@@ -87,6 +87,13 @@ class Transport {
   // Every rank's `value`, indexed by rank, identical on every rank (over the device group).
   virtual std::vector<double> AllGather(double value) = 0;
   virtual void Barrier() = 0;
+  // Sums `tensor` elementwise over every rank of the group, in place; every rank ends with the
+  // same bits (a data-parallel group's gradient bucket). Only the groups ConnectGroups makes for
+  // data parallelism implement it.
+  virtual void AllReduceSum(torch::Tensor& tensor) {
+    TORCH_CHECK(false, "the ", name(), " transport has no all-reduce (only a data-parallel group does): ",
+                tensor.numel(), " elements");
+  }
   // Throws if a message received since the last call broke the discipline (headers a transport
   // could only read off the device later: nccl). Called where the step's work is done.
   virtual void CheckReceived() {}
@@ -106,6 +113,22 @@ struct RendezvousOptions {
 // a transport that refuses to send: the degenerate pipeline never communicates.
 std::unique_ptr<Transport> Connect(const RendezvousOptions& options, const std::string& kind, torch::Device device);
 std::unique_ptr<Transport> ConnectGloo(const RendezvousOptions& options);  // Connect(options, "gloo", cpu)
+
+// The two groups a rank of a pipeline x data-parallel run belongs to. Of `options`' world_size
+// processes (global ranks), global rank g is replica g / pipeline_size's pipeline rank
+// g % pipeline_size. `pipeline` connects one replica's ranks (rank() = the pipeline rank) over
+// transport `kind`; `data_parallel` connects the ranks of every replica at the same pipeline rank
+// (rank() = the replica) over Gloo, CUDA tensors staged through host memory. Both over one
+// TCPStore, each group under its own prefix. A group of one rank is a transport that refuses
+// messages; with one replica, the pipeline group is exactly Connect's.
+struct ProcessGroups {
+  std::unique_ptr<Transport> pipeline;
+  std::unique_ptr<Transport> data_parallel;
+  int replica = 0;
+  int pipeline_rank = 0;
+};
+ProcessGroups ConnectGroups(const RendezvousOptions& options, int pipeline_size, const std::string& kind,
+                            torch::Device device);
 
 // Whether this build has the nccl transport (a LibTorch with CUDA and c10d's NCCL backend).
 bool NcclAvailable();

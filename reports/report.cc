@@ -52,6 +52,8 @@ const Fields<SummaryRow>& SummaryFields() {
       field::Text("fingerprint", &R::fingerprint),
       field::Text("config", &R::config),
       field::Text("trainer", &R::trainer),
+      field::Integer("data_parallel", &R::data_parallel),
+      field::Flag("recompute", &R::recompute),
   };
   return fields;
 }
@@ -66,6 +68,7 @@ const Fields<ParamRow>& ParamFields() {
       field::Integer("numel", &R::numel),        field::Real("ref_norm", &R::ref_norm),
       field::Real("pp_norm", &R::pp_norm),       field::Real("max_abs_diff", &R::max_abs_diff),
       field::Real("rel_err", &R::rel_err),       field::Flag("ok", &R::ok),
+      field::Integer("replica", &R::replica),
   };
   return fields;
 }
@@ -114,6 +117,7 @@ const Fields<RankRow>& RankFields() {
       field::OptionalInteger("peak_bytes_predicted", &R::peak_bytes_predicted),
       field::OptionalReal("step_ms", &R::step_ms),
       field::OptionalReal("step_ms_predicted", &R::step_ms_predicted),
+      field::Integer("replica", &R::replica),
   };
   return fields;
 }
@@ -168,6 +172,7 @@ const Fields<CommRow>& CommFields() {
       field::OptionalInteger("bytes", &R::bytes),
       field::Text("planned", &R::planned),
       field::Flag("ok", &R::ok),
+      field::Integer("replica", &R::replica),
   };
   return fields;
 }

@@ -43,6 +43,8 @@ struct SummaryRow {
   std::optional<int64_t> pp_tokens_per_s_runs;   // how many runs a baseline row merged
   std::string fingerprint, config;
   std::string trainer = "pipecheck";  // who trained: pipecheck, torch or external:PATH (as the suite says)
+  int64_t data_parallel = 1;          // replicas of the pipeline
+  bool recompute = false;             // activations recomputed in the backward
 };
 
 // summary.csv's columns, in file order: the one list.
@@ -54,6 +56,7 @@ struct ParamRow {
   int64_t stage = 0, rank = 0, numel = 0;
   double ref_norm = 0, pp_norm = 0, max_abs_diff = 0, rel_err = 0;
   bool ok = false;
+  int64_t replica = 0;  // which replica of the pipeline held it (data_parallel > 1)
 };
 const Fields<ParamRow>& ParamFields();
 
@@ -91,6 +94,7 @@ struct RankRow {
   std::optional<double> busy_ms, idle_ms, comm_ms;
   std::optional<int64_t> peak_bytes_predicted;
   std::optional<double> step_ms, step_ms_predicted;
+  int64_t replica = 0;
 };
 const Fields<RankRow>& RankFields();
 
@@ -129,6 +133,7 @@ struct CommRow {
   std::optional<int64_t> bytes;
   std::string planned;           // the plan's message there, in words ("none")
   bool ok = false;
+  int64_t replica = 0;
 };
 const Fields<CommRow>& CommFields();
 

@@ -26,11 +26,11 @@
 namespace pipecheck::scenarios {
 namespace {
 
-constexpr std::array<const char*, 30> kColumnNames = {
+constexpr std::array<const char*, 31> kColumnNames = {
     "name",        "flavor",       "layers", "hidden",   "heads",          "ffn",   "vocab",
     "tied",        "world_size",   "schedule", "virtual_stages", "transport", "partition", "batch", "microbatches",
     "seq_len",     "seq_len_min",  "dtype",  "steps",    "optimizer",      "lr",    "clip",
-    "recompute",   "seed",         "device", "tol",      "fault",          "expect",
+    "recompute",   "data_parallel", "seed",         "device", "tol",      "fault",          "expect",
     "trainer",     "note"};
 constexpr size_t kColumnCount = kColumnNames.size();
 
@@ -290,6 +290,7 @@ const std::array<Column, kColumnCount>& Columns() {
       RealColumn(&Scenario::lr, 0.0, /*min_allowed=*/false),
       RealColumn(&Scenario::clip, 0.0, /*min_allowed=*/true),
       FlagColumn(&Scenario::recompute),
+      IntegerColumn(&Scenario::data_parallel, 1, kMaxWorldSize),
       Column{[](Scenario& s, const std::string& v) { s.seed = ParseSeed(v); },
              [](const Scenario& s) { return std::to_string(s.seed); }},
       ChoiceColumn(&Scenario::device, kDevices),
@@ -414,6 +415,33 @@ void CheckTrainer(Scenario& s, unsigned line, const Locator& at) {
   }
 }
 
+// Data parallelism and recomputation: pipecheck's own trainer runs both; another trainer is handed
+// neither (the protocol has no replicas), so a row asking for them there is refused, not ignored.
+void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
+  if (s.ExternalTrainer() && s.data_parallel > 1) {
+    throw at.At(line, "data_parallel", std::to_string(s.data_parallel),
+                fmt::format("trainer {} is judged one pipeline at a time: data_parallel needs trainer=pipecheck",
+                            s.trainer));
+  }
+  if (s.ExternalTrainer() && s.recompute) {
+    throw at.At(line, "recompute", "1",
+                fmt::format("trainer {} recomputes as it was written to: recompute needs trainer=pipecheck", s.trainer));
+  }
+  if (s.world_size * s.data_parallel > kMaxWorldSize) {
+    throw at.At(line, "data_parallel", std::to_string(s.data_parallel),
+                fmt::format("world_size {} x data_parallel {} = {} processes, more than {}", s.world_size,
+                            s.data_parallel, s.world_size * s.data_parallel, kMaxWorldSize));
+  }
+  // The global batch splits into data_parallel x microbatches microbatches, each replica taking
+  // its own `microbatches` of them, contiguous (docs/scenarios.md).
+  if (s.data_parallel * s.microbatches > s.batch) {
+    throw at.At(line, "data_parallel", std::to_string(s.data_parallel),
+                fmt::format("data_parallel {} x microbatches {} = {} microbatches, more than batch {}: every "
+                            "replica's microbatch needs a sequence", s.data_parallel, s.microbatches,
+                            s.data_parallel * s.microbatches, s.batch));
+  }
+}
+
 // Rules that involve several columns; defaults resolved first. One list of independent rules, each
 // its own few lines naming the columns it relates, in the order the first broken one is reported.
 void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
@@ -479,11 +507,7 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
     const std::string problem = CurrentVocabulary()->schedule_problem(s);
     if (!problem.empty()) throw at.At(line, "schedule", s.schedule, problem);
   }
-  if (s.recompute) {
-    throw at.At(line, "recompute", "1",
-                "activation recomputation is not implemented in this version; use 0 (a run must not silently "
-                "ignore it)");
-  }
+  CheckLayout(s, line, at);
   const auto counts = s.PartitionCounts();
   if (!counts.empty()) {
     const int64_t stages = s.world_size * s.virtual_stages;
@@ -590,6 +614,8 @@ std::string Configuration(const Scenario& scenario) {
     // Rows of pipecheck's own trainer keep the configuration (and fingerprint) they had before
     // trainers were a column.
     if (column == "trainer" && !scenario.ExternalTrainer()) continue;
+    // Likewise rows of one pipeline keep the fingerprint they had before replicas were a column.
+    if (column == "data_parallel" && scenario.data_parallel == 1) continue;
     std::string shown = value;
     if (column == "schedule" && scenario.schedule.rfind("csv:", 0) == 0) {
       std::ifstream stream(scenario.schedule.substr(4), std::ios::binary);

@@ -42,7 +42,10 @@ struct Scenario {
   std::string optimizer = "adamw";
   double lr = 1e-3;
   double clip = 0.0;
-  bool recompute = false;
+  bool recompute = false;  // keep only each stage's input in the forward; recompute the rest in the backward
+  // Replicas of the pipeline (PP x DP): world_size stays one pipeline's ranks, and a run starts
+  // world_size x data_parallel processes.
+  int64_t data_parallel = 1;
   uint64_t seed = 1234;
   std::string device = "cpu";
   double tol = 0.0;  // resolved from dtype when not given
@@ -68,6 +71,8 @@ struct Scenario {
   std::vector<int64_t> PartitionCounts() const;
   // Whether another trainer than pipecheck's own is under test (torch or external:PATH).
   bool ExternalTrainer() const { return trainer != "pipecheck"; }
+  // Every process of the run: world_size x data_parallel.
+  int64_t Processes() const { return world_size * data_parallel; }
 };
 
 // The columns, in docs/scenarios.md order.
