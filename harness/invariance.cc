@@ -67,6 +67,8 @@ std::string Label(const Scenario& s, const Scenario& base, const std::string& pa
   if (s.virtual_stages > 1) label += fmt::format(".v{}", s.virtual_stages);
   label += "." + partition_label;
   if (s.microbatches != base.microbatches) label += fmt::format(".m{}", s.microbatches);
+  if (s.data_parallel > 1) label += fmt::format(".dp{}", s.data_parallel);
+  if (s.recompute) label += ".rc";
   return label;
 }
 
@@ -86,8 +88,8 @@ std::string ProblemOf(const Scenario& s, const std::string& label) {
 // What makes two variants the same pipeline: sizes, schedule and each stage's layer count.
 std::string Identity(const Scenario& s) {
   const auto counts = pipeline::PartitionLayers(ToModelConfig(s), s.world_size * s.virtual_stages, s.partition);
-  return fmt::format("{}|{}|{}|{}|{}", s.world_size, s.schedule, s.virtual_stages, s.microbatches,
-                     fmt::join(counts, ";"));
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}", s.world_size, s.schedule, s.virtual_stages, s.microbatches,
+                     fmt::join(counts, ";"), s.data_parallel, s.recompute);
 }
 
 // The model's units in order, each stage's units, and names for them.
@@ -213,6 +215,18 @@ std::vector<Variant> InvarianceVariants(const Scenario& base, const InvarianceOp
   for (const int64_t m : options.microbatches) {
     with(base.world_size, base.schedule, base.virtual_stages, base.partition, base_partition_label, m, "microbatches");
   }
+  // Replicas of the base's pipeline (data parallelism changes the order of the gradient sum), and
+  // the base with recomputation switched (which changes no arithmetic).
+  std::vector<int64_t> replica_counts = options.data_parallel;
+  if (replica_counts.empty()) replica_counts = {1, 2};
+  for (const int64_t dp : replica_counts) {
+    with(base.world_size, base.schedule, base.virtual_stages, base.partition, base_partition_label, base.microbatches,
+         "data_parallel");
+    std::get<0>(candidates.back()).data_parallel = dp;
+  }
+  with(base.world_size, base.schedule, base.virtual_stages, base.partition, base_partition_label, base.microbatches,
+       "recompute");
+  std::get<0>(candidates.back()).recompute = !base.recompute;
 
   return RunnableVariants(base, std::move(candidates), skipped);
 }
@@ -227,7 +241,8 @@ ArithmeticKey ArithmeticOf(const Scenario& scenario) {
   ArithmeticKey key;
   key.device = scenario.device;
   key.dtype = scenario.dtype;
-  key.microbatches = scenario.microbatches;
+  key.microbatches = scenario.microbatches * scenario.data_parallel;  // the global batch's split
+  key.data_parallel = scenario.data_parallel;
   for (const auto& actions : schedule.ranks) {
     for (const auto& action : actions) {
       // Parameter gradients are added into .grad by a full backward or by a weight-gradient step.
@@ -275,6 +290,10 @@ std::string ArithmeticDifference(const ArithmeticKey& a, const ArithmeticKey& b)
   if (a.dtype != b.dtype) return fmt::format("dtype {} vs {}", a.dtype, b.dtype);
   if (a.microbatches != b.microbatches) {
     return fmt::format("{} vs {} microbatches: other rows in each matmul", a.microbatches, b.microbatches);
+  }
+  if (a.data_parallel != b.data_parallel) {
+    return fmt::format("{} vs {} replicas: each replica sums its own microbatches' gradients, then the replicas' "
+                       "sums are added and divided by their count", a.data_parallel, b.data_parallel);
   }
   // With one microbatch both ways are one sum of two terms, and addition commutes.
   if (a.tied && a.microbatches > 1 && a.tied_in_one_stage != b.tied_in_one_stage) {

@@ -15,6 +15,8 @@
 //  - with clipping: how the squared norms are grouped, one partial sum per rank over its units in
 //    order, then over ranks in rank order;
 //  - the device and dtype, with the same intra-op threads in every variant.
+//  - the replicas (data_parallel): each sums its own microbatches, then the replicas' sums are
+//    added and divided by their count;
 // Where a layer runs, how many ranks there are, empty stages, the transport and recomputation
 // change none of these: a layer's arithmetic on a microbatch is the same wherever it runs, and
 // float64 messages carry their bits unchanged. That is the claim the bitwise assertion tests.
@@ -38,6 +40,7 @@ struct InvarianceOptions {
   bool full = false;  // the cross product of world sizes x partitions x schedules; else one axis at a time
   std::vector<int64_t> world_sizes;   // empty: 1..max(4, the scenario's)
   std::vector<int64_t> microbatches;  // further microbatch counts (each changes the arithmetic)
+  std::vector<int64_t> data_parallel; // replica counts to try (empty: 1 and 2); recompute is always tried both ways
   int threads = 1;                    // intra-op threads per rank, the same in every variant
   double timeout_seconds = 0.0;       // per variant; 0: sized to it
 };
@@ -64,8 +67,9 @@ std::vector<Variant> InvarianceVariants(const scenarios::Scenario& base, const I
 struct ArithmeticKey {
   std::string device;
   std::string dtype;
-  int64_t microbatches = 1;
-  std::vector<std::pair<std::string, std::vector<int>>> accumulation;  // unit -> microbatch order
+  int64_t microbatches = 1;   // of the global batch (data_parallel x each replica's)
+  int64_t data_parallel = 1;  // replicas whose sums are averaged
+  std::vector<std::pair<std::string, std::vector<int>>> accumulation;  // unit -> microbatch order (per replica)
   std::vector<int> loss_order;
   bool tied_in_one_stage = false;  // only meaningful when tied
   bool tied = false;

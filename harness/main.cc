@@ -439,6 +439,9 @@ Command AddInvariance(CLI::App& app) {
   command->add_option("--microbatches", invariance.microbatches,
                       "Further microbatch counts to try (each changes the arithmetic)")
       ->delimiter(',')->check(CLI::Range(1, 65535));
+  command->add_option("--data-parallel", invariance.data_parallel,
+                      "Replica counts to try (default 1,2; each count changes the order of the gradient sum)")
+      ->delimiter(',')->check(CLI::Range(1, 64));
   AddDevice(command, options->device, "Override the scenario's device");
   command->add_option("--threads", invariance.threads, "Intra-op threads per rank, the same in every variant")
       ->check(ThreadCount())->capture_default_str();
@@ -474,6 +477,9 @@ struct ScheduleOptions {
   int virtual_stages = 1;
   bool virtual_given = false;
   double backward_cost = 2.0;
+  bool recompute = false;     // every B and I runs its stage's forward again first
+  int data_parallel = 1;      // replicas, each rank's gradients averaged after its last backward
+  double allreduce_cost = 1.0;
 };
 
 int PrintSchedule(ScheduleOptions options) {
@@ -493,6 +499,15 @@ int PrintSchedule(ScheduleOptions options) {
   CostModel weighted;
   weighted.backward = options.backward_cost;
   weighted.backward_input = weighted.backward_weight = options.backward_cost / 2;  // a split B costs what B does
+  if (options.recompute) {
+    // The forward again at the start of every B and I (the trainer's recompute=1).
+    for (CostModel* costs : {&equal, &weighted}) {
+      costs->backward += costs->forward;
+      costs->backward_input += costs->forward;
+    }
+    fmt::print("recompute: every B and I first runs its stage's forward again (B = {:g}, I = {:g}, W = {:g} with "
+               "F = 1)\n\n", weighted.backward, weighted.backward_input, weighted.backward_weight);
+  }
   const auto result = ValidateSchedule(lowered, weighted, CommunicationModel::kDeviceStreams);
   const auto equal_result = ValidateSchedule(lowered, equal, CommunicationModel::kDeviceStreams);
   const auto streams = Simulate(lowered, SendSemantics::kDeviceStreams, weighted);
@@ -503,6 +518,20 @@ int PrintSchedule(ScheduleOptions options) {
              options.backward_cost, equal_result.bubble,
              static_cast<double>(shape.ranks - 1) / (shape.microbatches + shape.ranks - 1));
   fmt::print("peak in-flight microbatches per rank: {}\n", fmt::join(result.peak_in_flight, " "));
+  if (options.data_parallel > 1) {
+    // Each rank averages its gradients across the replicas once its last action is done; every
+    // replica runs the same list, so each rank's all-reduce meets its peers' at the same time.
+    double step = 0.0;
+    std::vector<std::string> spans;
+    for (int rank = 0; rank < shape.ranks; ++rank) {
+      const double start = result.finish[rank];
+      step = std::max(step, start + options.allreduce_cost);
+      spans.push_back(fmt::format("rank {} [{:g}, {:g})", rank, start, start + options.allreduce_cost));
+    }
+    fmt::print("data parallel over {} replicas: each rank's gradient all-reduce (cost {:g}) after its last backward: "
+               "{}; step makespan {:g} (the pipeline alone {:g})\n",
+               options.data_parallel, options.allreduce_cost, fmt::join(spans, ", "), step, result.makespan);
+  }
   std::string formula;
   if (const auto published = PublishedMakespan(compute.name, compute.shape, weighted, &formula)) {
     const double busy = std::accumulate(result.busy.begin(), result.busy.end(), 0.0);
@@ -550,6 +579,14 @@ Command AddSchedule(CLI::App& app) {
                              ->check(CLI::Range(1, 64));
   command->add_option("--backward-cost", options->backward_cost, "Backward duration relative to forward")
       ->check(FiniteIn(0.01, 100, "a backward/forward cost ratio from 0.01 to 100"))->capture_default_str();
+  command->add_flag("--recompute", options->recompute,
+                    "Activation recomputation: every B and I runs its stage's forward again first");
+  command->add_option("--data-parallel", options->data_parallel,
+                      "Replicas of the pipeline: shows each rank's gradient all-reduce after its last backward")
+      ->check(CLI::Range(1, 1024))->capture_default_str();
+  command->add_option("--allreduce-cost", options->allreduce_cost,
+                      "The gradient all-reduce's duration relative to a forward (with --data-parallel)")
+      ->check(FiniteIn(0.0, 1000, "an all-reduce/forward cost ratio from 0 to 1000"))->capture_default_str();
   return {command, "schedule", [options, virtual_stages] {
             ScheduleOptions given = *options;
             given.virtual_given = virtual_stages->count() > 0;

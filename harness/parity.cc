@@ -124,6 +124,7 @@ struct Verdicts {
   std::map<std::tuple<std::string, int, int>, Worst> worst_by_param;  // (name, replica, rank)
   double grad_max_rel = 0.0;
   std::string worst_param;
+  std::string worst_where;  // who held it: "replica 1 rank 0 (stage 0)"
   size_t worst_step = 0;
   double update_max_rel = 0.0;
   double loss_max_abs_diff = 0.0;  // free-running trajectory
@@ -290,6 +291,7 @@ void JudgeGradients(size_t step, const std::vector<pipeline::RankResult>& ranks,
       if (error.rel >= worst.error.rel) worst = {error, step, ref.numel()};
       if (error.rel > verdicts.grad_max_rel || verdicts.worst_param.empty()) {
         verdicts.grad_max_rel = error.rel, verdicts.worst_param = name, verdicts.worst_step = step;
+        verdicts.worst_where = Where(rank, item.key(), slices);
       }
       if (error.pp_norm == 0.0 && error.ref_norm > floor) {
         verdicts.problems.Add(step, Evidence::kGradients,
@@ -518,6 +520,15 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
   return start;
 }
 
+// After the first failure: how many more, and where the gradients went most wrong when that is
+// not what the first says (a wrong boundary tensor first, the parameter it spoiled most after).
+std::string MoreFailures(size_t more, const Verdicts& verdicts, double tol) {
+  if (more == 0) return "";
+  if (!(verdicts.grad_max_rel > tol) || verdicts.worst_param.empty()) return fmt::format(" (+{} more)", more);
+  return fmt::format(" (+{} more; worst gradient {} at step {} on {}: rel err {:.3g})", more, verdicts.worst_param,
+                     verdicts.worst_step, verdicts.worst_where, verdicts.grad_max_rel);
+}
+
 }  // namespace
 
 // Absolute error a floored gradient may carry = tol x floor x global norm: float64 1e-14, float32
@@ -590,7 +601,7 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
                                      "the reference's update (worst rel err {:.3g}); {}",
                                      verdicts.worst_param, verdicts.worst_step, verdicts.grad_max_rel,
                                      verdicts.update_max_rel, verdicts.trajectory_note)
-                       : failures.front() + (failures.size() > 1 ? fmt::format(" (+{} more)", failures.size() - 1) : "");
+                       : failures.front() + MoreFailures(failures.size() - 1, verdicts, scenario.tol);
   return report;
 }
 

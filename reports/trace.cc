@@ -22,7 +22,8 @@ struct Event {
   double wait_start = 0, start = 0, end = 0;
   std::string held_bytes, held_bytes_predicted, peak_bytes, peak_bytes_predicted;
 
-  std::string Name() const { return fmt::format("{}{}{}", stage, kind, microbatch); }
+  // "1F3"; a step-wide action (the data-parallel ALLREDUCE, stage -1) by its kind alone.
+  std::string Name() const { return stage < 0 ? kind : fmt::format("{}{}{}", stage, kind, microbatch); }
 };
 
 std::string Bytes(const std::optional<int64_t>& bytes) { return bytes ? std::to_string(*bytes) : ""; }
@@ -57,6 +58,7 @@ std::string FillOf(const std::string& kind) {
   if (kind == "B") return "#E69F00";
   if (kind == "I") return "#D55E00";
   if (kind == "W") return "#009E73";
+  if (kind == "ALLREDUCE") return "#CC79A7";
   return "#999999";
 }
 
@@ -183,9 +185,13 @@ std::string TimelineSvg(const ScenarioReport& report) {
                        at, axis_y + 10, span / 1000.0 * tick / 10.0);
   }
   double legend_x = kLeft;
-  for (const auto& [label, fill] : std::vector<std::pair<std::string, std::string>>{
-           {"F forward", FillOf("F")}, {"B backward", FillOf("B")}, {"I input gradient", FillOf("I")},
-           {"W weight gradient", FillOf("W")}, {"send/receive", FillOf("SEND_F")}, {"waiting for a message", "url(#wait)"}}) {
+  std::vector<std::pair<std::string, std::string>> legend = {
+      {"F forward", FillOf("F")}, {"B backward", FillOf("B")}, {"I input gradient", FillOf("I")},
+      {"W weight gradient", FillOf("W")}, {"send/receive", FillOf("SEND_F")}, {"waiting for a message", "url(#wait)"}};
+  if (std::any_of(events.begin(), events.end(), [](const Event& e) { return e.kind == "ALLREDUCE"; })) {
+    legend.emplace_back("all-reduce across replicas", FillOf("ALLREDUCE"));
+  }
+  for (const auto& [label, fill] : legend) {
     svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"14\" height=\"14\" fill=\"{}\"/><text x=\"{:.1f}\" "
                        "y=\"{:.1f}\">{}</text>\n",
                        legend_x, axis_y + 24, fill, legend_x + 18, axis_y + 35, label);

@@ -42,18 +42,18 @@ const std::map<std::string, std::string> kExpectedMessage = {
     // Where the fault shows at a stage boundary, the first wrong boundary tensor comes first.
     {"detach_input", "^step 0, microbatch 0: gradient into stage 0 \\(from rank 1\\) rel err 1 > tol"},
     {"mean_of_microbatch_means", "^step 0, microbatch 0: gradient into stage 0 \\(from rank 1\\) rel err .* against the reference cut"},
-    {"grad_scale_per_microbatch", "^gradient of tok_embeddings.weight at step 0 on rank 0: rel err"},
-    {"zero_grad_per_microbatch", "^gradient of tok_embeddings.weight at step 0 on rank 0: rel err"},
+    {"grad_scale_per_microbatch", "^gradient of tok_embeddings.weight at step 0 on rank 0 \\(stage 0\\): rel err"},
+    {"zero_grad_per_microbatch", "^gradient of tok_embeddings.weight at step 0 on rank 0 \\(stage 0\\): rel err"},
     {"drop_microbatch", "^step 0, microbatch 3: gradient into stage 0 \\(from rank 1\\) rel err 1 > tol"},
-    {"local_clip", "^gradient of .* at step 0 on rank [01]: rel err"},
-    {"tied_norm_twice", "^gradient of .* at step 0 on rank [01]: rel err"},
+    {"local_clip", "^gradient of .* at step 0 on rank [01] \\(stage [01]\\): rel err"},
+    {"tied_norm_twice", "^gradient of .* at step 0 on rank [01] \\(stage [01]\\): rel err"},
     {"skip_tied_sync", "^communication, step 0: rank [02]'s message #[0-9]+ is a missing message: it posted nothing, where the plan has receive the tied weight's gradient"},
     {"stale_shape", "^rank 1 exited with code 1; its last output: pipecheck worker rank 1: The size of tensor"},
-    {"optimizer_state_reset", "^update of .* at step 1 on rank [01]: rel err .* against one reference optimizer step"},
-    {"clip_before_tied_sync", "^gradient of .* at step 0 on rank [01]: rel err"},
-    {"double_grad_scaling", "^gradient of tok_embeddings.weight at step 0 on rank 0: rel err"},
+    {"optimizer_state_reset", "^update of .* at step 1 on rank [01] \\(stage [01]\\): rel err .* against one reference optimizer step"},
+    {"clip_before_tied_sync", "^gradient of .* at step 0 on rank [01] \\(stage [01]\\): rel err"},
+    {"double_grad_scaling", "^gradient of tok_embeddings.weight at step 0 on rank 0 \\(stage 0\\): rel err"},
     {"send_buffer_reuse", "^step 0, microbatch [0-9]+: activation into stage 1 changed between rank 0's send and rank 1's receive"},
-    {"zb_shared_weight_grad_twice", "^gradient of tok_embeddings.weight at step 0 on rank [01]: rel err"},
+    {"zb_shared_weight_grad_twice", "^gradient of tok_embeddings.weight at step 0 on rank [01] \\(stage [01]\\): rel err"},
     {"swap_boundary_shapes", "message from rank [01] \\(the .* for stage [0-9]+, microbatch [0-9]+\\) is .* but the plan expects"},
     {"duplicate_send", "^communication, step 0: rank 0's message #[0-9]+ is an extra message: it posted send the activation for stage 1, microbatch 0 to rank 1"},
     {"send_before_recv", "invalid when sends wait for receives: deadlock"},
@@ -62,6 +62,16 @@ const std::map<std::string, std::string> kExpectedMessage = {
     {"hang_rank", "^rank\\(s\\) 0, 1 still running after the 8 s deadline: rank 0 blocked in 0[BF][0-9] \\(step 1\\): awaiting "
                   "its input from rank 1, or computing; rank 1 last finished 1[A-Z_]+[0-9]+.*\\(step 1\\); nothing "
                   "started since; last output: .*rank 1: fault hang_rank: rank 1 stops"},
+    // Data parallelism: the replica, stage and parameter where the gradients went wrong.
+    {"dp_sum_not_average", "^gradient of .* at step 0 on replica [01] rank [01] \\(stage [01]\\): rel err 1 > tol"},
+    {"dp_skip_stage", "^gradient of .* at step 0 on replica [01] rank 1 \\(stage 1\\): rel err"},
+    {"dp_average_after_first_microbatch", "^gradient of .* at step 0 on replica [01] rank [01] \\(stage [01]\\): rel err"},
+    {"dp_average_before_tied_sum", "^gradient of tok_embeddings.weight at step 0 on replica [01] rank [01] \\(stage [01]\\): rel err"},
+    {"dp_local_token_mean", "^replica [01]: step 0, microbatch [0-9]+: gradient into stage 0 \\(from rank 1\\) rel err .*; worst "
+                            "gradient .* on replica [01] rank [01] \\(stage [01]\\): rel err"},
+    // Recomputation from a reused buffer: the first wrong boundary, then the parameter it spoiled most.
+    {"recompute_stale_input", "^step 0, microbatch [0-9]+: gradient into stage [01] \\(from rank [12]\\) rel err .*; worst "
+                              "gradient .* on rank [0-2] \\(stage [0-2]\\): rel err"},
 };
 
 // Faults that leave every value right (to rounding), so parity passes by design: `pipecheck

@@ -75,7 +75,7 @@ TEST_F(ParityJudge, GradientOffByOneInAMillionFailsNamingParameterAndStep) {
   EXPECT_EQ(report.summary.status, reports::Status::kFail);
   EXPECT_EQ(report.summary.ok, false);
   EXPECT_EQ(report.summary.worst_param, "layers.1.feed_forward.w2.weight");
-  EXPECT_EQ(report.summary.message.rfind("gradient of layers.1.feed_forward.w2.weight at step 1 on rank 0: rel err 1e-06", 0),
+  EXPECT_EQ(report.summary.message.rfind("gradient of layers.1.feed_forward.w2.weight at step 1 on rank 0 (stage 0): rel err 1e-06", 0),
             0u)
       << report.summary.message;
 }

@@ -13,6 +13,8 @@ namespace {
 
 using harness::ParseSuite;
 using scenarios::ScenarioError;
+using scenarios::Configuration;
+using scenarios::Fingerprint;
 
 // The message ParseScenarios throws for `text`, or "" when it loads.
 std::string ErrorFor(const std::string& text) {
@@ -206,9 +208,30 @@ TEST(ScenarioLoader, RejectsImpossibleCombinations) {
             "suite.csv:2:4: column 'partition', value '1;2': the counts add up to 3 layers, but the model has 4");
   EXPECT_NE(ErrorFor("name,virtual_stages\nx,2\n").find("suite.csv:2:2: column 'virtual_stages', value '2'"),
             std::string::npos);
-  EXPECT_EQ(ErrorFor("name,recompute\nx,1\n").rfind(
-                "suite.csv:2:2: column 'recompute', value '1': activation recomputation is not implemented", 0),
-            0u);
+  EXPECT_EQ(ErrorFor("name,batch,microbatches,data_parallel\nx,8,4,3\n"),
+            "suite.csv:2:4: column 'data_parallel', value '3': data_parallel 3 x microbatches 4 = 12 microbatches, "
+            "more than batch 8: every replica's microbatch needs a sequence");
+  EXPECT_EQ(ErrorFor("name,world_size,data_parallel\nx,200,2\n"),
+            "suite.csv:2:3: column 'data_parallel', value '2': world_size 200 x data_parallel 2 = 400 processes, more "
+            "than 256");
+  EXPECT_EQ(ErrorFor("name,data_parallel\nx,0\n").rfind("suite.csv:2:2: column 'data_parallel', value '0'", 0), 0u);
+  EXPECT_EQ(ErrorFor("name,trainer,data_parallel\nx,torch,2\n"),
+            "suite.csv:2:3: column 'data_parallel', value '2': trainer torch is judged one pipeline at a time: "
+            "data_parallel needs trainer=pipecheck");
+  EXPECT_EQ(ErrorFor("name,trainer,recompute\nx,torch,1\n"),
+            "suite.csv:2:3: column 'recompute', value '1': trainer torch recomputes as it was written to: recompute "
+            "needs trainer=pipecheck");
+}
+
+TEST(ScenarioLoader, DataParallelAndRecomputeKeepOnePipelinesFingerprint) {
+  const auto one = ParseSuite("name,world_size\nx,2\n", "suite.csv")[0];
+  const auto replicated = ParseSuite("name,world_size,data_parallel,recompute\nx,2,2,1\n", "suite.csv")[0];
+  EXPECT_EQ(replicated.data_parallel, 2);
+  EXPECT_TRUE(replicated.recompute);
+  EXPECT_EQ(replicated.Processes(), 4);
+  EXPECT_EQ(Configuration(one).find("data_parallel"), std::string::npos);  // rows of one pipeline: as before
+  EXPECT_NE(Configuration(replicated).find("recompute=1 data_parallel=2"), std::string::npos);
+  EXPECT_NE(Fingerprint(Configuration(one)), Fingerprint(Configuration(replicated)));
 }
 
 TEST(ScenarioLoader, RejectsRowsWithTheWrongFieldCount) {
