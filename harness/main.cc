@@ -512,10 +512,10 @@ int PrintSchedule(ScheduleOptions options) {
   const auto equal_result = ValidateSchedule(lowered, equal, CommunicationModel::kDeviceStreams);
   const auto streams = Simulate(lowered, SendSemantics::kDeviceStreams, weighted);
   fmt::print("actions per rank (communication included):\n{}\n", FormatActions(lowered));
-  fmt::print("timeline with F=1, B={} (one column per time unit):\n{}\n", options.backward_cost,
+  fmt::print("timeline with F=1, B={:g} (one column per time unit):\n{}\n", weighted.backward,
              FormatTimeline(lowered, result, weighted));
-  fmt::print("bubble: {:.4f} with F=1, B={}; {:.4f} with equal costs (1F1B's (p-1)/(m+p-1) = {:.4f})\n", result.bubble,
-             options.backward_cost, equal_result.bubble,
+  fmt::print("bubble: {:.4f} with F=1, B={:g}; {:.4f} with {} (1F1B's (p-1)/(m+p-1) = {:.4f})\n", result.bubble,
+             weighted.backward, equal_result.bubble, options.recompute ? "F=1, B=2 (equal costs, recomputed)" : "equal costs",
              static_cast<double>(shape.ranks - 1) / (shape.microbatches + shape.ranks - 1));
   fmt::print("peak in-flight microbatches per rank: {}\n", fmt::join(result.peak_in_flight, " "));
   if (options.data_parallel > 1) {
@@ -535,12 +535,12 @@ int PrintSchedule(ScheduleOptions options) {
   std::string formula;
   if (const auto published = PublishedMakespan(compute.name, compute.shape, weighted, &formula)) {
     const double busy = std::accumulate(result.busy.begin(), result.busy.end(), 0.0);
-    fmt::print("makespan with F=1, B={}: {:g} simulated; published for {}: {} (bubble {:.4f})\n", options.backward_cost,
+    fmt::print("makespan with F=1, B={:g}: {:g} simulated; published for {}: {} (bubble {:.4f})\n", weighted.backward,
                result.makespan, compute.name, formula, 1.0 - busy / (shape.ranks * *published));
   }
   fmt::print("valid on every transport: gloo and staged (messages wait on the host: makespan {:g} with F=1, B={}), "
              "nccl (on device streams, one channel per ordered pair of ranks: makespan {:g})\n",
-             result.makespan, options.backward_cost, streams.makespan);
+             result.makespan, weighted.backward, streams.makespan);
   if (!options.csv.empty()) {
     pipecheck::reports::WriteFileAtomically(options.csv, ScheduleToCsv(compute));
     fmt::print("wrote {} (PyTorch pipelining's compute-only CSV)\n", options.csv);

@@ -187,6 +187,8 @@ expect 2 "not writable|Read-only|cannot" "$pipecheck" run --scenarios "$work/pp.
 # worker: a missing torchrun environment is bad input.
 expect 2 "RANK is not set" env -u RANK "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
 expect 2 "WORLD_SIZE is 3 but the scenario needs world_size 2" env RANK=0 WORLD_SIZE=3 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
+printf 'name,world_size,batch,microbatches,data_parallel\ndp,2,8,2,2\n' > "$work/dp.csv"
+expect 2 "WORLD_SIZE is 2 but the scenario needs world_size 2 x data_parallel 2 = 4 processes" env RANK=0 WORLD_SIZE=2 "$pipecheck" worker --scenarios "$work/dp.csv" --scenario dp --out "$work/w"
 # baseline update: a good run is promoted; one with scenarios that missed their expectation is not.
 expect 2 "did not meet their expectation \(crash\)" "$pipecheck" baseline update --from "$work/g" --to "$work/bl"
 expect 0 "baseline $work/bl now holds the run of $work/r" "$pipecheck" baseline update --from "$work/r" --to "$work/bl"
@@ -195,6 +197,9 @@ expect 0 "0 regression\(s\)" "$pipecheck" compare "$work/bl" "$work/r" --out "$w
 expect 0 "bubble: 0.4286 with F=1, B=2; 0.4286 with equal costs" "$pipecheck" schedule --schedule gpipe --stages 4 --microbatches 4
 expect 0 "peak in-flight microbatches per rank: 4 3 2 1" "$pipecheck" schedule --schedule 1f1b --stages 4 --microbatches 8
 expect 2 "schedule" "$pipecheck" schedule --schedule zigzag
+# Recomputation charges every B and I a forward more; replicas add each rank's all-reduce.
+expect 0 "recompute: every B and I first runs its stage's forward again \(B = 3, I = 2, W = 1 with F = 1\)" "$pipecheck" schedule --schedule zbh1 --stages 2 --microbatches 4 --recompute
+expect 0 "data parallel over 2 replicas: each rank's gradient all-reduce \(cost 1\) after its last backward: rank 0 \[20, 21\), rank 1 \[17, 18\); step makespan 21" "$pipecheck" schedule --schedule 1f1b --stages 2 --microbatches 4 --recompute --data-parallel 2
 
 # Trust under fire: each of these once misbehaved (exit code, a silent wait, stale files, a rank
 # blamed wrongly); each check fails on that behaviour.

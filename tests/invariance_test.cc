@@ -74,6 +74,23 @@ TEST(ArithmeticKey, MicrobatchesTiedSumsAndClippingChangeIt) {
   EXPECT_EQ(Difference(unclipped, With(unclipped, 3, "1f1b", 1)), "");
 }
 
+TEST(ArithmeticKey, ReplicasChangeTheSumAndRecomputationDoesNot) {
+  const auto base = Base("tied_varlen");
+  auto replicated = base;
+  replicated.data_parallel = 2;
+  replicated.microbatches = 2;  // the global batch still in 4 microbatches of the same rows
+  EXPECT_EQ(Difference(base, replicated),
+            "1 vs 2 replicas: each replica sums its own microbatches' gradients, then the replicas' sums are added "
+            "and divided by their count");
+  // Replicated pipelines of other shapes and schedules keep the same arithmetic among themselves.
+  auto other = With(replicated, 4, "gpipe", 1, "uniform", 2);
+  other.data_parallel = 2;
+  EXPECT_EQ(Difference(replicated, other), "");
+  auto recomputed = base;
+  recomputed.recompute = true;
+  EXPECT_EQ(Difference(base, recomputed), "");
+}
+
 TEST(ArithmeticKey, AnotherAccumulationOrderIsAnotherArithmetic) {
   const auto key = harness::ArithmeticOf(Base("tied_varlen"));
   ASSERT_EQ(key.accumulation.size(), 6u);  // embedding, four layers, head
@@ -106,10 +123,12 @@ TEST(InvarianceVariants, EachPipelineOnceTheBaseFirstAndWhyOthersCannotRun) {
     axes.insert(variant.axis);
   }
   for (const char* label : {"ws1.1f1b.uniform", "ws4.1f1b.uniform", "ws2.1f1b.front", "ws2.1f1b.back",
-                            "ws2.gpipe.uniform", "ws2.zbv.v2.uniform", "ws2.1f1b.uniform.m8"}) {
+                            "ws2.gpipe.uniform", "ws2.zbv.v2.uniform", "ws2.1f1b.uniform.m8", "ws2.1f1b.uniform.dp2",
+                            "ws2.1f1b.uniform.rc"}) {
     EXPECT_TRUE(labels.count(label)) << label;
   }
-  EXPECT_EQ(axes, (std::set<std::string>{"base", "world_size", "partition", "schedule", "microbatches"}));
+  EXPECT_EQ(axes, (std::set<std::string>{"base", "world_size", "partition", "schedule", "microbatches",
+                                         "data_parallel", "recompute"}));
   ASSERT_EQ(skipped.size(), 1u);
   EXPECT_EQ(skipped[0].label, "ws2.1f1b.uniform.m16");
   EXPECT_NE(skipped[0].reason.find("column 'microbatches'"), std::string::npos) << skipped[0].reason;
@@ -270,9 +289,16 @@ TEST(Invariance, RealRanksAreBitwiseEqualWhereTheArithmeticIsTheSame) {
     }
     if (row.at("same_arithmetic") == "0" && row.at("bitwise") == "0") ++differing;
   }
-  // Nine variants share the pipelines' arithmetic (36 pairs: dualpipev among them); ws2 m1 shares the
-  // reference's (1).
-  EXPECT_EQ(asserted, 37) << output;
+  // Ten variants share the pipelines' arithmetic (45 pairs: dualpipev and the recomputing
+  // variant among them); ws2 m1 shares the reference's (1).
+  EXPECT_EQ(asserted, 46) << output;
+  // Recomputation does the same arithmetic, to the bit; two replicas sum in another order.
+  const auto& recomputed = by_pair.at({"ws2.1f1b.uniform", "ws2.1f1b.uniform.rc"});
+  EXPECT_EQ(recomputed.at("asserted"), "1");
+  EXPECT_EQ(recomputed.at("bitwise"), "1");
+  const auto& replicated = by_pair.at({"ws2.1f1b.uniform", "ws2.1f1b.uniform.dp2"});
+  EXPECT_EQ(replicated.at("same_arithmetic"), "0");
+  EXPECT_LT(std::stod(replicated.at("grad_max_rel_err")), 1e-13);
   EXPECT_GE(differing, 10) << output;  // the comparison sees rounding where the arithmetic differs
   // One microbatch on two ranks does the reference's own arithmetic, to the bit.
   const auto& single = by_pair.at({"reference", "ws2.1f1b.uniform.m1"});
