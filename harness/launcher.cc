@@ -250,13 +250,21 @@ void InstallInterruptHandlers() {
   sigaction(SIGTERM, &action, nullptr);
 }
 
+std::string ProcessName(const scenarios::Scenario& scenario, int process) {
+  if (scenario.data_parallel <= 1 || scenario.ExternalTrainer()) return fmt::format("rank {}", process);
+  return fmt::format("rank {} (replica {} rank {})", process, process / scenario.world_size,
+                     process % scenario.world_size);
+}
+
 double DefaultDeadlineSeconds(const scenarios::Scenario& scenario) {
   const auto model = ToModelConfig(scenario);
   const double parameters = static_cast<double>(model.ParameterCount());
   const double flops_per_step = 6.0 * parameters * static_cast<double>(scenario.batch * scenario.seq_len);
   // Another trainer's ranks start a Python and import PyTorch first (seconds each on a busy machine).
   const double startup = scenario.ExternalTrainer() ? 60.0 : 0.0;
-  return 30.0 + startup + 3.0 * static_cast<double>(scenario.steps) * flops_per_step / 1e9;
+  // Recomputation runs every forward twice: 8 of 6 flops.
+  const double recompute = scenario.recompute ? 8.0 / 6.0 : 1.0;
+  return 30.0 + startup + 3.0 * recompute * static_cast<double>(scenario.steps) * flops_per_step / 1e9;
 }
 
 namespace {
@@ -336,7 +344,8 @@ reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std
   }
   return FailedScenarioReport(
       scenario, reports::Status::kError,
-      fmt::format("rank {} {}; its last output: {}{}", blamed->first->rank, HowItEnded(blamed->first->status), blamed->second,
+      fmt::format("{} {}; its last output: {}{}", ProcessName(scenario, blamed->first->rank),
+                  HowItEnded(blamed->first->status), blamed->second,
                   others.empty() ? "" : fmt::format(" (then rank(s) {} failed too)", fmt::join(others, ", "))));
 }
 
@@ -350,7 +359,9 @@ reports::ScenarioReport TimedOut(const scenarios::Scenario& scenario, const Laun
   for (const auto& rank : ranks) {
     if (!rank.killed_here) continue;
     stuck.push_back(std::to_string(rank.rank));
-    if (flight_records) doing.push_back(fmt::format("rank {} {}", rank.rank, pipeline::DescribeLastEntry(records[rank.rank])));
+    if (flight_records) {
+      doing.push_back(fmt::format("{} {}", ProcessName(scenario, rank.rank), pipeline::DescribeLastEntry(records[rank.rank])));
+    }
     outputs.push_back(fmt::format("rank {}: {}", rank.rank, Tail(rank.log, 1)));
   }
   const std::string who = flight_records ? "" : fmt::format("trainer {}: ", scenario.trainer);

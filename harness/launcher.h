@@ -58,6 +58,10 @@ reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, cons
 // pessimistic 1 GFLOP/s, so a healthy run never meets it and a hung one is found in minutes.
 double DefaultDeadlineSeconds(const scenarios::Scenario& scenario);
 
+// How messages name process `process` of a scenario's run: "rank 3", or with several replicas
+// "rank 3 (replica 1 rank 1)" (process g is replica g / world_size's rank g mod world_size).
+std::string ProcessName(const scenarios::Scenario& scenario, int process);
+
 // The absolute path of the running executable.
 std::string CurrentExecutable();
 

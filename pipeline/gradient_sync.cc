@@ -1,6 +1,7 @@
 // Tied-gradient sums and global clipping (see gradient_sync.h).
 #include "pipeline/gradient_sync.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -51,39 +52,70 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
   own.copy_(sum);
 }
 
-ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters, int divisor, Transport& replicas,
+namespace {
+
+// One bucket's average: `gradients` (one dtype) flattened into `bucket`, summed, divided, copied back.
+void AverageBucket(const std::vector<torch::Tensor>& gradients, int divisor, Transport& replicas, torch::Tensor& bucket,
+                   ReplicaTraffic& traffic) {
+  std::vector<torch::Tensor> flat;
+  int64_t elements = 0;
+  for (const auto& gradient : gradients) {
+    flat.push_back(gradient.reshape({-1}));
+    elements += gradient.numel();
+  }
+  if (!bucket.defined() || bucket.numel() != elements || bucket.device() != gradients.front().device()) {
+    bucket = torch::empty({elements}, gradients.front().options());
+  }
+  torch::cat_out(bucket, flat);
+  replicas.AllReduceSum(bucket);
+  if (divisor != 1) bucket.div_(divisor);
+  int64_t offset = 0;
+  for (const auto& gradient : gradients) {
+    gradient.copy_(bucket.narrow(0, offset, gradient.numel()).view(gradient.sizes()));
+    offset += gradient.numel();
+  }
+  traffic.elements += elements;
+  traffic.bytes += elements * static_cast<int64_t>(bucket.element_size());
+}
+
+}  // namespace
+
+ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters,
+                                     const std::vector<torch::Tensor>& alone, int divisor, Transport& replicas,
                                      ReplicaBuckets& persistent) {
   ReplicaTraffic traffic;
-  std::map<torch::ScalarType, std::vector<torch::Tensor>> buckets;
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> shared;
+  std::vector<torch::Tensor> own;
   for (const auto& parameter : parameters) {
     const auto gradient = parameter.grad();
     TORCH_CHECK(gradient.defined(), "a parameter of shape ", parameter.sizes(), " has no gradient to average across ",
                 replicas.world_size(), " replicas");
-    buckets[gradient.scalar_type()].push_back(gradient);
+    const bool by_itself = std::any_of(alone.begin(), alone.end(), [&](const torch::Tensor& t) { return t.is_same(parameter); });
+    if (by_itself) {
+      own.push_back(gradient);
+    } else {
+      shared[gradient.scalar_type()].push_back(gradient);
+    }
   }
-  for (auto& [dtype, gradients] : buckets) {
-    std::vector<torch::Tensor> flat;
-    int64_t elements = 0;
-    for (const auto& gradient : gradients) {
-      flat.push_back(gradient.reshape({-1}));
-      elements += gradient.numel();
-    }
-    auto& bucket = persistent[dtype];
-    if (!bucket.defined() || bucket.numel() != elements || bucket.device() != gradients.front().device()) {
-      bucket = torch::empty({elements}, gradients.front().options());
-    }
-    torch::cat_out(bucket, flat);
-    replicas.AllReduceSum(bucket);
-    if (divisor != 1) bucket.div_(divisor);
-    int64_t offset = 0;
-    for (auto& gradient : gradients) {
-      gradient.copy_(bucket.narrow(0, offset, gradient.numel()).view(gradient.sizes()));
-      offset += gradient.numel();
-    }
-    traffic.elements += bucket.numel();
-    traffic.bytes += bucket.numel() * static_cast<int64_t>(bucket.element_size());
+  for (auto& [dtype, gradients] : shared) {
+    AverageBucket(gradients, divisor, replicas, persistent[std::string("bucket ") + c10::toString(dtype)], traffic);
+  }
+  for (size_t i = 0; i < own.size(); ++i) {
+    AverageBucket({own[i]}, divisor, replicas, persistent["alone " + std::to_string(i)], traffic);
   }
   return traffic;
+}
+
+std::vector<torch::Tensor> TiedCopies(const Stages& stages, const PipelineConfig& config) {
+  std::vector<torch::Tensor> copies;
+  if (!config.train.model.tied) return copies;
+  for (const auto& stage : stages) {
+    if (!stage->slice.has_embedding && !stage->slice.has_head) continue;
+    for (const auto& item : stage->module->named_parameters()) {
+      if (item.key() == "tok_embeddings.weight") copies.push_back(item.value());
+    }
+  }
+  return copies;
 }
 
 double ClipGradients(const Stages& stages, const PipelineConfig& config, const Fault& faults, Transport& transport) {

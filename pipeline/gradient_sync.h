@@ -22,17 +22,25 @@ std::vector<std::pair<int, int>> TiedChannels(const PipelineConfig& config, cons
 
 // Averages `parameters`' gradients across the replicas (the data-parallel group `replicas`): one
 // flat bucket per dtype, summed by an all-reduce (the same bits on every replica) and divided by
-// `divisor` (the replica count), then copied back. The buckets persist in `buckets` from step to
-// step, as DDP's do: allocated once, so what the rank holds does not depend on when c10d's worker
-// thread lets go of a finished all-reduce's tensor. Returns the elements and bytes each replica
-// contributed.
+// `divisor` (the replica count), then copied back. Each of `alone` (gradients among `parameters`
+// that another rank of the pipeline also averages: a tied weight's copies) goes in a bucket of
+// its own, so both owners all-reduce the same tensor of the same size and get the same bits
+// (Gloo's ring sums each chunk of a bucket in an order that depends on where the chunk lies: a
+// copy at different offsets of two ranks' buckets would come out different past two replicas).
+// The buckets persist in `buckets` from step to step, as DDP's do: allocated once, so what the
+// rank holds does not depend on when c10d's worker thread lets go of a finished all-reduce's
+// tensor. Returns the elements and bytes each replica contributed.
 struct ReplicaTraffic {
   int64_t elements = 0;
   int64_t bytes = 0;
 };
-using ReplicaBuckets = std::map<torch::ScalarType, torch::Tensor>;
-ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters, int divisor, Transport& replicas,
+using ReplicaBuckets = std::map<std::string, torch::Tensor>;
+ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters,
+                                     const std::vector<torch::Tensor>& alone, int divisor, Transport& replicas,
                                      ReplicaBuckets& buckets);
+
+// The tied weight's copies this rank holds (none untied): what AverageAcrossReplicas takes alone.
+std::vector<torch::Tensor> TiedCopies(const Stages& stages, const PipelineConfig& config);
 
 // Scales every owned gradient by the global-norm clip factor; returns the norm before clipping.
 double ClipGradients(const Stages& stages, const PipelineConfig& config, const Fault& faults, Transport& transport);

@@ -72,8 +72,8 @@ void PipelineTrainer::AverageReplicas(int64_t step, RankResult& result, bool tie
   const auto now = [&] { return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - executor_->ClockOrigin()).count(); };
   const double start = now();
   const auto parameters = pipeline::OwnedParameters(stages_, config_.train.model.tied, !tied_copy_once);
-  const auto traffic = AverageAcrossReplicas(parameters, fault_->ReplicaDivisor(config_.data_parallel), *replicas_,
-                                             replica_buckets_);
+  const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_),
+                                             fault_->ReplicaDivisor(config_.data_parallel), *replicas_, replica_buckets_);
   const double end = now();
   const double step_start = StepStartMicroseconds(result, step);
   result.collectives.push_back({step, traffic.elements, traffic.bytes, config_.data_parallel, start - step_start,
