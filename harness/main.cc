@@ -340,9 +340,10 @@ void ListScenarios(const std::vector<pipecheck::scenarios::Scenario>& selected) 
       for (const auto& need : pipecheck::harness::MemoryNeeds(s)) needed += need.needed;
       needs = "needs at least " + pipecheck::harness::HumanBytes(static_cast<double>(needed));
     }
-    fmt::print("{}  world_size {} {} m={} {} {} {} steps, {}  ({})\n", s.name, s.world_size,
-               s.schedule_written.empty() ? s.schedule : s.schedule_written, s.microbatches, s.dtype, s.device,
-               s.steps, needs, s.source);
+    const std::string replicas = s.data_parallel > 1 ? fmt::format(" x data_parallel {}", s.data_parallel) : "";
+    fmt::print("{}  world_size {}{} {}{} m={} {} {} {} steps, {}  ({})\n", s.name, s.world_size, replicas,
+               s.schedule_written.empty() ? s.schedule : s.schedule_written, s.recompute ? " recompute" : "",
+               s.microbatches, s.dtype, s.device, s.steps, needs, s.source);
   }
 }
 

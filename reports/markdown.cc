@@ -94,7 +94,10 @@ std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioRepo
     const ComparisonRow* row = found == compared.end() ? nullptr : found->second;
     const bool ok = r.ok && !(row && Fails(*row));
     // Another trainer's row says whose it is, beside pipecheck's rows on the same work.
-    const std::string who = r.trainer == "pipecheck" ? "" : fmt::format(" ({})", Cell(r.trainer));
+    std::string who = r.trainer == "pipecheck" ? "" : fmt::format(" ({})", Cell(r.trainer));
+    // The layout beside the name: replicas and recomputation change what the row measures.
+    if (r.data_parallel > 1) who += fmt::format(" ×{} replicas", r.data_parallel);
+    if (r.recompute) who += " (recompute)";
     text += fmt::format("| {} | {}{} | {} | {} | {} | {} | {} | {} | {} |\n", Mark(ok), Cell(r.scenario), who,
                         StatusName(r.status), Number(r.loss_max_abs_diff, "{:.1e}"), Number(r.grad_max_rel_err, "{:.1e}"),
                         Number(r.pp_tokens_per_s, "{:.0f}"), row ? Arrow(row->throughput_change) : "",
