@@ -2,14 +2,17 @@
 # One parity scenario launched by torchrun (the PyTorch pipecheck is built against) as the README writes it, without
 # --standalone (torchrun's agent serves the store on MASTER_PORT), instead of pipecheck run:
 # the worker must read torchrun's environment, rendezvous, and have rank 0 write a PASS report.
+# Usage: torchrun_test.sh PIPECHECK SUITE [SCENARIO [PROCESSES]] (PROCESSES: world_size x
+# data_parallel, 2 unless given).
 set -uo pipefail
 pipecheck="$1"
 suite="$2"
 scenario="${3:-ws2_tied_gpt2}"
+processes="${4:-2}"
 source "$(dirname "$0")/torch_python.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$python" -m torch.distributed.run --nproc-per-node=2 --master-port "$(( 20000 + RANDOM % 20000 ))" --no-python \
+"$python" -m torch.distributed.run --nproc-per-node="$processes" --master-port "$(( 20000 + RANDOM % 20000 ))" --no-python \
   "$pipecheck" worker --scenarios "$suite" --scenario "$scenario" --out "$work/out" --threads 1
 code=$?
 summary="$work/out/summary.csv"
