@@ -21,7 +21,7 @@ PIPECHECK := $(BUILD_DIR)/pipecheck
 # The Python the build was configured with (its torch is the LibTorch pipecheck links).
 BUILD_PYTHON = $$(sed -n 's/^PIPECHECK_PYTHON:FILEPATH=//p' $(BUILD_DIR)/CMakeCache.txt)
 
-.PHONY: all deps configure build run test test-long sanitize bench bench-peer clean
+.PHONY: all deps configure build run test test-long sanitize mutants bench bench-peer clean
 
 all: build
 
@@ -44,6 +44,12 @@ run: build
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -LE long
+
+# Mutation testing (not in `make test`: one rebuild and one default-suite run per mutant): the
+# one-line bugs of tests/mutants/pipeline.txt planted in pipeline/ one at a time, each file put back
+# after its run. MUTANTS=id,id runs some of them.
+mutants: build
+	scripts/mutants.py --build $(BUILD_DIR) $(if $(MUTANTS),--only $(MUTANTS))
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over pipecheck's own code (LibTorch stays
 # uninstrumented), in its own build directory: the unit tests, then the core suite, whose ranks
