@@ -90,7 +90,8 @@ ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameter
     const auto gradient = parameter.grad();
     TORCH_CHECK(gradient.defined(), "a parameter of shape ", parameter.sizes(), " has no gradient to average across ",
                 replicas.world_size(), " replicas");
-    const bool by_itself = std::any_of(alone.begin(), alone.end(), [&](const torch::Tensor& t) { return t.is_same(parameter); });
+    const bool by_itself =
+        std::any_of(alone.begin(), alone.end(), [&](const torch::Tensor& t) { return t.is_same(parameter); });
     if (by_itself) {
       own.push_back(gradient);
     } else {

@@ -69,7 +69,9 @@ void PipelineTrainer::AverageReplicas(int64_t step, RankResult& result, bool tie
   if (replicas_ == nullptr || averaged_this_step_) return;
   averaged_this_step_ = true;
   if (fault_->SkipsReplicaAverage(transport_.rank())) return;
-  const auto now = [&] { return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - executor_->ClockOrigin()).count(); };
+  const auto now = [&] {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - executor_->ClockOrigin()).count();
+  };
   const double start = now();
   const auto parameters = pipeline::OwnedParameters(stages_, config_.train.model.tied, !tied_copy_once);
   const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_),
