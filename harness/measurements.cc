@@ -41,15 +41,6 @@ const pipeline::MemoryPrediction& MemoryOf(const MeasurementInput& input, int re
   return (*input.replica_memory)[static_cast<size_t>(replica)];
 }
 
-// Replica 0's ranks (every rank with one replica): what the schedule's lists index.
-std::vector<pipeline::RankResult> FirstReplica(const std::vector<pipeline::RankResult>& ranks) {
-  std::vector<pipeline::RankResult> first;
-  for (const auto& rank : ranks) {
-    if (rank.replica == 0) first.push_back(rank);
-  }
-  return first;
-}
-
 // Bytes, or none where nothing was measured (-1).
 std::optional<int64_t> Measured(int64_t bytes) { return bytes >= 0 ? std::optional<int64_t>(bytes) : std::nullopt; }
 
@@ -228,7 +219,10 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
     pp_rate.push_back(static_cast<double>(reference.steps[k].tokens) / (slowest / 1000.0));
   }
   TimelineRows(input, report);
-  const StepPrediction predicted = PredictStepMs(input.schedule, FirstReplica(input.ranks), steps);
+  // Replica 0's ranks (every rank with one replica): what the schedule's lists index.
+  const bool replicated = !input.ranks.empty() && input.ranks.front().replicas > 1;
+  const auto first = replicated ? pipeline::ReplicaRanks(input.ranks, 0) : std::vector<pipeline::RankResult>();
+  const StepPrediction predicted = PredictStepMs(input.schedule, replicated ? first : input.ranks, steps);
   auto& row = report.summary;
   row.ref_step_ms = reference.MedianStepMs();
   row.pp_step_ms = reference::Median(pp_ms);

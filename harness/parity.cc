@@ -407,15 +407,6 @@ void ParamRows(const ParityInput& input, const Verdicts& verdicts, reports::Scen
   }
 }
 
-// Replica r's ranks, indexed by pipeline rank (all ranks with one replica).
-std::vector<pipeline::RankResult> ReplicaRanks(const std::vector<pipeline::RankResult>& ranks, int replica) {
-  std::vector<pipeline::RankResult> mine;
-  for (const auto& rank : ranks) {
-    if (rank.replica == replica) mine.push_back(rank);
-  }
-  return mine;
-}
-
 int ReplicasOf(const std::vector<pipeline::RankResult>& ranks) {
   return ranks.empty() ? 1 : std::max(1, ranks.front().replicas);
 }
@@ -425,12 +416,38 @@ std::string ReplicaPrefix(int replicas, int replica) {
   return replicas > 1 ? fmt::format("replica {}: ", replica) : std::string();
 }
 
-// 2d. The tensors that crossed stage boundaries in step k against the reference's (boundaries.h).
-// Judged when the ranks fingerprinted any, which needs an oracle tapping the same boundaries.
-// Each replica on its own: its microbatch m is the global batch's microbatch replica x m_r + m
-// (the oracle cuts the batch into data_parallel x microbatches), and its records say so.
+// Each replica's ranks as the boundary judge reads them, made once for every step: their ranks
+// and boundary records only. Replica r's microbatch m is the global batch's microbatch
+// r x microbatches + m (the oracle cuts the batch into data_parallel x microbatches), and its
+// records say so. A replica's loss terms are data_parallel times the whole batch's (its gradients
+// are averaged, not summed): so are its boundary gradients, compared at the whole batch's scale,
+// their hash (of the unscaled bits) not compared.
+std::vector<std::vector<pipeline::RankResult>> BoundaryViews(const std::vector<pipeline::RankResult>& ranks,
+                                                             int microbatches) {
+  const int replicas = ReplicasOf(ranks);
+  std::vector<std::vector<pipeline::RankResult>> views(static_cast<size_t>(replicas));
+  for (const auto& rank : ranks) {
+    pipeline::RankResult view;
+    view.rank = rank.rank, view.replica = rank.replica, view.replicas = rank.replicas, view.stages = rank.stages;
+    view.boundaries = rank.boundaries;
+    for (auto& record : view.boundaries) {
+      record.microbatch += rank.replica * microbatches;
+      if (replicas == 1 || record.direction != pipeline::Direction::kGradient) continue;
+      auto& f = record.fingerprint;
+      f.sum /= replicas, f.norm /= replicas, f.max_abs /= replicas, f.row_weighted_sum /= replicas;
+      f.hashed = false;
+    }
+    views[static_cast<size_t>(rank.replica)].push_back(std::move(view));
+  }
+  return views;
+}
+
+// 2d. The tensors that crossed stage boundaries in step k against the reference's (boundaries.h),
+// replica by replica (`views`: BoundaryViews). Judged when the ranks fingerprinted any, which needs
+// an oracle tapping the same boundaries.
 void JudgeStepBoundaries(const ParityInput& input, const pipeline::PipelineConfig& config,
-                         const std::vector<reference::SliceSpec>& slices, size_t step,
+                         const std::vector<reference::SliceSpec>& slices,
+                         const std::vector<std::vector<pipeline::RankResult>>& views, size_t step,
                          const reference::StepRecord& at_pipeline, Verdicts& verdicts,
                          reports::ScenarioReport& report) {
   const bool recorded = std::any_of(input.ranks.begin(), input.ranks.end(),
@@ -440,22 +457,9 @@ void JudgeStepBoundaries(const ParityInput& input, const pipeline::PipelineConfi
               "the oracle must tap the pipeline's stage boundaries to judge them");
   const auto batch = reference::MakeBatch(input.oracle.config().data, input.oracle.config().seed,
                                           static_cast<int64_t>(step));
-  const int replicas = ReplicasOf(input.ranks);
+  const int replicas = static_cast<int>(views.size());
   for (int replica = 0; replica < replicas; ++replica) {
-    auto ranks = replicas == 1 ? input.ranks : ReplicaRanks(input.ranks, replica);
-    for (auto& rank : ranks) {
-      for (auto& record : rank.boundaries) {
-        record.microbatch += replica * config.microbatches;
-        if (replicas == 1 || record.direction != pipeline::Direction::kGradient) continue;
-        // A replica's loss terms are data_parallel times the whole batch's (its gradients are
-        // averaged, not summed): its boundary gradients are too. Compared at the whole batch's
-        // scale; the hash is of the unscaled bits, so it is not compared.
-        auto& f = record.fingerprint;
-        f.sum /= replicas, f.norm /= replicas, f.max_abs /= replicas, f.row_weighted_sum /= replicas;
-        f.hashed = false;
-      }
-    }
-    auto verdict = JudgeBoundaries({input.scenario.name, step, ranks, at_pipeline, batch,
+    auto verdict = JudgeBoundaries({input.scenario.name, step, views[static_cast<size_t>(replica)], at_pipeline, batch,
                                     config.microbatches * replicas, slices, config.train.dtype, input.scenario.tol});
     report.boundaries.insert(report.boundaries.end(), verdict.rows.begin(), verdict.rows.end());
     if (!verdict.first_problem.empty()) {
@@ -473,8 +477,9 @@ void JudgeCommunication(const ParityInput& input, const pipeline::PipelineConfig
   for (int replica = 0; replica < replicas; ++replica) {
     auto replica_config = config;
     replica_config.replica = replica;
-    const auto ranks = replicas == 1 ? input.ranks : ReplicaRanks(input.ranks, replica);
-    auto verdict = CheckCommunication({input.scenario.name, replica_config, input.schedule, ranks});
+    const auto mine = replicas == 1 ? std::vector<pipeline::RankResult>() : pipeline::ReplicaRanks(input.ranks, replica);
+    auto verdict = CheckCommunication({input.scenario.name, replica_config, input.schedule,
+                                       replicas == 1 ? input.ranks : mine});
     for (auto& row : verdict.rows) row.replica = replica;
     report.comm.insert(report.comm.end(), verdict.rows.begin(), verdict.rows.end());
     for (size_t step = 0; step < verdict.first_problem.size(); ++step) {
@@ -498,6 +503,7 @@ void JudgeCommunication(const ParityInput& input, const pipeline::PipelineConfig
 NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig& config, Verdicts& verdicts,
                         reports::ScenarioReport& report) {
   const auto slices = pipeline::StageSlicesOf(config, input.schedule.shape);
+  const auto boundary_views = BoundaryViews(input.ranks, config.microbatches);
   const auto& scenario = input.scenario;
   const size_t steps = static_cast<size_t>(scenario.steps);
   const auto& loss_rank = LossRank(input.ranks);
@@ -510,7 +516,7 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
       verdicts.diverged = fmt::format("reference diverged at step {} at the pipeline's weights: {}", k, diverged);
       return NamedTensors();
     }
-    JudgeStepBoundaries(input, config, slices, k, at_pipeline, verdicts, report);
+    JudgeStepBoundaries(input, config, slices, boundary_views, k, at_pipeline, verdicts, report);
     JudgeLoss(k, LossAt(loss_rank, k), at_pipeline.loss, scenario.tol, verdicts);
     JudgeGradients(k, input.ranks, at_pipeline.gradients, slices, scenario, verdicts);
     const auto predicted = input.oracle.UpdateFrom(start, AppliedGradients(input.ranks, k));

@@ -101,23 +101,17 @@ void Executor::Forward(const Action& action, StepState& state) {
     state.inputs[{s, mb}] = input;
     Probe(input, Direction::kActivation, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s - 1), state);
   }
-  // The mask (and llama's rotary tables) only where the stage has layers to use them: a stage of
-  // an embedding or a head alone would build them for nothing, every microbatch.
-  const bool has_layers = stage.slice.end_layer > stage.slice.first_layer;
-  auto context = has_layers ? reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(),
-                                                              config_.train.dtype, device)
-                            : reference::AttentionContext{};
   // Recomputation keeps only the input (stage 0's is the batch's tokens): the forward builds no
   // graph, and the backward runs it again from what was kept.
   if (config_.recompute && s > 0) state.inputs[{s, mb}] = fault_.KeptForRecompute(s, input);
   std::optional<torch::NoGradGuard> no_graph;
   if (config_.recompute) no_graph.emplace();
-  auto output = stage.module->forward(input, context);
+  auto output = StageForward(stage, mb, input, state);
   if (!stage.slice.has_head) {
     state.outputs[{s, mb}] = output;
     return;
   }
-  auto loss = LossOf(output, mb, state);
+  const auto& loss = output;
   // Accumulated on the device: reading it per microbatch would sync the host with the device.
   auto term = loss.detach().to(torch::kFloat64);
   state.loss_sum = state.loss_sum.defined() ? state.loss_sum + term : term;
@@ -133,24 +127,29 @@ torch::Tensor Executor::LossOf(const torch::Tensor& output, int microbatch, cons
          fault_.LossDenominator(tokens);
 }
 
+torch::Tensor Executor::StageForward(Stage& stage, int microbatch, const torch::Tensor& input,
+                                     const StepState& state) const {
+  const auto& part = state.microbatches[microbatch];
+  // The mask (and llama's rotary tables) only where the stage has layers to use them: a stage of
+  // an embedding or a head alone would build them for nothing, every microbatch.
+  const bool has_layers = stage.slice.end_layer > stage.slice.first_layer;
+  auto context = has_layers ? reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(),
+                                                              config_.train.dtype, config_.train.device)
+                            : reference::AttentionContext{};
+  auto output = stage.module->forward(input, context);
+  return stage.slice.has_head ? LossOf(output, microbatch, state) : output;
+}
+
 torch::Tensor Executor::Recompute(int s, int mb, StepState& state) {
-  const auto& part = state.microbatches[mb];
-  const auto device = config_.train.device;
-  Stage& stage = StageAt(stages_, s, transport_.rank());
   torch::Tensor input;
   if (s == 0) {
-    input = reference::ToDevice(part.tokens, device);
+    input = reference::ToDevice(state.microbatches[mb].tokens, config_.train.device);
   } else {
     // A fresh leaf over the kept input: its gradient is this backward's alone.
     input = state.inputs.at({s, mb}).detach().requires_grad_(true);
     state.inputs[{s, mb}] = input;
   }
-  const bool has_layers = stage.slice.end_layer > stage.slice.first_layer;
-  auto context = has_layers ? reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(),
-                                                              config_.train.dtype, device)
-                            : reference::AttentionContext{};
-  auto output = stage.module->forward(input, context);
-  return stage.slice.has_head ? LossOf(output, mb, state) : output;
+  return StageForward(StageAt(stages_, s, transport_.rank()), mb, input, state);
 }
 
 Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepState& state) {

@@ -96,6 +96,9 @@ class Executor {
     bool passthrough = false;
   };
   BackwardRoot TakeBackwardRoot(const Action& action, StepState& state);
+  // Stage `stage`'s forward of `microbatch` on `input`: its output, or for the head's stage the
+  // microbatch's loss term (LossOf).
+  torch::Tensor StageForward(Stage& stage, int microbatch, const torch::Tensor& input, const StepState& state) const;
   // A microbatch's loss term from the head's output.
   torch::Tensor LossOf(const torch::Tensor& output, int microbatch, const StepState& state) const;
   // recompute=1: stage s's forward of microbatch mb again, from its kept input (a fresh leaf, put

@@ -12,6 +12,14 @@ std::string RankResult::Who() const {
                       : "rank " + std::to_string(rank);
 }
 
+std::vector<RankResult> ReplicaRanks(const std::vector<RankResult>& ranks, int replica) {
+  std::vector<RankResult> mine;
+  for (const auto& rank : ranks) {
+    if (rank.replica == replica) mine.push_back(rank);
+  }
+  return mine;
+}
+
 std::string StageCopyKey(const std::string& name, int stage) { return name + "@stage" + std::to_string(stage); }
 
 std::string ParameterName(const std::string& key) { return key.substr(0, key.find("@stage")); }
@@ -186,55 +194,51 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   return result;
 }
 
-// A rank leaves only once rank 0 says its result arrived. A sender's Wait() ends when its bytes
-// are in the socket, not when they are read: a rank that exited then could close its end while
-// rank 0 still had the message (or Gloo's own notices) in flight, and rank 0's read failed with
-// "Connection reset by peer" (seen once in 700 scenario runs of the long sweep, two at a time on
-// 2 cores). Rank 0 reads nothing after the acknowledgements, so a peer's exit cannot cut it off.
-std::vector<RankResult> GatherResults(Transport& transport, RankResult own) {
-  const int rank = transport.rank();
-  if (rank != 0) {
-    transport.Send(SerializeRankResult(own), 0, MessageTag(Direction::kResult, rank, 0), std::nullopt)->Wait();
-    transport.Recv(0, MessageTag(Direction::kResult, rank, 1), torch::kCPU, std::nullopt)->Wait();
+namespace {
+
+// Every member's `own` results on member 0 of `transport`, member by member, each member's in its
+// order (every member holds the same count); an empty vector elsewhere. Result i of member r
+// travels as the message (result, r, i); member 0 acknowledges with (result, r, count).
+// A member leaves only once member 0 says its results arrived. A sender's Wait() ends when its
+// bytes are in the socket, not when they are read: a rank that exited then could close its end
+// while rank 0 still had the message (or Gloo's own notices) in flight, and rank 0's read failed
+// with "Connection reset by peer" (seen once in 700 scenario runs of the long sweep, two at a time
+// on 2 cores). Member 0 reads nothing after the acknowledgements, so a peer's exit cannot cut it
+// off.
+std::vector<RankResult> GatherLists(Transport& transport, std::vector<RankResult> own) {
+  const int member = transport.rank();
+  const int count = static_cast<int>(own.size());
+  if (member != 0) {
+    for (int i = 0; i < count; ++i) {
+      transport.Send(SerializeRankResult(own[i]), 0, MessageTag(Direction::kResult, member, i), std::nullopt)->Wait();
+    }
+    transport.Recv(0, MessageTag(Direction::kResult, member, count), torch::kCPU, std::nullopt)->Wait();
     return {};
   }
-  std::vector<RankResult> results;
-  results.push_back(std::move(own));
+  std::vector<RankResult> results = std::move(own);
   for (int peer = 1; peer < transport.world_size(); ++peer) {
-    auto bytes = transport.Recv(peer, MessageTag(Direction::kResult, peer, 0), torch::kCPU, std::nullopt)->Wait();
-    results.push_back(DeserializeRankResult(bytes));
+    for (int i = 0; i < count; ++i) {
+      auto bytes = transport.Recv(peer, MessageTag(Direction::kResult, peer, i), torch::kCPU, std::nullopt)->Wait();
+      results.push_back(DeserializeRankResult(bytes));
+    }
   }
   for (int peer = 1; peer < transport.world_size(); ++peer) {
-    transport.Send(torch::zeros({1}, torch::kUInt8), peer, MessageTag(Direction::kResult, peer, 1), std::nullopt)
+    transport.Send(torch::zeros({1}, torch::kUInt8), peer, MessageTag(Direction::kResult, peer, count), std::nullopt)
         ->Wait();
   }
   return results;
 }
 
+}  // namespace
+
+std::vector<RankResult> GatherResults(Transport& transport, RankResult own) {
+  std::vector<RankResult> mine;
+  mine.push_back(std::move(own));
+  return GatherLists(transport, std::move(mine));
+}
+
 std::vector<RankResult> GatherReplicas(Transport& replicas, std::vector<RankResult> own) {
-  if (replicas.world_size() == 1) return own;
-  const int replica = replicas.rank();
-  const int64_t count = static_cast<int64_t>(own.size());
-  if (replica != 0) {
-    for (int64_t i = 0; i < count; ++i) {
-      replicas.Send(SerializeRankResult(own[i]), 0, MessageTag(Direction::kResult, static_cast<int>(i), 0), std::nullopt)
-          ->Wait();
-    }
-    replicas.Recv(0, MessageTag(Direction::kResult, 0, 1), torch::kCPU, std::nullopt)->Wait();
-    return {};
-  }
-  std::vector<RankResult> results = std::move(own);
-  for (int peer = 1; peer < replicas.world_size(); ++peer) {
-    for (int64_t i = 0; i < count; ++i) {
-      auto bytes = replicas.Recv(peer, MessageTag(Direction::kResult, static_cast<int>(i), 0), torch::kCPU, std::nullopt)
-                       ->Wait();
-      results.push_back(DeserializeRankResult(bytes));
-    }
-  }
-  for (int peer = 1; peer < replicas.world_size(); ++peer) {
-    replicas.Send(torch::zeros({1}, torch::kUInt8), peer, MessageTag(Direction::kResult, 0, 1), std::nullopt)->Wait();
-  }
-  return results;
+  return GatherLists(replicas, std::move(own));
 }
 
 }  // namespace pipecheck::pipeline

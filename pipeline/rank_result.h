@@ -83,6 +83,9 @@ std::string StageCopyKey(const std::string& name, int stage);
 // The parameter a recorded key stands for: NAME for both NAME and NAME@stageS.
 std::string ParameterName(const std::string& key);
 
+// Replica `replica`'s ranks of every replica's `ranks`, indexed by pipeline rank (copies).
+std::vector<RankResult> ReplicaRanks(const std::vector<RankResult>& ranks, int replica);
+
 // Packs a rank's result into bytes and back (for sending it to rank 0).
 torch::Tensor SerializeRankResult(const RankResult& result);
 RankResult DeserializeRankResult(const torch::Tensor& bytes);

@@ -258,20 +258,38 @@ std::unique_ptr<Transport> MakeGlooTransport(c10::intrusive_ptr<c10d::Store> sto
                                          staged);
 }
 
-std::unique_ptr<Transport> Connect(const RendezvousOptions& options, const std::string& kind, torch::Device device) {
-  if (options.world_size == 1) return std::make_unique<SoloTransport>();
+namespace {
+
+void CheckTransportKind(const std::string& kind, torch::Device device) {
   TORCH_CHECK(kind == "gloo" || kind == "staged" || kind == "nccl", "unknown transport '", kind,
               "' (gloo, staged, nccl)");
   TORCH_CHECK(kind == "gloo" || device.is_cuda(), "the ", kind, " transport moves CUDA tensors, but this rank runs on ",
               device.str());
   TORCH_CHECK(kind != "gloo" || !device.is_cuda(), "the gloo transport cannot move CUDA tensors (", device.str(),
               "): use staged or nccl");
+}
+
+// The run's TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves it unless a launcher's agent does).
+c10::intrusive_ptr<c10d::Store> RendezvousStore(const RendezvousOptions& options) {
   TORCH_CHECK(options.master_port > 0 && options.master_port < 65536, "MASTER_PORT ", options.master_port,
               " is not a port");
-  auto store = compat::MakeTcpStore(options.master_addr, static_cast<uint16_t>(options.master_port),
-                                    options.rank == 0 && options.serve_store, options.world_size, options.timeout);
+  return compat::MakeTcpStore(options.master_addr, static_cast<uint16_t>(options.master_port),
+                              options.rank == 0 && options.serve_store, options.world_size, options.timeout);
+}
+
+// Transport `kind` (CheckTransportKind's) for `options`' rank of a group of several ranks over `store`.
+std::unique_ptr<Transport> TransportOver(const c10::intrusive_ptr<c10d::Store>& store, const RendezvousOptions& options,
+                                         const std::string& kind, torch::Device device) {
   if (kind == "nccl") return MakeNcclTransport(store, options, device);
   return MakeGlooTransport(store, MakeGloo(store, options), options, kind == "staged");
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> Connect(const RendezvousOptions& options, const std::string& kind, torch::Device device) {
+  if (options.world_size == 1) return std::make_unique<SoloTransport>();
+  CheckTransportKind(kind, device);
+  return TransportOver(RendezvousStore(options), options, kind, device);
 }
 
 ProcessGroups ConnectGroups(const RendezvousOptions& options, int pipeline_size, const std::string& kind,
@@ -287,29 +305,21 @@ ProcessGroups ConnectGroups(const RendezvousOptions& options, int pipeline_size,
     groups.data_parallel = std::make_unique<SoloTransport>();
     return groups;
   }
-  TORCH_CHECK(options.master_port > 0 && options.master_port < 65536, "MASTER_PORT ", options.master_port,
-              " is not a port");
-  auto store = compat::MakeTcpStore(options.master_addr, static_cast<uint16_t>(options.master_port),
-                                    options.rank == 0 && options.serve_store, options.world_size, options.timeout);
+  if (pipeline_size > 1) CheckTransportKind(kind, device);
+  const auto store = RendezvousStore(options);
   RendezvousOptions pipeline = options;
   pipeline.rank = groups.pipeline_rank;
   pipeline.world_size = pipeline_size;
-  if (pipeline_size == 1) {
-    groups.pipeline = std::make_unique<SoloTransport>();
-  } else {
-    TORCH_CHECK(kind == "gloo" || kind == "staged" || kind == "nccl", "unknown transport '", kind,
-                "' (gloo, staged, nccl)");
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(fmt::format("pipeline{}", groups.replica), store);
-    groups.pipeline = kind == "nccl" ? MakeNcclTransport(prefixed, pipeline, device)
-                                     : MakeGlooTransport(prefixed, MakeGloo(prefixed, pipeline), pipeline,
-                                                         kind == "staged");
-  }
+  groups.pipeline = pipeline_size == 1 ? std::make_unique<SoloTransport>()
+                                       : TransportOver(c10::make_intrusive<c10d::PrefixStore>(
+                                                           fmt::format("pipeline{}", groups.replica), store),
+                                                       pipeline, kind, device);
   RendezvousOptions data_parallel = options;
   data_parallel.rank = groups.replica;
   data_parallel.world_size = replicas;
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(fmt::format("replicas{}", groups.pipeline_rank), store);
-  groups.data_parallel = MakeGlooTransport(prefixed, MakeGloo(prefixed, data_parallel), data_parallel,
-                                           /*staged=*/device.is_cuda());
+  groups.data_parallel =
+      TransportOver(c10::make_intrusive<c10d::PrefixStore>(fmt::format("replicas{}", groups.pipeline_rank), store),
+                    data_parallel, device.is_cuda() ? "staged" : "gloo", device);
   return groups;
 }
 
