@@ -77,6 +77,7 @@ reports::SummaryRow ScenarioColumns(const scenarios::Scenario& s) {
   row.trainer = s.trainer;
   row.data_parallel = s.data_parallel;
   row.recompute = s.recompute;
+  row.accumulation = s.accumulation;
   return row;
 }
 

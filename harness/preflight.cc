@@ -32,6 +32,9 @@ int64_t ReferencePeak(const pipeline::PipelineConfig& config) {
   whole.world_size = 1;
   whole.virtual_stages = 1;
   whole.microbatches = 1;
+  whole.accumulation = 1;
+  whole.data_parallel = 1;
+  whole.recompute = false;
   whole.schedule = "gpipe";
   whole.partition = "uniform";
   whole.fault = "none";

@@ -179,7 +179,8 @@ pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario) {
   config.train = ToTrainConfig(scenario);
   config.world_size = static_cast<int>(scenario.world_size);
   config.virtual_stages = static_cast<int>(scenario.virtual_stages);
-  config.microbatches = static_cast<int>(scenario.microbatches);
+  config.microbatches = static_cast<int>(scenario.microbatches * scenario.accumulation);  // every round's
+  config.accumulation = static_cast<int>(scenario.accumulation);
   config.schedule = scenario.schedule;
   config.partition = scenario.partition;
   config.fault = pipeline::ParseFault(scenario.fault);

@@ -20,6 +20,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using StageMicrobatch = std::pair<int, int>;
 
+// The entry of `waiting` for (stage, microbatch), which an earlier action of this rank left;
+// a clear error when none is there (the list ran an action before the one that makes its
+// input, or an entry was taken twice).
+template <typename Value>
+Value& Waiting(std::map<StageMicrobatch, Value>& waiting, const StageMicrobatch& key, const char* what, int rank) {
+  const auto it = waiting.find(key);
+  TORCH_CHECK(it != waiting.end(), "rank ", rank, ": no ", what, " of stage ", key.first, ", microbatch ", key.second,
+              " is waiting: it was never made, or was already used");
+  return it->second;
+}
+
 // Megatron's memory trick: once an output has been sent, backward needs only its graph, so its
 // data can go. Only for outputs whose producing op keeps no reference to its own result
 // (an addition, an embedding lookup): for any other op freeing could corrupt backward.
@@ -72,7 +83,16 @@ Executor::Executor(const PipelineConfig& config, const Schedule& schedule, Stage
                    Fault& fault, reference::GradientAccumulator& accumulator)
     : config_(config), schedule_(schedule), stages_(stages), transport_(transport, fault), fault_(fault),
       accumulator_(accumulator), clock_(config.train.device),
-      owned_parameters_(OwnedParameters(stages, config.train.model.tied, /*count_tied_copy=*/true)) {}
+      owned_parameters_(OwnedParameters(stages, config.train.model.tied, /*count_tied_copy=*/true)) {
+  const auto& actions = schedule_.ranks[transport_.rank()];
+  const int per_round = config.microbatches / config.accumulation;
+  std::map<int, size_t> last;  // round -> index
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const ActionKind kind = actions[i].kind;
+    if (kind == ActionKind::kBackward || kind == ActionKind::kBackwardWeight) last[actions[i].microbatch / per_round] = i;
+  }
+  for (const auto& [round, index] : last) round_ends_[index] = round;
+}
 
 Executor::~Executor() = default;
 
@@ -93,17 +113,21 @@ void Executor::Forward(const Action& action, StepState& state) {
   if (s == 0) {
     input = reference::ToDevice(part.tokens, device);  // (b, t) int64
   } else if (OnThisRank(s - 1)) {
-    input = state.outputs.at({s - 1, mb}).detach().requires_grad_(true);  // (b, t, hidden)
+    input = Waiting(state.outputs, {s - 1, mb}, "output", transport_.rank())
+                .detach()
+                .requires_grad_(true);  // (b, t, hidden)
     state.inputs[{s, mb}] = input;
     Probe(input, Direction::kActivation, s, mb, BoundaryRole::kHandedOver, -1, state);
   } else {
     input = fault_.ReceivedInput(TakeArrived(action, state).requires_grad_(true));  // (b, t, hidden)
+    input = fault_.ReceiveBuffer(s, mb, input);
     state.inputs[{s, mb}] = input;
     Probe(input, Direction::kActivation, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s - 1), state);
   }
   // Recomputation keeps only the input (stage 0's is the batch's tokens): the forward builds no
   // graph, and the backward runs it again from what was kept.
   if (config_.recompute && s > 0) state.inputs[{s, mb}] = fault_.KeptForRecompute(s, input);
+  fault_.BeforeForward(s, input, stage.parameters);
   std::optional<torch::NoGradGuard> no_graph;
   if (config_.recompute) no_graph.emplace();
   auto output = StageForward(stage, mb, input, state);
@@ -123,7 +147,8 @@ void Executor::Forward(const Action& action, StepState& state) {
 torch::Tensor Executor::LossOf(const torch::Tensor& output, int microbatch, const StepState& state) const {
   const auto& part = state.microbatches[microbatch];
   const LossTokens tokens{part.valid_tokens, state.replica_tokens, state.batch.valid_tokens, config_.data_parallel};
-  return reference::TokenLossSum(output, reference::ToDevice(part.labels, config_.train.device)) /
+  const auto& labels = state.microbatches[fault_.LabelsOf(microbatch)].labels;
+  return reference::TokenLossSum(output, reference::ToDevice(labels, config_.train.device)) /
          fault_.LossDenominator(tokens);
 }
 
@@ -146,7 +171,7 @@ torch::Tensor Executor::Recompute(int s, int mb, StepState& state) {
     input = reference::ToDevice(state.microbatches[mb].tokens, config_.train.device);
   } else {
     // A fresh leaf over the kept input: its gradient is this backward's alone.
-    input = state.inputs.at({s, mb}).detach().requires_grad_(true);
+    input = Waiting(state.inputs, {s, mb}, "input", transport_.rank()).detach().requires_grad_(true);
     state.inputs[{s, mb}] = input;
   }
   return StageForward(StageAt(stages_, s, transport_.rank()), mb, input, state);
@@ -156,13 +181,15 @@ Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepStat
   const int s = action.stage, mb = action.microbatch;
   BackwardRoot start;
   if (StageAt(stages_, s, transport_.rank()).slice.has_head) {
-    start.root = config_.recompute ? Recompute(s, mb, state) : state.losses.at({s, mb});
+    start.root = config_.recompute ? Recompute(s, mb, state)
+                                   : Waiting(state.losses, {s, mb}, "loss term", transport_.rank());
     state.losses.erase({s, mb});
     start.gradient = fault_.BackwardSeed(torch::ones_like(start.root), mb);
     return start;
   }
   if (OnThisRank(s + 1)) {
-    start.gradient = state.input_grads.at({s + 1, mb});
+    start.gradient = Waiting(state.input_grads, {s + 1, mb}, "input gradient", transport_.rank());
+    start.gradient = fault_.InputGradientTaken(s + 1, mb, start.gradient);
     state.input_grads.erase({s + 1, mb});
     Probe(start.gradient, Direction::kGradient, s, mb, BoundaryRole::kHandedOver, -1, state);
   } else {
@@ -170,7 +197,8 @@ Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepStat
     Probe(start.gradient, Direction::kGradient, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s + 1),
           state);
   }
-  start.root = config_.recompute ? Recompute(s, mb, state) : state.outputs.at({s, mb});
+  start.root = config_.recompute ? Recompute(s, mb, state)
+                                 : Waiting(state.outputs, {s, mb}, "output", transport_.rank());
   state.outputs.erase({s, mb});
   start.passthrough = !start.root.grad_fn();
   start.gradient = fault_.BackwardSeed(start.gradient, mb);
@@ -184,6 +212,7 @@ void Executor::KeepInputGradient(const Action& action, torch::Tensor gradient, c
   TORCH_CHECK(gradient.defined(), "rank ", transport_.rank(), ": ", action.ToString(),
               " produced no gradient for its input");
   state.input_grads[{action.stage, mb}] = gradient;
+  fault_.InputGradientMade(action.stage, mb, gradient);
 }
 
 void Executor::Backward(const Action& action, StepState& state) {
@@ -195,7 +224,7 @@ void Executor::Backward(const Action& action, StepState& state) {
   accumulator_.AfterBackward();
   if (after_backward_) after_backward_(action);
   if (s == 0) return;
-  auto input = state.inputs.at({s, mb});
+  auto input = Waiting(state.inputs, {s, mb}, "input", transport_.rank());
   state.inputs.erase({s, mb});
   KeepInputGradient(action, start.passthrough ? start.gradient : input.grad(), input, state);
 }
@@ -205,7 +234,7 @@ void Executor::BackwardInput(const Action& action, StepState& state) {
   BackwardRoot start = TakeBackwardRoot(action, state);
   torch::Tensor input;
   if (s > 0) {
-    input = state.inputs.at({s, mb});
+    input = Waiting(state.inputs, {s, mb}, "input", transport_.rank());
     state.inputs.erase({s, mb});
   }
   torch::Tensor gradient;
@@ -257,7 +286,7 @@ void Executor::Receive(const Action& action, StepState& state) {
 }
 
 void Executor::SendForward(const Action& action, StepState& state) {
-  auto& output = state.outputs.at({action.stage, action.microbatch});
+  auto& output = Waiting(state.outputs, {action.stage, action.microbatch}, "output", transport_.rank());
   IssueSend(output.detach(), MessageOf(action), state);
   if (config_.recompute) {
     output = torch::Tensor();  // the backward makes it again; the send's buffer keeps it until it has left
@@ -268,7 +297,8 @@ void Executor::SendForward(const Action& action, StepState& state) {
 
 void Executor::SendBackward(const Action& action, StepState& state) {
   const auto key = std::make_pair(action.stage, action.microbatch);
-  IssueSend(state.input_grads.at(key), MessageOf(action), state);
+  const auto& gradient = Waiting(state.input_grads, key, "input gradient", transport_.rank());
+  IssueSend(fault_.InputGradientTaken(action.stage, action.microbatch, gradient), MessageOf(action), state);
   state.input_grads.erase(key);
 }
 
@@ -409,6 +439,9 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
     for (size_t index = 0; index < actions.size(); ++index) {
       fault_.BeforeAction(step, index, actions.size());
       marks.push_back(RunAction(index, state));
+      if (const auto end = round_ends_.find(index); end != round_ends_.end()) {
+        fault_.AfterRound(end->second, owned_parameters_);
+      }
       const int64_t held = window.HeldBytes();
       timeline.push_back({step, actions[index], 0.0, 0.0, held, window.PeakSinceLastCall(), 0.0, step_start});
     }

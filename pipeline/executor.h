@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 
 #include <vector>
 
@@ -124,6 +125,9 @@ class Executor {
   reference::GradientAccumulator& accumulator_;
   reference::DeviceClock clock_;  // action timings, on the device's own clock
   std::vector<torch::Tensor> owned_parameters_;  // with the tied copy: what backward accumulates into
+  // Accumulation rounds: the index of this rank's last action of each round that accumulates into
+  // the parameters (a B or a W), with its round; the fault's AfterRound runs after it.
+  std::map<size_t, int> round_ends_;
   FlightRecorder* recorder_ = nullptr;
   std::function<void(const Action&)> after_backward_;
   double HostMicroseconds() const;  // now, on the run's clock

@@ -455,6 +455,99 @@ class RecomputeStaleInput : public Fault {
   std::map<int, torch::Tensor> buffers_;
 };
 
+// stage_keeps_latest_input_gradient (PyTorch #139404): a stage keeps one input gradient, the
+// latest its backwards made, not one per microbatch; a schedule that runs a stage's backward of
+// the next microbatch before the previous one's gradient has left hands that one on instead.
+class StageKeepsLatestInputGradient : public Fault {
+ public:
+  using Fault::Fault;
+  void InputGradientMade(int stage, int /*microbatch*/, const torch::Tensor& gradient) override {
+    latest_[stage] = gradient;
+  }
+  torch::Tensor InputGradientTaken(int stage, int /*microbatch*/, const torch::Tensor& gradient) override {
+    const auto it = latest_.find(stage);
+    return it == latest_.end() ? gradient : it->second;
+  }
+
+ private:
+  std::map<int, torch::Tensor> latest_;
+};
+
+// recv_buffer_stale_grad (PyTorch #185331): a stage's received activation lands in a receive
+// buffer kept from step to step and is handed to the stage as it is; nothing clears the buffer's
+// .grad, so each step's input gradient has the previous step's added in.
+class RecvBufferStaleGrad : public Fault {
+ public:
+  using Fault::Fault;
+  torch::Tensor ReceiveBuffer(int stage, int microbatch, const torch::Tensor& input) override {
+    auto& buffer = buffers_[{stage, microbatch}];
+    if (!buffer.defined() || buffer.sizes() != input.sizes()) {
+      buffer = input;  // the first step's message becomes the buffer (a leaf that requires grad)
+      return buffer;
+    }
+    torch::NoGradGuard no_grad;
+    buffer.copy_(input);
+    return buffer;
+  }
+
+ private:
+  std::map<std::pair<int, int>, torch::Tensor> buffers_;
+};
+
+// accumulation_rescaled_per_round (TorchTitan #1733): the schedule rescales the parameters'
+// gradients by 1/m at the end of each of its rounds. With one round the scaling is exact; with
+// several, every earlier round's sum is divided again at each later round's end, so the step's
+// gradient is a moving average of the rounds (round k weighted 1/m^(R-1-k)), not their sum. The
+// loss and the boundary tensors stay right: only the parameters' gradients show it. Applied to
+// .grad, which holds the sum for float32 and float64 parameters.
+class AccumulationRescaledPerRound : public Fault {
+ public:
+  using Fault::Fault;
+  void BeginStep() override { before_.clear(); }
+  void AfterRound(int round, const std::vector<torch::Tensor>& parameters) override {
+    torch::NoGradGuard no_grad;
+    const double m = static_cast<double>(context().microbatches / context().rounds);
+    before_.resize(parameters.size());
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      const auto gradient = parameters[i].grad();
+      if (!gradient.defined()) continue;
+      if (round > 0 && before_[i].defined()) gradient.sub_(before_[i]).add_(before_[i] / m);
+      before_[i] = gradient.clone();
+    }
+  }
+
+ private:
+  std::vector<torch::Tensor> before_;  // each gradient at the last round's end
+};
+
+// reinit_on_seq_len_change: a stage that sees an input of another sequence length than its last
+// re-initialises itself (its buffers sized anew), and with them the gradients it had accumulated
+// this step; with variable lengths only the microbatches since the last change train. The
+// forward is untouched: the loss matches, the gradients do not.
+class ReinitOnSeqLenChange : public Fault {
+ public:
+  using Fault::Fault;
+  void BeforeForward(int stage, const torch::Tensor& input, const std::vector<torch::Tensor>& parameters) override {
+    const int64_t length = input.size(1);
+    const auto it = lengths_.find(stage);
+    if (it != lengths_.end() && it->second != length) {
+      for (auto parameter : parameters) parameter.mutable_grad().reset();
+    }
+    lengths_[stage] = length;
+  }
+
+ private:
+  std::map<int, int64_t> lengths_;
+};
+
+// loss_with_other_microbatch_labels (DeepSpeed #5729): the last stage's labels come from its own
+// data iterator, one microbatch ahead of the outputs it computes the loss of.
+class LossWithOtherMicrobatchLabels : public Fault {
+ public:
+  using Fault::Fault;
+  int LabelsOf(int microbatch) const override { return (microbatch + 1) % context().microbatches; }
+};
+
 const std::vector<FaultInfo>& FaultRegistry() {
   static const std::vector<FaultInfo> registry = {
       {"none", "the correct pipeline", Make<Fault>},
@@ -497,6 +590,16 @@ const std::vector<FaultInfo>& FaultRegistry() {
        Make<DpLocalTokenMean>},
       {"recompute_stale_input", "a stage's input kept for recomputation in one buffer reused by later microbatches",
        Make<RecomputeStaleInput>},
+      {"stage_keeps_latest_input_gradient", "a stage keeps only its latest backward's input gradient, not one per "
+       "microbatch", Make<StageKeepsLatestInputGradient>},
+      {"recv_buffer_stale_grad", "a receive buffer reused across steps keeps its .grad, added into the next step's",
+       Make<RecvBufferStaleGrad>},
+      {"accumulation_rescaled_per_round", "gradients divided by m at every accumulation round's end, earlier rounds "
+       "again", Make<AccumulationRescaledPerRound>},
+      {"reinit_on_seq_len_change", "a stage re-initialised on a new sequence length, its gradients wiped",
+       Make<ReinitOnSeqLenChange>},
+      {"loss_with_other_microbatch_labels", "the loss computed with the next microbatch's labels",
+       Make<LossWithOtherMicrobatchLabels>},
   };
   return registry;
 }

@@ -30,6 +30,7 @@ struct FaultContext {
   int world_size = 1;
   int64_t steps = 1;
   int replicas = 1;  // data_parallel
+  int rounds = 1;    // accumulation: microbatches / rounds per round of the schedule
 };
 
 // What a rank's loss terms are divided by: the tokens of a microbatch, of its replica's
@@ -61,6 +62,14 @@ class Fault {
   virtual double LossDenominator(const LossTokens& tokens) const {
     return static_cast<double>(tokens.batch) / tokens.replicas;
   }
+  // Before stage `stage` runs its forward over `input` (tokens (b, t) or activations (b, t, h)),
+  // `parameters` being the stage's own.
+  virtual void BeforeForward(int /*stage*/, const torch::Tensor& /*input*/,
+                             const std::vector<torch::Tensor>& /*parameters*/) {}
+  // The tensor a stage takes as its received input of `microbatch`: the received leaf itself.
+  virtual torch::Tensor ReceiveBuffer(int /*stage*/, int /*microbatch*/, const torch::Tensor& input) { return input; }
+  // Whose labels the loss of `microbatch` is computed with: its own.
+  virtual int LabelsOf(int microbatch) const { return microbatch; }
   // The input a stage keeps for its backward to recompute its forward from (recompute=1).
   virtual torch::Tensor KeptForRecompute(int /*stage*/, const torch::Tensor& input) { return input; }
   // The gradient a backward of `microbatch` starts from (ones for the loss, else the output's).
@@ -69,9 +78,18 @@ class Fault {
   virtual torch::Tensor InputGradient(const torch::Tensor& gradient, const torch::Tensor& /*input*/) const {
     return gradient;
   }
+  // Stage `stage`'s input gradient of `microbatch` as a backward makes it, and as it is later
+  // sent or handed over: the one made for that microbatch.
+  virtual void InputGradientMade(int /*stage*/, int /*microbatch*/, const torch::Tensor& /*gradient*/) {}
+  virtual torch::Tensor InputGradientTaken(int /*stage*/, int /*microbatch*/, const torch::Tensor& gradient) {
+    return gradient;
+  }
   // Around every backward that accumulates into `parameters` (a B, or a W).
   virtual void BeforeBackward(const std::vector<torch::Tensor>& /*parameters*/) {}
   virtual void AfterBackward(const std::vector<torch::Tensor>& /*parameters*/) {}
+  // After this rank's last backward (B or W) of accumulation round `round` (every step has at
+  // least one round): the rounds' gradients simply add up, so nothing happens here.
+  virtual void AfterRound(int /*round*/, const std::vector<torch::Tensor>& /*parameters*/) {}
   // Around a W of `module`: what the first returns is handed to the second.
   virtual torch::Tensor BeforeWeightGradient(const torch::nn::Module& /*module*/) const { return {}; }
   virtual void AfterWeightGradient(const torch::nn::Module& /*module*/, const torch::Tensor& /*before*/) const {}

@@ -47,6 +47,27 @@ Schedule EmptySchedule(const std::string& name, const PipelineShape& shape, bool
   return Schedule{name, shape, std::vector<std::vector<Action>>(shape.ranks)};
 }
 
+Schedule RepeatRounds(const Schedule& schedule, int rounds) {
+  if (rounds < 1) throw ScheduleError(fmt::format("schedule {}: rounds must be >= 1, got {}", schedule.name, rounds));
+  Schedule repeated = schedule;
+  if (rounds == 1) return repeated;
+  const int m = schedule.shape.microbatches;
+  repeated.name = fmt::format("{} x {} rounds", schedule.name, rounds);
+  repeated.shape.microbatches = m * rounds;
+  for (size_t r = 0; r < schedule.ranks.size(); ++r) {
+    auto& actions = repeated.ranks[r];
+    actions.clear();
+    actions.reserve(schedule.ranks[r].size() * static_cast<size_t>(rounds));
+    for (int round = 0; round < rounds; ++round) {
+      for (Action action : schedule.ranks[r]) {
+        action.microbatch += round * m;
+        actions.push_back(action);
+      }
+    }
+  }
+  return repeated;
+}
+
 std::string PipelineShape::PlacementRule() const {
   if (placement == Placement::kV) {
     return fmt::format("in a V: stage s on rank s for s < {0}, on rank {1} - s after", ranks, 2 * ranks - 1);

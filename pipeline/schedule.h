@@ -122,6 +122,12 @@ std::string InterleavedConstraint(const PipelineShape& shape);
 // serve (virtual stages for a one-stage-per-rank schedule).
 Schedule MakeSchedule(const std::string& name, const PipelineShape& shape);
 
+// Gradient accumulation: `schedule` run `rounds` times in a row on every rank, round k over
+// microbatches k x m .. (k + 1) x m - 1 (m its own count), as one schedule of rounds x m
+// microbatches. Each rank starts a round when it has done its part of the one before; nothing
+// of one round waits for another's. A compute-only schedule in, a compute-only schedule out.
+Schedule RepeatRounds(const Schedule& schedule, int rounds);
+
 // One line per rank: "rank 0: 0F0 0SEND_F0 0F1 ...".
 std::string FormatActions(const Schedule& schedule);
 

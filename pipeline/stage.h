@@ -23,7 +23,11 @@ struct PipelineConfig {
   reference::TrainConfig train;  // model, data, optimizer, seed, steps, clip, dtype, device
   int world_size = 1;
   int virtual_stages = 1;
+  // This replica's microbatches of one optimizer step, every round's: `accumulation` rounds of
+  // the schedule, each over microbatches / accumulation of them (round k takes microbatches
+  // k x that .. (k + 1) x that - 1). Their gradients add up before the step's one update.
   int microbatches = 1;
+  int accumulation = 1;
   std::string schedule = "1f1b";
   std::string partition = "uniform";
   std::string fault = "none";  // a known bug to inject (faults.h); none in every real run

@@ -18,11 +18,17 @@
 
 namespace pipecheck::pipeline {
 
+FaultContext FaultContextOf(const PipelineConfig& config, int rank) {
+  return {config.microbatches, rank, config.world_size, config.train.steps, config.data_parallel, config.accumulation};
+}
+
 Schedule BuildSchedule(const PipelineConfig& config) {
-  const PipelineShape shape{config.world_size, config.virtual_stages, config.microbatches};
-  const auto fault =
-      MakeFault(config.fault, {config.microbatches, 0, config.world_size, config.train.steps, config.data_parallel});
-  Schedule lowered = LowerSchedule(ScheduleByName(config.schedule, shape), fault->PostReceivesFirst());
+  TORCH_CHECK(config.accumulation >= 1 && config.microbatches % config.accumulation == 0, "microbatches ",
+              config.microbatches, " are not ", config.accumulation, " rounds of the same count");
+  const PipelineShape round{config.world_size, config.virtual_stages, config.microbatches / config.accumulation};
+  const auto fault = MakeFault(config.fault, FaultContextOf(config, 0));
+  Schedule lowered =
+      LowerSchedule(RepeatRounds(ScheduleByName(config.schedule, round), config.accumulation), fault->PostReceivesFirst());
   ValidateSchedule(lowered, {}, config.communication);
   return lowered;
 }
@@ -41,8 +47,7 @@ std::vector<std::pair<int, int>> MessageChannels(const PipelineConfig& config, c
 
 PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport, Transport* replicas)
     : config_(config), transport_(transport), replicas_(config.data_parallel > 1 ? replicas : nullptr),
-      fault_(MakeFault(config.fault, {config.microbatches, transport.rank(), config.world_size, config.train.steps,
-                                      config.data_parallel})),
+      fault_(MakeFault(config.fault, FaultContextOf(config, transport.rank()))),
       schedule_(BuildSchedule(config)), baseline_bytes_(reference::HeldTensorBytes(config.train.device)) {
   TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
               " but ", transport.world_size(), " ranks were started");

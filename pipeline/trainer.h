@@ -26,8 +26,12 @@
 
 namespace pipecheck::pipeline {
 
-// The validated, lowered schedule every rank of this configuration runs.
+// The validated, lowered schedule every rank of this configuration runs: its accumulation
+// rounds of the named schedule, one after another.
 Schedule BuildSchedule(const PipelineConfig& config);
+
+// What the fault injected on `rank` knows of the run.
+FaultContext FaultContextOf(const PipelineConfig& config, int rank);
 
 // Every ordered pair of ranks (from, to) that carries a message in a step of `schedule` (its
 // sends, and the tied sum's exchange), sorted, each once: the same list on every rank, handed to

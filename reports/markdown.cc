@@ -98,6 +98,7 @@ std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioRepo
     // The layout beside the name: replicas and recomputation change what the row measures.
     if (r.data_parallel > 1) who += fmt::format(" ×{} replicas", r.data_parallel);
     if (r.recompute) who += " (recompute)";
+    if (r.accumulation > 1) who += fmt::format(" ×{} rounds", r.accumulation);
     text += fmt::format("| {} | {}{} | {} | {} | {} | {} | {} | {} | {} |\n", Mark(ok), Cell(r.scenario), who,
                         StatusName(r.status), Number(r.loss_max_abs_diff, "{:.1e}"), Number(r.grad_max_rel_err, "{:.1e}"),
                         Number(r.pp_tokens_per_s, "{:.0f}"), row ? Arrow(row->throughput_change) : "",

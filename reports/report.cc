@@ -54,6 +54,7 @@ const Fields<SummaryRow>& SummaryFields() {
       field::Text("trainer", &R::trainer),
       field::Integer("data_parallel", &R::data_parallel),
       field::Flag("recompute", &R::recompute),
+      field::Integer("accumulation", &R::accumulation),
   };
   return fields;
 }

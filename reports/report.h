@@ -45,6 +45,7 @@ struct SummaryRow {
   std::string trainer = "pipecheck";  // who trained: pipecheck, torch or external:PATH (as the suite says)
   int64_t data_parallel = 1;          // replicas of the pipeline
   bool recompute = false;             // activations recomputed in the backward
+  int64_t accumulation = 1;           // rounds of the schedule per optimizer step
 };
 
 // summary.csv's columns, in file order: the one list.

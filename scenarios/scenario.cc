@@ -26,11 +26,11 @@
 namespace pipecheck::scenarios {
 namespace {
 
-constexpr std::array<const char*, 31> kColumnNames = {
+constexpr std::array<const char*, 32> kColumnNames = {
     "name",        "flavor",       "layers", "hidden",   "heads",          "ffn",   "vocab",
     "tied",        "world_size",   "schedule", "virtual_stages", "transport", "partition", "batch", "microbatches",
     "seq_len",     "seq_len_min",  "dtype",  "steps",    "optimizer",      "lr",    "clip",
-    "recompute",   "data_parallel", "seed",         "device", "tol",      "fault",          "expect",
+    "recompute",   "data_parallel", "accumulation", "seed",         "device", "tol",      "fault",          "expect",
     "trainer",     "note"};
 constexpr size_t kColumnCount = kColumnNames.size();
 
@@ -59,6 +59,7 @@ constexpr int64_t kMaxVirtualStages = 16;
 constexpr int64_t kMaxBatch = 65536;  // also microbatches
 constexpr int64_t kMaxSeqLen = 65536;
 constexpr int64_t kMaxSteps = 100000;
+constexpr int64_t kMaxAccumulation = 1024;
 constexpr size_t kMaxSuiteBytes = 16 << 20;  // a suite file
 
 // A bad value; the loader adds file, line and column.
@@ -291,6 +292,7 @@ const std::array<Column, kColumnCount>& Columns() {
       RealColumn(&Scenario::clip, 0.0, /*min_allowed=*/true),
       FlagColumn(&Scenario::recompute),
       IntegerColumn(&Scenario::data_parallel, 1, kMaxWorldSize),
+      IntegerColumn(&Scenario::accumulation, 1, kMaxAccumulation),
       Column{[](Scenario& s, const std::string& v) { s.seed = ParseSeed(v); },
              [](const Scenario& s) { return std::to_string(s.seed); }},
       ChoiceColumn(&Scenario::device, kDevices),
@@ -427,18 +429,28 @@ void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
     throw at.At(line, "recompute", "1",
                 fmt::format("trainer {} recomputes as it was written to: recompute needs trainer=pipecheck", s.trainer));
   }
+  if (s.ExternalTrainer() && s.accumulation > 1) {
+    throw at.At(line, "accumulation", std::to_string(s.accumulation),
+                fmt::format("trainer {} runs one round of its schedule per step: accumulation needs trainer=pipecheck",
+                            s.trainer));
+  }
   if (s.world_size * s.data_parallel > kMaxWorldSize) {
     throw at.At(line, "data_parallel", std::to_string(s.data_parallel),
                 fmt::format("world_size {} x data_parallel {} = {} processes, more than {}", s.world_size,
                             s.data_parallel, s.world_size * s.data_parallel, kMaxWorldSize));
   }
-  // The global batch splits into data_parallel x microbatches microbatches, each replica taking
-  // its own `microbatches` of them, contiguous (docs/scenarios.md).
-  if (s.data_parallel * s.microbatches > s.batch) {
-    throw at.At(line, "data_parallel", std::to_string(s.data_parallel),
-                fmt::format("data_parallel {} x microbatches {} = {} microbatches, more than batch {}: every "
-                            "replica's microbatch needs a sequence", s.data_parallel, s.microbatches,
-                            s.data_parallel * s.microbatches, s.batch));
+  // The global batch splits into data_parallel x accumulation x microbatches microbatches, each
+  // replica taking its own accumulation x microbatches of them, contiguous, one round after
+  // another (docs/scenarios.md).
+  if (s.StepMicrobatches() > s.batch) {
+    std::vector<std::string> factors;
+    if (s.data_parallel > 1) factors.push_back(fmt::format("data_parallel {}", s.data_parallel));
+    if (s.accumulation > 1) factors.push_back(fmt::format("accumulation {}", s.accumulation));
+    factors.push_back(fmt::format("microbatches {}", s.microbatches));
+    const bool dp = s.data_parallel > 1;
+    throw at.At(line, dp ? "data_parallel" : "accumulation", std::to_string(dp ? s.data_parallel : s.accumulation),
+                fmt::format("{} = {} microbatches, more than batch {}: every microbatch needs a sequence",
+                            fmt::join(factors, " x "), s.StepMicrobatches(), s.batch));
   }
 }
 
@@ -616,6 +628,7 @@ std::string Configuration(const Scenario& scenario) {
     if (column == "trainer" && !scenario.ExternalTrainer()) continue;
     // Likewise rows of one pipeline keep the fingerprint they had before replicas were a column.
     if (column == "data_parallel" && scenario.data_parallel == 1) continue;
+    if (column == "accumulation" && scenario.accumulation == 1) continue;
     std::string shown = value;
     if (column == "schedule" && scenario.schedule.rfind("csv:", 0) == 0) {
       std::ifstream stream(scenario.schedule.substr(4), std::ios::binary);

@@ -46,6 +46,10 @@ struct Scenario {
   // Replicas of the pipeline (PP x DP): world_size stays one pipeline's ranks, and a run starts
   // world_size x data_parallel processes.
   int64_t data_parallel = 1;
+  // Gradient accumulation: rounds of the schedule (each over `microbatches`) per optimizer step.
+  // The step's global batch splits into data_parallel x accumulation x microbatches microbatches;
+  // the gradients of every round add up before the one tied sum, average, clip and update.
+  int64_t accumulation = 1;
   uint64_t seed = 1234;
   std::string device = "cpu";
   double tol = 0.0;  // resolved from dtype when not given
@@ -73,6 +77,8 @@ struct Scenario {
   bool ExternalTrainer() const { return trainer != "pipecheck"; }
   // Every process of the run: world_size x data_parallel.
   int64_t Processes() const { return world_size * data_parallel; }
+  // Microbatches of one optimizer step across every replica and round.
+  int64_t StepMicrobatches() const { return data_parallel * accumulation * microbatches; }
 };
 
 // The columns, in docs/scenarios.md order.

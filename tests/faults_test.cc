@@ -72,6 +72,18 @@ const std::map<std::string, std::string> kExpectedMessage = {
     // Recomputation from a reused buffer: the first wrong boundary, then the parameter it spoiled most.
     {"recompute_stale_input", "^step 0, microbatch [0-9]+: gradient into stage [01] \\(from rank [12]\\) rel err .*; worst "
                               "gradient .* on rank [0-2] \\(stage [0-2]\\): rel err"},
+    // Bug classes shipped since 2024. A stage holding only its latest input gradient: the first
+    // gradient handed over for an older microbatch (three stages on one rank, breadth-first).
+    {"stage_keeps_latest_input_gradient", "^step 0, microbatch 0: gradient into stage 1 \\(handed over on rank 0\\) rel "
+                                          "err .*; worst gradient .* on rank 0 \\(stage [0-2]\\): rel err"},
+    // A reused receive buffer's stale .grad: right at step 0, wrong from step 1 on.
+    {"recv_buffer_stale_grad", "^step 1, microbatch [0-9]+: gradient into stage 0 \\(from rank 1\\) rel err .*; worst "
+                               "gradient .* at step 1 on rank [01] \\(stage [01]\\): rel err"},
+    // Rounds rescaled as a moving average, a stage re-initialised on a new length: the loss and
+    // every boundary right, the parameters' gradients not.
+    {"accumulation_rescaled_per_round", "^gradient of .* at step 0 on rank [01] \\(stage [01]\\): rel err"},
+    {"reinit_on_seq_len_change", "^gradient of .* at step 0 on rank [01] \\(stage [01]\\): rel err"},
+    {"loss_with_other_microbatch_labels", "^step 0, microbatch 0: gradient into stage 0 \\(from rank 1\\) rel err"},
 };
 
 // Faults that leave every value right (to rounding), so parity passes by design: `pipecheck

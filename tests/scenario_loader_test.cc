@@ -210,7 +210,16 @@ TEST(ScenarioLoader, RejectsImpossibleCombinations) {
             std::string::npos);
   EXPECT_EQ(ErrorFor("name,batch,microbatches,data_parallel\nx,8,4,3\n"),
             "suite.csv:2:4: column 'data_parallel', value '3': data_parallel 3 x microbatches 4 = 12 microbatches, "
-            "more than batch 8: every replica's microbatch needs a sequence");
+            "more than batch 8: every microbatch needs a sequence");
+  EXPECT_EQ(ErrorFor("name,batch,microbatches,accumulation\nx,8,4,3\n"),
+            "suite.csv:2:4: column 'accumulation', value '3': accumulation 3 x microbatches 4 = 12 microbatches, "
+            "more than batch 8: every microbatch needs a sequence");
+  EXPECT_EQ(ErrorFor("name,batch,microbatches,data_parallel,accumulation\nx,8,2,2,3\n"),
+            "suite.csv:2:4: column 'data_parallel', value '2': data_parallel 2 x accumulation 3 x microbatches 2 = 12 "
+            "microbatches, more than batch 8: every microbatch needs a sequence");
+  EXPECT_EQ(ErrorFor("name,trainer,accumulation\nx,torch,2\n"),
+            "suite.csv:2:3: column 'accumulation', value '2': trainer torch runs one round of its schedule per step: "
+            "accumulation needs trainer=pipecheck");
   EXPECT_EQ(ErrorFor("name,world_size,data_parallel\nx,200,2\n"),
             "suite.csv:2:3: column 'data_parallel', value '2': world_size 200 x data_parallel 2 = 400 processes, more "
             "than 256");
@@ -232,6 +241,10 @@ TEST(ScenarioLoader, DataParallelAndRecomputeKeepOnePipelinesFingerprint) {
   EXPECT_EQ(Configuration(one).find("data_parallel"), std::string::npos);  // rows of one pipeline: as before
   EXPECT_NE(Configuration(replicated).find("recompute=1 data_parallel=2"), std::string::npos);
   EXPECT_NE(Fingerprint(Configuration(one)), Fingerprint(Configuration(replicated)));
+  const auto rounds = ParseSuite("name,world_size,accumulation\nx,2,3\n", "suite.csv")[0];
+  EXPECT_EQ(rounds.StepMicrobatches(), 3 * 4);
+  EXPECT_EQ(Configuration(one).find("accumulation"), std::string::npos);
+  EXPECT_NE(Configuration(rounds).find("accumulation=3"), std::string::npos);
 }
 
 TEST(ScenarioLoader, RejectsRowsWithTheWrongFieldCount) {
