@@ -220,9 +220,7 @@ void Executor::Backward(const Action& action, StepState& state) {
   fault_.BeforeBackward(owned_parameters_);
   const BackwardRoot start = TakeBackwardRoot(action, state);
   if (!start.passthrough) BackwardFrom(start.root, start.gradient);
-  fault_.AfterBackward(owned_parameters_);
-  accumulator_.AfterBackward();
-  if (after_backward_) after_backward_(action);
+  AfterParameterGradients(action);
   if (s == 0) return;
   auto input = Waiting(state.inputs, {s, mb}, "input", transport_.rank());
   state.inputs.erase({s, mb});
@@ -274,8 +272,12 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
                                                         /*create_graph=*/false, /*accumulate_grad=*/true,
                                                         parameter_edges);
   fault_.AfterWeightGradient(module, before);
+  AfterParameterGradients(action);
+}
+
+void Executor::AfterParameterGradients(const Action& action) {
   fault_.AfterBackward(owned_parameters_);
-  accumulator_.AfterBackward();
+  accumulator_.AfterBackward();  // reduced-precision gradients move into their float32 sums
   if (after_backward_) after_backward_(action);
 }
 

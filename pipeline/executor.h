@@ -71,6 +71,9 @@ class Executor {
   void Backward(const Action& action, StepState& state);
   void BackwardInput(const Action& action, StepState& state);   // I: the input's gradient, graph kept
   void BackwardWeight(const Action& action, StepState& state);  // W: the parameters' gradients
+  // After a B or a W has added into the parameters' gradients: the fault's hook, the float32
+  // sums of reduced-precision gradients, the trainer's hook.
+  void AfterParameterGradients(const Action& action);
   void Receive(const Action& action, StepState& state);  // RECV_F and RECV_B alike
   void SendForward(const Action& action, StepState& state);
   void SendBackward(const Action& action, StepState& state);

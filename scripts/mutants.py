@@ -68,7 +68,7 @@ def first_failure(out):
     """The first scenario that did not meet its expectation, and its message."""
     summary = out / "summary.csv"
     if not summary.exists():
-        return "no summary.csv"
+        return ""  # nothing ran (the suite was refused at load): the caller quotes pipecheck's own words
     for row in csv.DictReader(open(summary, newline="")):
         if row.get("ok") != "1":
             return f"{row['scenario']}: {row['status']}: {row['message'][:200]}"
@@ -125,8 +125,8 @@ def main():
                     caught = run.returncode != 0
                     message = first_failure(out) if caught else ""
                     if caught and not message:
-                        message = (run.stdout + run.stderr).strip().splitlines()[-1:] or [f"exit {run.returncode}"]
-                        message = message[0]
+                        lines = [line for line in (run.stdout + run.stderr).strip().splitlines() if line.strip()]
+                        message = lines[-1][:300] if lines else f"exit {run.returncode}"
                 except subprocess.TimeoutExpired:
                     caught, message = True, f"the suite ran past {args.timeout:g} s"
                 verdict = "caught" if caught else "missed"

@@ -241,7 +241,7 @@ TEST(ScenarioLoader, DataParallelAndRecomputeKeepOnePipelinesFingerprint) {
   EXPECT_EQ(Configuration(one).find("data_parallel"), std::string::npos);  // rows of one pipeline: as before
   EXPECT_NE(Configuration(replicated).find("recompute=1 data_parallel=2"), std::string::npos);
   EXPECT_NE(Fingerprint(Configuration(one)), Fingerprint(Configuration(replicated)));
-  const auto rounds = ParseSuite("name,world_size,accumulation\nx,2,3\n", "suite.csv")[0];
+  const auto rounds = ParseSuite("name,world_size,batch,accumulation\nx,2,12,3\n", "suite.csv")[0];
   EXPECT_EQ(rounds.StepMicrobatches(), 3 * 4);
   EXPECT_EQ(Configuration(one).find("accumulation"), std::string::npos);
   EXPECT_NE(Configuration(rounds).find("accumulation=3"), std::string::npos);
