@@ -21,6 +21,17 @@ reference::StepRecord Oracle::EvaluateAt(const reference::NamedTensors& weights,
   return evaluator_->Evaluate(step);
 }
 
+reference::StepRecord Oracle::EvaluateAccumulatedAt(const reference::NamedTensors& weights, int64_t step) {
+  if (!accumulating_) {
+    auto config = config_;
+    config.microbatches = microbatches_;
+    config.boundary_layers.clear();
+    accumulating_ = std::make_unique<reference::ReferenceTrainer>(config);
+  }
+  accumulating_->SetWeights(weights);
+  return accumulating_->Evaluate(step);
+}
+
 reference::NamedTensors Oracle::UpdateFrom(const reference::NamedTensors& weights,
                                            const reference::NamedTensors& gradients) {
   updater_->SetWeights(weights);

@@ -33,6 +33,13 @@ class Oracle {
   // their gradients) entering config().boundary_layers. Call for k = 0, 1, ... in order.
   reference::StepRecord EvaluateAt(const reference::NamedTensors& weights, int64_t step);
 
+  // Gradients of step k's batch at `weights` as a correct pipeline sums them: the pipeline's
+  // microbatches one after another, each gradient added into a float32 sum where the parameters
+  // are reduced-precision (GradientAccumulator), clipped by the summed gradients' global norm.
+  // Against these a pipeline's own arithmetic differs by rounding of float32 sums only, where the
+  // whole batch's gradients differ by bfloat16's rounding. Call for k = 0, 1, ... in order.
+  reference::StepRecord EvaluateAccumulatedAt(const reference::NamedTensors& weights, int64_t step);
+
   // Weights after one optimizer step from `weights` applying `gradients`. Optimizer state
   // carries over between calls, so call once per step in order.
   reference::NamedTensors UpdateFrom(const reference::NamedTensors& weights, const reference::NamedTensors& gradients);
@@ -48,6 +55,7 @@ class Oracle {
   int64_t microbatches_;
   std::unique_ptr<reference::ReferenceTrainer> evaluator_;  // weights set from outside each step
   std::unique_ptr<reference::ReferenceTrainer> updater_;    // owns the optimizer state of UpdateFrom
+  std::unique_ptr<reference::ReferenceTrainer> accumulating_;  // the pipeline's microbatches (made on first use)
   reference::NamedTensors initial_weights_;
   std::optional<reference::TrainResult> free_running_, envelope_;
 };

@@ -131,7 +131,21 @@ struct Verdicts {
   double loss_max_abs_diff = 0.0;  // free-running trajectory
   std::string trajectory_note;     // how the trajectory was judged
   std::string diverged;            // non-empty: the reference diverged (an ERROR)
+  double accumulation_max_rel = 0.0;  // reduced precision: against the reference's float32 sums
 };
+
+// 2d's tolerance, relative to each gradient's norm: bfloat16 keeps 8 significant bits (a
+// rounding of up to 2^-9 = 2e-3 of a value), so a sum of m microbatches kept in bfloat16 drifts
+// by several such roundings, while the pipeline and the reference differ by float32 sums only.
+constexpr double kAccumulationTol = 1e-3;
+
+// Whether 2d runs: reduced-precision rows of pipecheck's own trainer, which promises float32 sums
+// (another trainer's accumulation dtype is its own business, judged by 2b's tolerance), on the
+// CPU, whose kernels sum a microbatch's gradient the same way in the pipeline and the reference;
+// CUDA's embedding backward adds with atomics in any order, so there 2b alone judges.
+bool JudgesAccumulation(const scenarios::Scenario& scenario) {
+  return scenario.dtype == "bfloat16" && !scenario.ExternalTrainer() && scenario.device == "cpu";
+}
 
 const pipeline::RankResult& LossRank(const std::vector<pipeline::RankResult>& ranks) {
   const pipeline::RankResult* loss_rank = &ranks.back();
@@ -499,6 +513,35 @@ void JudgeCommunication(const ParityInput& input, const pipeline::PipelineConfig
   }
 }
 
+// 2d. Reduced precision: every gradient of step k against the reference summing the pipeline's
+// own microbatches as a correct pipeline must (float32 sums of each microbatch's bfloat16
+// gradient), at a tolerance far below bfloat16's rounding, which the whole-batch comparison has to
+// allow. What this sees and 2b cannot: sums kept in the parameter's dtype, a microbatch's
+// gradient rounded once more than it should be. The tied weight is left to 2b: the reference sums
+// its two uses inside each backward, in bfloat16, where the pipeline's two copies sum in float32.
+void JudgeAccumulation(size_t step, const std::vector<pipeline::RankResult>& ranks, const NamedTensors& accumulated,
+                       const std::vector<reference::SliceSpec>& slices, const scenarios::Scenario& scenario,
+                       Verdicts& verdicts) {
+  const double floor = GradientFloorFraction(scenario.dtype) * GlobalNorm(accumulated);
+  for (const auto& rank : ranks) {
+    if (step >= rank.gradients.size()) continue;  // reported by JudgeGradients
+    for (const auto& item : rank.gradients[step]) {
+      const std::string name = pipeline::ParameterName(item.key());
+      if (!accumulated.contains(name) || (scenario.tied && name == "tok_embeddings.weight")) continue;
+      const auto& ref = accumulated[name];
+      const auto error = Compare(item.value(), ref, Norm(ref), floor);
+      verdicts.accumulation_max_rel = std::max(verdicts.accumulation_max_rel, error.rel);
+      if (!(error.rel <= kAccumulationTol)) {
+        verdicts.problems.Add(step, Evidence::kGradients,
+                              fmt::format("gradient of {} at step {} on {}: rel err {:.3g} > {:.3g} against the "
+                                          "reference summing the same microbatches in float32 (a sum in {}?)",
+                                          item.key(), step, Where(rank, item.key(), slices), error.rel,
+                                          kAccumulationTol, scenario.dtype));
+      }
+    }
+  }
+}
+
 // Steps 1 and 2 of the header comment, every step in order. Returns the pipeline's final
 // weights (one copy per name), already checked for finiteness and identical tied copies.
 NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig& config, Verdicts& verdicts,
@@ -520,6 +563,10 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
     JudgeStepBoundaries(input, config, slices, boundary_views, k, at_pipeline, verdicts, report);
     JudgeLoss(k, LossAt(loss_rank, k), at_pipeline.loss, scenario.tol, verdicts);
     JudgeGradients(k, input.ranks, at_pipeline.gradients, slices, scenario, verdicts);
+    if (JudgesAccumulation(scenario)) {
+      const auto accumulated = input.oracle.EvaluateAccumulatedAt(start, static_cast<int64_t>(k));
+      JudgeAccumulation(k, input.ranks, accumulated.gradients, slices, scenario, verdicts);
+    }
     const auto predicted = input.oracle.UpdateFrom(start, AppliedGradients(input.ranks, k));
     JudgeUpdate(k, input.ranks, start, predicted, steps, slices, scenario, verdicts);
     start = PipelineWeights(input.ranks, k + 1, steps, verdicts.problems);
@@ -604,9 +651,13 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   row.params_checked = static_cast<int64_t>(reference.final_weights.size());
   row.weights_max_rel_err = verdicts.update_max_rel;
   row.message = failures.empty()
-                       ? fmt::format("worst gradient {} at step {} (rel err {:.3g}); weights after each step match "
+                       ? fmt::format("worst gradient {} at step {} (rel err {:.3g}); {}weights after each step match "
                                      "the reference's update (worst rel err {:.3g}); {}",
                                      verdicts.worst_param, verdicts.worst_step, verdicts.grad_max_rel,
+                                     JudgesAccumulation(scenario)
+                                         ? fmt::format("bfloat16 gradients summed as the reference's float32 sums "
+                                                       "(worst rel err {:.3g}); ", verdicts.accumulation_max_rel)
+                                         : std::string(),
                                      verdicts.update_max_rel, verdicts.trajectory_note)
                        : failures.front() + MoreFailures(failures.size() - 1, verdicts, scenario.tol);
   return report;

@@ -277,7 +277,7 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
 
 void Executor::AfterParameterGradients(const Action& action) {
   fault_.AfterBackward(owned_parameters_);
-  accumulator_.AfterBackward();  // reduced-precision gradients move into their float32 sums
+  if (fault_.SumsInFloat32()) accumulator_.AfterBackward();  // reduced-precision gradients into float32 sums
   if (after_backward_) after_backward_(action);
 }
 

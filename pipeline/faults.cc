@@ -548,6 +548,15 @@ class LossWithOtherMicrobatchLabels : public Fault {
   int LabelsOf(int microbatch) const override { return (microbatch + 1) % context().microbatches; }
 };
 
+// sum_in_parameter_dtype: bfloat16 gradients added up over the microbatches in bfloat16 (autograd's
+// own accumulation into .grad), not in float32: every sum rounds to 8 bits again, a drift the
+// whole-batch comparison's bfloat16 tolerance cannot tell from rounding.
+class SumInParameterDtype : public Fault {
+ public:
+  using Fault::Fault;
+  bool SumsInFloat32() const override { return false; }
+};
+
 const std::vector<FaultInfo>& FaultRegistry() {
   static const std::vector<FaultInfo> registry = {
       {"none", "the correct pipeline", Make<Fault>},
@@ -598,6 +607,8 @@ const std::vector<FaultInfo>& FaultRegistry() {
        "again", Make<AccumulationRescaledPerRound>},
       {"reinit_on_seq_len_change", "a stage re-initialised on a new sequence length, its gradients wiped",
        Make<ReinitOnSeqLenChange>},
+      {"sum_in_parameter_dtype", "bfloat16 gradients summed over the microbatches in bfloat16, not float32",
+       Make<SumInParameterDtype>},
       {"loss_with_other_microbatch_labels", "the loss computed with the next microbatch's labels",
        Make<LossWithOtherMicrobatchLabels>},
   };

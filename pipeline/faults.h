@@ -90,6 +90,9 @@ class Fault {
   // After this rank's last backward (B or W) of accumulation round `round` (every step has at
   // least one round): the rounds' gradients simply add up, so nothing happens here.
   virtual void AfterRound(int /*round*/, const std::vector<torch::Tensor>& /*parameters*/) {}
+  // Whether a backward's reduced-precision gradients move into float32 sums (else they add up in
+  // the parameter's dtype, as autograd's own accumulation does).
+  virtual bool SumsInFloat32() const { return true; }
   // Around a W of `module`: what the first returns is handed to the second.
   virtual torch::Tensor BeforeWeightGradient(const torch::nn::Module& /*module*/) const { return {}; }
   virtual void AfterWeightGradient(const torch::nn::Module& /*module*/, const torch::Tensor& /*before*/) const {}
