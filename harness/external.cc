@@ -44,11 +44,9 @@ namespace fs = std::filesystem;
 using reference::NamedTensors;
 
 // The scenario as pipecheck's pipeline configuration sees it, for the stages' places and layers
-// alone: the fault is the other trainer's to inject, and a schedule only PyTorch runs (LoopedBFS)
-// places stages round robin, as interleaved 1F1B does.
+// alone: the fault is the other trainer's to inject.
 pipeline::PipelineConfig PipelineView(scenarios::Scenario scenario) {
   scenario.fault = "none";
-  if (scenarios::TorchOnlySchedule(scenario.schedule)) scenario.schedule = "interleaved";
   return ToPipelineConfig(scenario);
 }
 

@@ -481,6 +481,7 @@ struct ScheduleOptions {
   bool recompute = false;     // every B and I runs its stage's forward again first
   int data_parallel = 1;      // replicas, each rank's gradients averaged after its last backward
   double allreduce_cost = 1.0;
+  int accumulation = 1;       // rounds of the schedule per optimizer step
 };
 
 int PrintSchedule(ScheduleOptions options) {
@@ -490,10 +491,16 @@ int PrintSchedule(ScheduleOptions options) {
   if (!options.virtual_given && info) options.virtual_stages = info->default_virtual_stages;
   if (!WritableFile(options.csv, "schedule", "--csv")) return kExitBadInput;
   const PipelineShape shape{options.stages, options.virtual_stages, options.microbatches};
-  const Schedule compute = ScheduleByName(options.schedule, shape);
+  const Schedule compute = RepeatRounds(ScheduleByName(options.schedule, shape), options.accumulation);
   // Said first: lowering and simulating thousands of actions per rank takes seconds.
-  fmt::print("schedule {}: {} ranks, {} microbatches ({} stages)\n\n", options.schedule, shape.ranks,
-             shape.microbatches, shape.stages());
+  fmt::print("schedule {}: {} ranks, {} microbatches ({} stages){}\n\n", options.schedule, shape.ranks,
+             shape.microbatches, shape.stages(),
+             options.accumulation > 1
+                 ? fmt::format("; accumulation: {} rounds per optimizer step, one step's schedule of {} microbatches "
+                               "(round k is microbatches k x {} .. k x {} + {})",
+                               options.accumulation, compute.shape.microbatches, shape.microbatches,
+                               shape.microbatches, shape.microbatches - 1)
+                 : "");
   std::fflush(stdout);
   const Schedule lowered = LowerSchedule(compute);
   CostModel equal;
@@ -584,6 +591,10 @@ Command AddSchedule(CLI::App& app) {
                     "Activation recomputation: every B and I runs its stage's forward again first");
   command->add_option("--data-parallel", options->data_parallel,
                       "Replicas of the pipeline: shows each rank's gradient all-reduce after its last backward")
+      ->check(CLI::Range(1, 1024))->capture_default_str();
+  command->add_option("--accumulation", options->accumulation,
+                      "Gradient accumulation: the schedule run this many times per optimizer step, one round after "
+                      "another")
       ->check(CLI::Range(1, 1024))->capture_default_str();
   command->add_option("--allreduce-cost", options->allreduce_cost,
                       "The gradient all-reduce's duration relative to a forward (with --data-parallel)")

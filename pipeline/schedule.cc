@@ -144,6 +144,21 @@ Schedule GPipeSchedule(const PipelineShape& shape) {
   return schedule;
 }
 
+Schedule LoopedBfsSchedule(const PipelineShape& shape) {
+  Schedule schedule = EmptySchedule("loopedbfs", shape, /*virtual_stages_allowed=*/true);
+  const int p = shape.ranks, m = shape.microbatches, v = shape.virtual_stages;
+  for (int rank = 0; rank < p; ++rank) {
+    auto& actions = schedule.ranks[rank];
+    for (int local = 0; local < v; ++local) {
+      for (int mb = 0; mb < m; ++mb) actions.push_back({ActionKind::kForward, rank + local * p, mb});
+    }
+    for (int local = v - 1; local >= 0; --local) {
+      for (int mb = m - 1; mb >= 0; --mb) actions.push_back({ActionKind::kBackward, rank + local * p, mb});
+    }
+  }
+  return schedule;
+}
+
 Schedule OneFOneBSchedule(const PipelineShape& shape) {
   Schedule schedule = EmptySchedule("1f1b", shape);
   const int m = shape.microbatches;
@@ -390,6 +405,10 @@ const std::vector<ScheduleInfo>& ScheduleRegistry() {
       {"zbv", ZeroBubbleVSchedule, "ZB-V: two stages per rank in a V, split backwards", 2, true, 2, Placement::kV},
       {"dualpipev", DualPipeVSchedule, "DualPipeV: two stages per rank in a V, forward-backward pairs both ways", 2,
        true, 2, Placement::kV},
+      {"loopedbfs", LoopedBfsSchedule,
+       "looped BFS (PyTorch's ScheduleLoopedBFS): each local stage's forwards for every microbatch, then the "
+       "backwards stage by stage, newest microbatch first",
+       2, true, 0, Placement::kRoundRobin},
   };
   return registry;
 }

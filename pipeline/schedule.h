@@ -115,6 +115,12 @@ Schedule ZeroBubbleVSchedule(const PipelineShape& shape);
 // forward; the steady state pairs one stage's forward with the other's whole backward, both
 // ways; the cool-down splits the last backwards into I and W to fill the drain.
 Schedule DualPipeVSchedule(const PipelineShape& shape);
+// Looped BFS (Lamy-Poirier's breadth-first pipeline; PyTorch's ScheduleLoopedBFS): v >= 1 stages
+// per rank, stage s on rank s % p. Each rank runs its stages' forwards stage after stage, every
+// microbatch through one before the next, then their backwards in the reverse order, stage by
+// stage, newest microbatch first: GPipe's memory (every microbatch held on every stage), with a
+// stage's input gradients of all microbatches waiting on a rank at once.
+Schedule LoopedBfsSchedule(const PipelineShape& shape);
 // Why `shape` cannot run interleaved, or "" when it can.
 std::string InterleavedConstraint(const PipelineShape& shape);
 

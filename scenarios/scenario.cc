@@ -271,9 +271,7 @@ const std::array<Column, kColumnCount>& Columns() {
                  if (v.size() == prefix.size()) throw ValueProblem{"csv: needs the schedule file's path, as csv:PATH"};
                  s.schedule = v;  // resolved against the suite's folder once the row is read
                } else {
-                 std::vector<std::string> names = CurrentVocabulary()->schedules;
-                 names.insert(names.end(), TorchOnlySchedules().begin(), TorchOnlySchedules().end());
-                 s.schedule = ParseChoice(v, names);
+                 s.schedule = ParseChoice(v, CurrentVocabulary()->schedules);
                }
              },
              [](const Scenario& s) { return s.schedule; }},
@@ -392,28 +390,18 @@ Header ReadHeader(const std::string& file, const std::string& text) {
   return header;
 }
 
-// The pipeline's schedule rules, and those of the schedules only PyTorch runs.
-std::vector<ScheduleRule> ScheduleRules() {
-  std::vector<ScheduleRule> rules = CurrentVocabulary()->schedule_rules;
-  // LoopedBFS: each rank's stages in a loop, every microbatch's forward through a stage before the next.
-  rules.push_back({"loopedbfs", /*several_stages_per_rank=*/true, 0, 2});
-  return rules;
-}
+// The pipeline's schedule rules.
+std::vector<ScheduleRule> ScheduleRules() { return CurrentVocabulary()->schedule_rules; }
 
 // The trainer against the columns that depend on it: a fault of pipecheck's trainer must be one it
 // injects; another trainer gets the fault's name handed over (docs/protocol.md) and says itself
-// whether it knows it; a schedule only PyTorch has needs trainer=torch.
+// whether it knows it.
 void CheckTrainer(Scenario& s, unsigned line, const Locator& at) {
   if (!s.ExternalTrainer()) {
     const auto& faults = CurrentVocabulary()->faults;
     if (std::find(faults.begin(), faults.end(), s.fault) == faults.end()) {
       throw at.At(line, "fault", s.fault, fmt::format("expected one of: {}", fmt::join(faults, ", ")));
     }
-  }
-  if (TorchOnlySchedule(s.schedule) && s.trainer != "torch") {
-    throw at.At(line, "schedule", s.schedule,
-                fmt::format("'{}' is one of PyTorch's schedules that pipecheck's trainer does not run: it needs "
-                            "trainer=torch", s.schedule));
   }
 }
 
@@ -515,7 +503,7 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
                 fmt::format("schedule '{}' runs one stage per rank; virtual stages need schedule {} (or a csv: "
                             "schedule)", s.schedule, fmt::join(allowing, " or ")));
   }
-  if (CurrentVocabulary()->schedule_problem && !TorchOnlySchedule(s.schedule)) {
+  if (CurrentVocabulary()->schedule_problem) {
     const std::string problem = CurrentVocabulary()->schedule_problem(s);
     if (!problem.empty()) throw at.At(line, "schedule", s.schedule, problem);
   }
@@ -652,15 +640,7 @@ std::string ToCsv(const std::vector<Scenario>& scenarios) {
   return text;
 }
 
-const std::vector<std::string>& TorchOnlySchedules() {
-  static const std::vector<std::string> names = {"loopedbfs"};
-  return names;
-}
 
-bool TorchOnlySchedule(const std::string& schedule) {
-  const auto& names = TorchOnlySchedules();
-  return std::find(names.begin(), names.end(), schedule) != names.end();
-}
 
 double MaxTolerance(const std::string& dtype) {
   if (dtype == "float64") return 1e-6;

@@ -98,9 +98,6 @@ std::string Fingerprint(const std::string& configuration);
 // as the same scenarios.
 std::string ToCsv(const std::vector<Scenario>& scenarios);
 
-// Schedules only PyTorch's pipelining runs (trainer=torch), not pipecheck's own trainer.
-const std::vector<std::string>& TorchOnlySchedules();
-bool TorchOnlySchedule(const std::string& schedule);
 
 // Default tolerance on gradients and loss for a dtype name.
 double DefaultTolerance(const std::string& dtype);

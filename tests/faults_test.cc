@@ -73,8 +73,8 @@ const std::map<std::string, std::string> kExpectedMessage = {
     {"recompute_stale_input", "^step 0, microbatch [0-9]+: gradient into stage [01] \\(from rank [12]\\) rel err .*; worst "
                               "gradient .* on rank [0-2] \\(stage [0-2]\\): rel err"},
     // Bug classes shipped since 2024. A stage holding only its latest input gradient: the first
-    // gradient handed over for an older microbatch (three stages on one rank, breadth-first).
-    {"stage_keeps_latest_input_gradient", "^step 0, microbatch 0: gradient into stage 1 \\(handed over on rank 0\\) rel "
+    // gradient handed over for another microbatch (three stages on one rank, looped BFS).
+    {"stage_keeps_latest_input_gradient", "^step 0, microbatch [12]: gradient into stage 1 \\(handed over on rank 0\\) rel "
                                           "err .*; worst gradient .* on rank 0 \\(stage [0-2]\\): rel err"},
     // A reused receive buffer's stale .grad: right at step 0, wrong from step 1 on.
     {"recv_buffer_stale_grad", "^step 1, microbatch [0-9]+: gradient into stage 0 \\(from rank 1\\) rel err .*; worst "

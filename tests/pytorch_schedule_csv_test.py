@@ -14,8 +14,9 @@
    the last rank starts at microbatch 1 and ends at microbatch m), pipecheck must reject that
    file too, naming its row and cell; a class PyTorch accepts must pass in pipecheck.
 
-3. pipecheck's own dualpipev generator builds, on every rank, the very actions PyTorch's
-   ScheduleDualPipeV builds (its overlapped forward-backward pairs as their two sub-actions).
+3. pipecheck's own dualpipev and loopedbfs generators build, on every rank, the very actions
+   PyTorch's ScheduleDualPipeV (its overlapped forward-backward pairs as their two sub-actions)
+   and ScheduleLoopedBFS build.
 
 The schedule classes only need their stages' indices to build `pipeline_order`, so they are
 given stand-ins holding exactly those (no process group, nothing runs in PyTorch here).
@@ -40,12 +41,19 @@ PIPECHECK_SCHEDULES = [  # (name, ranks, virtual stages, microbatches)
     ("zbh1", 2, 1, 4), ("zbh1", 4, 1, 8),
     ("zbv", 2, 2, 4), ("zbv", 4, 2, 8),
     ("dualpipev", 2, 2, 4), ("dualpipev", 4, 2, 8),
+    ("loopedbfs", 2, 2, 4), ("loopedbfs", 4, 3, 8),
 ]
 V_PLACED = {"zbv", "dualpipev"}
 
-# pipecheck's dualpipev generator against PyTorch's ScheduleDualPipeV, action for action (PyTorch's
-# overlapped F&B pairs as their two sub-actions, forward first): (ranks, microbatches).
-DUALPIPEV_SHAPES = [(1, 2), (1, 5), (2, 4), (2, 7), (3, 6), (3, 10), (4, 8), (4, 13)]
+# pipecheck's generators against PyTorch's classes, action for action (PyTorch's overlapped F&B
+# pairs as their two sub-actions, forward first): (pipecheck name, PyTorch class, V placement,
+# [(ranks, virtual stages, microbatches)]).
+GENERATOR_TWINS = [
+    ("dualpipev", "ScheduleDualPipeV", True,
+     [(1, 2, 2), (1, 2, 5), (2, 2, 4), (2, 2, 7), (3, 2, 6), (3, 2, 10), (4, 2, 8), (4, 2, 13)]),
+    ("loopedbfs", "ScheduleLoopedBFS", False,
+     [(1, 3, 3), (2, 2, 4), (2, 3, 5), (3, 2, 7), (4, 2, 8), (4, 4, 3)]),
+]
 
 PYTORCH_CLASSES = [  # (class name, ranks, virtual stages, microbatches, V placement)
     ("ScheduleGPipe", 2, 1, 4, False),
@@ -165,30 +173,31 @@ def flat_actions(actions):
     return flat
 
 
-def check_dualpipev_matches_pytorch(pipecheck, workdir):
+def check_generators_match_pytorch(pipecheck, workdir):
     failures = []
-    for ranks, microbatches in DUALPIPEV_SHAPES:
-        label = f"dualpipev p={ranks} m={microbatches}"
-        path = os.path.join(workdir, f"dualpipev_{ranks}_m{microbatches}.csv")
-        done = subprocess.run([pipecheck, "schedule", "--schedule", "dualpipev", "--stages", str(ranks),
-                               "--microbatches", str(microbatches), "--csv", path],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if done.returncode != 0:
-            failures.append(f"{label}: pipecheck schedule exited {done.returncode}: {done.stderr.strip()}")
-            continue
-        with open(path, newline="") as f:
-            ours = [[cell for cell in row if cell] for row in csv.reader(f)]
-        theirs = make_schedule("ScheduleDualPipeV", ranks, 2, microbatches, True)
-        for rank in range(ranks):
-            expected = flat_actions(theirs.pipeline_order[rank])
-            if ours[rank] != expected:
-                first = next((i for i, (a, b) in enumerate(zip(ours[rank], expected)) if a != b),
-                             min(len(ours[rank]), len(expected)))
-                failures.append(f"{label} rank {rank}: differs from PyTorch's ScheduleDualPipeV at action {first}: "
-                                f"pipecheck {ours[rank][first:first + 4]}, PyTorch {expected[first:first + 4]}")
-                break
-        else:
-            print(f"PASS {label}: the same actions as PyTorch's ScheduleDualPipeV on every rank")
+    for name, class_name, v_placement, shapes in GENERATOR_TWINS:
+        for ranks, virtual, microbatches in shapes:
+            label = f"{name} p={ranks} v={virtual} m={microbatches}"
+            path = os.path.join(workdir, f"{name}_{ranks}x{virtual}_m{microbatches}.csv")
+            done = subprocess.run([pipecheck, "schedule", "--schedule", name, "--stages", str(ranks), "--virtual",
+                                   str(virtual), "--microbatches", str(microbatches), "--csv", path],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if done.returncode != 0:
+                failures.append(f"{label}: pipecheck schedule exited {done.returncode}: {done.stderr.strip()}")
+                continue
+            with open(path, newline="") as f:
+                ours = [[cell for cell in row if cell] for row in csv.reader(f)]
+            theirs = make_schedule(class_name, ranks, virtual, microbatches, v_placement)
+            for rank in range(ranks):
+                expected = flat_actions(theirs.pipeline_order[rank])
+                if ours[rank] != expected:
+                    first = next((i for i, (a, b) in enumerate(zip(ours[rank], expected)) if a != b),
+                                 min(len(ours[rank]), len(expected)))
+                    failures.append(f"{label} rank {rank}: differs from PyTorch's {class_name} at action {first}: "
+                                    f"pipecheck {ours[rank][first:first + 4]}, PyTorch {expected[first:first + 4]}")
+                    break
+            else:
+                print(f"PASS {label}: the same actions as PyTorch's {class_name} on every rank")
     return failures
 
 
@@ -241,7 +250,7 @@ def main():
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
     print(f"torch {torch.__version__}")
-    failures = (check_pipecheck_to_pytorch(pipecheck, workdir) + check_dualpipev_matches_pytorch(pipecheck, workdir) +
+    failures = (check_pipecheck_to_pytorch(pipecheck, workdir) + check_generators_match_pytorch(pipecheck, workdir) +
                 check_pytorch_to_pipecheck(pipecheck, workdir))
     for failure in failures:
         print("FAIL " + failure)
