@@ -198,7 +198,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   if (config_.train.record_gradients) result.gradients.push_back(GradientCopies());
   window.ResumeAfterCopies();
   reference::GradientsToParameterDtype(OwnedParameters());
-  for (auto& stage : stages_) stage->optimizer->step();
+  for (auto& stage : stages_) reference::DeterministicStep(*stage->optimizer);
   fault_->EndStep(started);
   const auto measured = window.End();
 

@@ -3,6 +3,7 @@
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <ATen/Parallel.h>
 #include <torch/utils.h>
 
 namespace pipecheck::reference {
@@ -40,6 +41,18 @@ double ClipFactor(double total_norm, double max_norm) {
   if (max_norm <= 0.0) return 1.0;
   const double factor = max_norm / (total_norm + 1e-6);
   return factor < 1.0 ? factor : 1.0;
+}
+
+void DeterministicStep(torch::optim::Optimizer& optimizer) {
+  const int threads = at::get_num_threads();
+  if (threads > 1) at::set_num_threads(1);
+  try {
+    optimizer.step();
+  } catch (...) {
+    if (threads > 1) at::set_num_threads(threads);
+    throw;
+  }
+  if (threads > 1) at::set_num_threads(threads);
 }
 
 void ScaleGradients(const std::vector<torch::Tensor>& parameters, double factor) {

@@ -43,4 +43,11 @@ double ClipFactor(double total_norm, double max_norm);
 // Multiplies every defined gradient by `factor` (no-op for 1).
 void ScaleGradients(const std::vector<torch::Tensor>& parameters, double factor);
 
+// `optimizer`'s step on one CPU thread, every trainer's alike. Elementwise as it is, LibTorch's
+// AdamW split over two OpenMP threads was measured to give other bits for identical weights and
+// gradients now and then (one thread's half of an 8192-element float64 tensor, 1e-12 apart):
+// enough to tell a tied weight's two copies on one rank apart, and the update check's exactness
+// rests on both trainers computing the same step from the same inputs. Costs nothing on a GPU.
+void DeterministicStep(torch::optim::Optimizer& optimizer);
+
 }  // namespace pipecheck::reference

@@ -112,7 +112,7 @@ StepRecord ReferenceTrainer::Step(int64_t step) {
   if (config_.record_gradients) record.gradients = Gradients();
   window.ResumeAfterCopies();
   GradientsToParameterDtype(parameters_);
-  optimizer_->step();
+  DeterministicStep(*optimizer_);
   const auto measured = window.End();
   record.peak_bytes = measured.peak_bytes;
   record.step_ms = measured.step_ms;
@@ -142,7 +142,7 @@ void ReferenceTrainer::ApplyGradients(const NamedTensors& gradients) {
     named[item.key()].mutable_grad() = item.value().detach().clone().to(named[item.key()].device());
   }
   GradientsToParameterDtype(parameters_);
-  optimizer_->step();
+  DeterministicStep(*optimizer_);
 }
 
 TrainResult ReferenceTrainer::Train() {

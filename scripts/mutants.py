@@ -132,7 +132,7 @@ def main():
                 verdict = "caught" if caught else "missed"
             restore()
             seconds = time.monotonic() - start
-            equivalent = m.get("equivalent", "")
+            equivalent = " ".join(m.get("equivalent", "").split())  # prose: continuation lines joined
             shown = verdict + (" (equivalent)" if equivalent else "")
             print(f"{m['id']:<{width}}  {shown:<20} {seconds:5.0f} s  {message or equivalent}", flush=True)
             results.append((m, verdict))
