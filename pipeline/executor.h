@@ -55,7 +55,7 @@ class Executor {
   // Where the run's clock starts: each step's start (ActionTiming::step_start_us) is timed from
   // `origin`. PipelineTrainer::Train puts every rank on one clock with it.
   void SetClockOrigin(std::chrono::steady_clock::time_point origin) { clock_origin_ = origin; }
-  std::chrono::steady_clock::time_point ClockOrigin() const { return clock_origin_; }
+  double HostMicroseconds() const;  // now, on the run's clock
 
   // Each action's start and end also go to `recorder` as they happen (borrowed; null: none).
   void SetFlightRecorder(FlightRecorder* recorder) { recorder_ = recorder; }
@@ -133,7 +133,6 @@ class Executor {
   std::map<size_t, int> round_ends_;
   FlightRecorder* recorder_ = nullptr;
   std::function<void(const Action&)> after_backward_;
-  double HostMicroseconds() const;  // now, on the run's clock
 };
 
 }  // namespace pipecheck::pipeline

@@ -74,25 +74,21 @@ void PipelineTrainer::AverageReplicas(int64_t step, RankResult& result, bool tie
   if (replicas_ == nullptr || averaged_this_step_) return;
   averaged_this_step_ = true;
   if (fault_->SkipsReplicaAverage(transport_.rank())) return;
-  const double start = RunMicroseconds();
+  const double start = executor_->HostMicroseconds();
   const auto parameters = pipeline::OwnedParameters(stages_, config_.train.model.tied, !tied_copy_once);
   const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_),
                                              fault_->ReplicaDivisor(config_.data_parallel), *replicas_, replica_buckets_);
-  const double end = RunMicroseconds();
+  const double end = executor_->HostMicroseconds();
   const double step_start = StepStartMicroseconds(result, step);
   result.collectives.push_back({step, traffic.elements, traffic.bytes, config_.data_parallel, start - step_start,
                                 end - step_start, step_start});
 }
 
-double PipelineTrainer::RunMicroseconds() const {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - executor_->ClockOrigin()).count();
-}
-
 void PipelineTrainer::RecordPhase(int64_t step, const std::string& what, int peer) {
-  recorder_->Started(step, what, peer, RunMicroseconds());
+  recorder_->Started(step, what, peer, executor_->HostMicroseconds());
 }
 
-void PipelineTrainer::EndPhase() { recorder_->Ended(RunMicroseconds()); }
+void PipelineTrainer::EndPhase() { recorder_->Ended(executor_->HostMicroseconds()); }
 
 PipelineTrainer::~PipelineTrainer() = default;
 

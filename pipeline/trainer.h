@@ -66,7 +66,6 @@ class PipelineTrainer {
   // `tied_copy_once`), recorded with its timing; nothing with one replica.
   void AverageReplicas(int64_t step, RankResult& result, bool tied_copy_once = false);
   double StepStartMicroseconds(const RankResult& result, int64_t step) const;
-  double RunMicroseconds() const;  // now, on the run's clock (the executor's origin)
   void AlignClocks();  // sets the executor's clock origin, the same instant on every rank
 
   PipelineConfig config_;

@@ -390,9 +390,6 @@ Header ReadHeader(const std::string& file, const std::string& text) {
   return header;
 }
 
-// The pipeline's schedule rules.
-std::vector<ScheduleRule> ScheduleRules() { return CurrentVocabulary()->schedule_rules; }
-
 // The trainer against the columns that depend on it: a fault of pipecheck's trainer must be one it
 // injects; another trainer gets the fault's name handed over (docs/protocol.md) and says itself
 // whether it knows it.
@@ -481,7 +478,7 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
                 fmt::format("microbatches must not exceed batch ({}): every microbatch needs a sequence", s.batch));
   }
   CheckTrainer(s, line, at);
-  const auto rules = ScheduleRules();
+  const auto& rules = CurrentVocabulary()->schedule_rules;
   const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == s.schedule; });
   if (rule != rules.end() && rule->fixed_virtual_stages > 0) {
     // A V is two stages per rank: that count, or the column's default.
@@ -569,7 +566,7 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
     scenario.trainer_path = path.is_relative() ? (std::filesystem::path(file).parent_path() / path).string() : path.string();
   }
   // Left out, virtual_stages is the schedule's own default (interleaved runs two stages per rank).
-  const auto rules = ScheduleRules();
+  const auto& rules = CurrentVocabulary()->schedule_rules;
   const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == scenario.schedule; });
   if (!virtual_stages_given && rule != rules.end()) scenario.virtual_stages = rule->default_virtual_stages;
   CheckCombinations(scenario, line, at);
