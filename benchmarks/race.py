@@ -19,9 +19,10 @@ import sys
 import tempfile
 
 
-def run(pipecheck, suite, name, threads, out):
-    done = subprocess.run([pipecheck, "run", "--scenarios", suite, "--only", name, "--threads", str(threads), "--out", out],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def run(pipecheck, suite, name, threads, out, device):
+    command = [pipecheck, "run", "--scenarios", suite, "--only", name, "--threads", str(threads), "--out", out]
+    done = subprocess.run(command + (["--device", device] if device else []), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
     with open(os.path.join(out, "summary.csv"), newline="") as f:
         row = next(csv.DictReader(f))
     if row["status"] != "PASS":
@@ -39,6 +40,7 @@ def main():
     parser.add_argument("--scenarios", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank, for both")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="every row on this device (pipecheck run --device)")
     parser.add_argument("--only", action="append", default=[], help="a pair's pipecheck row name (repeatable)")
     args = parser.parse_args()
     with open(args.scenarios, newline="") as f:
@@ -54,7 +56,8 @@ def main():
                 for contender in order:
                     row = name if contender == "pipecheck" else name + "_torch"
                     out = os.path.join(scratch, f"{row}_{round_index}")
-                    results[name][contender].append(run(args.pipecheck, args.scenarios, row, args.threads, out))
+                    results[name][contender].append(run(args.pipecheck, args.scenarios, row, args.threads, out,
+                                                                    args.device))
                 ours, theirs = results[name]["pipecheck"][-1][0], results[name]["torch"][-1][0]
                 print(f"round {round_index + 1}/{args.rounds} {name}: pipecheck {ours:.0f}, torch {theirs:.0f} tokens/s",
                       flush=True)
