@@ -5,7 +5,7 @@
 //     gradient against the reference's at those same weights, and the weights after the step
 //     against one reference optimizer step applying the gradients the pipeline applied. These
 //     measure one step's arithmetic, so they hold at any step count and any learning rate;
-//     bfloat16 rows of pipecheck's trainer on the CPU also hold every gradient against the
+//     bfloat16 rows of pipecheck's trainer (CPU and CUDA) also hold every gradient against the
 //     reference summing the same microbatches in float32 (EvaluateAccumulatedAt), at 1e-3: sums
 //     kept in bfloat16 stay inside bfloat16's whole-batch tolerance but not there;
 //  3. the free-running trajectory (losses every step, final weights): within `tol`, or else
