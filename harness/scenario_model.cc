@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <torch/cuda.h>
+#include <torch/version.h>
 
 #include <cstdlib>
 #include <stdexcept>
@@ -52,6 +53,7 @@ const scenarios::Vocabulary& PipelineVocabulary() {
     }
     v.faults = pipeline::FaultNames();
     v.schedule_problem = LoadedScheduleProblem;
+    v.torch_version = {TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR};
     return v;
   }();
   return vocabulary;

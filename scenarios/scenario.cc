@@ -134,6 +134,27 @@ std::string ParseFaultName(const std::string& text) {
 
 const std::vector<std::string> kTrainers = {"pipecheck", "torch", "external:PATH"};
 
+// `expect`: pass, fail, or OUTCOME<MAJOR.MINOR, resolved against the build's PyTorch `torch`:
+// OUTCOME below that version, the other outcome from it on.
+std::string ParseExpectation(const std::string& value, std::pair<int, int> torch) {
+  if (std::find(kExpectations.begin(), kExpectations.end(), value) != kExpectations.end()) return value;
+  const std::string usage = "expected pass, fail, or OUTCOME<MAJOR.MINOR (fail<2.15: fail on PyTorch older than 2.15, "
+                            "pass from 2.15 on)";
+  const auto bound = value.find('<');
+  if (bound == std::string::npos) throw ValueProblem{usage};
+  const std::string outcome = value.substr(0, bound);
+  const std::string version = value.substr(bound + 1);
+  const auto dot = version.find('.');
+  if (std::find(kExpectations.begin(), kExpectations.end(), outcome) == kExpectations.end() ||
+      version.size() > 9 || dot == std::string::npos || dot == 0 || dot + 1 == version.size() ||
+      version.find_first_not_of("0123456789.") != std::string::npos || version.find('.', dot + 1) != std::string::npos) {
+    throw ValueProblem{usage};
+  }
+  const std::pair<int, int> since{std::stoi(version.substr(0, dot)), std::stoi(version.substr(dot + 1))};
+  if (torch < since) return outcome;
+  return outcome == "pass" ? "fail" : "pass";
+}
+
 std::string ParseTrainer(const std::string& text) {
   const std::string prefix = "external:";
   if (text.rfind(prefix, 0) == 0) {
@@ -298,7 +319,11 @@ const std::array<Column, kColumnCount>& Columns() {
       // Checked against the trainer's faults with the other columns (CheckCombinations).
       Column{[](Scenario& s, const std::string& v) { s.fault = ParseFaultName(v); },
              [](const Scenario& s) { return s.fault; }},
-      ChoiceColumn(&Scenario::expect, kExpectations),
+      Column{[](Scenario& s, const std::string& v) {
+               s.expect_written = v;
+               s.expect = ParseExpectation(v, CurrentVocabulary()->torch_version);
+             },
+             [](const Scenario& s) { return s.expect; }},
       Column{[](Scenario& s, const std::string& v) { s.trainer = ParseTrainer(v); },
              [](const Scenario& s) { return s.trainer; }},
       Column{[](Scenario& s, const std::string& v) { s.note = v; }, [](const Scenario& s) { return s.note; }},

@@ -54,7 +54,11 @@ struct Scenario {
   std::string device = "cpu";
   double tol = 0.0;  // resolved from dtype when not given
   std::string fault = "none";
+  // "pass" or "fail", resolved for the PyTorch this build runs (see expect_written).
   std::string expect = "pass";
+  // As the suite wrote it: "pass", "fail", or OUTCOME<MAJOR.MINOR ("fail<2.15": fail on a PyTorch
+  // older than 2.15, pass from 2.15 on), for findings that hold on part of the supported range.
+  std::string expect_written = "pass";
   // Who trains: "pipecheck" (this project's pipeline trainer), "torch" (PyTorch's
   // torch.distributed.pipelining, driven by trainers/torch_pipelining.py) or "external:PATH" (any
   // program speaking the external-trainer protocol, docs/protocol.md; PATH relative to the suite).
@@ -128,6 +132,9 @@ struct Vocabulary {
   // Why the scenario's schedule cannot run on its shape ("" when it can): generator constraints,
   // a CSV schedule's broken cells, a deadlock. Reported against the `schedule` column.
   std::function<std::string(const Scenario&)> schedule_problem;
+  // The PyTorch this build links and its trainer=torch runs (major, minor): what an
+  // `expect` of the form OUTCOME<MAJOR.MINOR is resolved against.
+  std::pair<int, int> torch_version{0, 0};
 };
 
 // Loads and validates a suite; throws ScenarioError.

@@ -1,6 +1,8 @@
 // The process-per-rank launcher and the run around it: a busy rendezvous port is replaced, CPU
 // ranks get contiguous disjoint shares of the CPUs (bound on request), and SIGINT ends every rank
 // while the finished scenarios' reports, and CI's JUnit and Markdown, stay complete.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -78,8 +80,7 @@ TEST(Launcher, CpuRanksAreBoundToTheirShares) {
       std::string first;
       std::getline(log, first);
       const auto share = harness::CpusOfRank(allowed, rank, 2);
-      std::string cpus;
-      for (int cpu : share) cpus += (cpus.empty() ? "" : ",") + std::to_string(cpu);
+      const std::string cpus = fmt::format("{}", fmt::join(share, ","));
       if (bind) {
         EXPECT_EQ(first.rfind("pipecheck: rank " + std::to_string(rank) + " bound to CPUs " + cpus + " of ", 0), 0u)
             << first;

@@ -24,6 +24,7 @@ What a rank hands back, all by pipecheck's global parameter names:
                                 S's output, cut to the microbatch's longest sequence (optional)}
 Files are written whole (to a temporary name, then renamed), so pipecheck never reads half a file.
 """
+import contextlib
 import ctypes
 import json
 import math
@@ -134,19 +135,31 @@ class Meter:
 
 def runs_a_microbatch(x):
     """Whether a stage's forward on input `x` trains a microbatch, rather than pipelining's shape
-    inference (run on meta tensors, or on zeros under no_grad)."""
+    inference (run on meta tensors, or on zeros under no_grad), for releases whose stages do not
+    say which forward they run."""
     return x.device.type != "meta" and torch.is_grad_enabled()
 
 
 class Microbatches:
     """Which microbatch each stage module's forward runs, for schedules that hand a stage only its
-    hidden states: forwards of a stage run in microbatch order in every schedule, so counting
-    them numbers the microbatches (pipelining's shape inference is not one). Each forward gets its microbatch's sequence lengths (module.key_lengths,
-    so padded keys are masked as docs/design.md §2 says), and `listeners` hear (stage, microbatch,
-    input)."""
+    hidden states. Each forward gets its microbatch's sequence lengths (module.key_lengths, so
+    padded keys are masked as docs/design.md §2 says); `transforms` may replace its input
+    (f(stage, microbatch, x) -> tensor or None), and `listeners` then hear (stage, microbatch, input).
 
-    def __init__(self, modules, stages, microbatch_sizes):
-        self.sizes, self.listeners, self.lengths, self.count = microbatch_sizes, [], [], {}
+    How the microbatch is known, by release: where a PipelineStage offers
+    register_forward_context (PyTorch 2.15 on), pipelining itself names the stage and microbatch of
+    every forward it runs, and whether it is its metadata-inference probe, which trains nothing; a
+    forward outside such a context trains nothing either. Older releases name nothing: there a
+    stage's forwards are counted, since every schedule they ship runs a stage's forwards in
+    microbatch order and their shape inference runs on meta tensors or without grad."""
+
+    def __init__(self, modules, stages, microbatch_sizes, pipeline_stages=()):
+        self.sizes, self.listeners, self.transforms, self.lengths, self.count = microbatch_sizes, [], [], [], {}
+        self.running = {}  # stage -> the PipelineStageInfo of the forward in progress (PyTorch 2.15 on)
+        self.told = bool(pipeline_stages) and all(hasattr(s, "register_forward_context") for s in pipeline_stages)
+        if self.told:
+            for pipeline_stage, stage in zip(pipeline_stages, stages):
+                pipeline_stage.register_forward_context(self._context(stage["stage"]))
         for module, stage in zip(modules, stages):
             module.register_forward_pre_hook(self._pre_hook(stage["stage"]))
 
@@ -157,17 +170,48 @@ class Microbatches:
             self.lengths.append(lengths[first:first + size])
             first += size
 
+    def _context(self, stage):
+        @contextlib.contextmanager
+        def context(info):
+            self.running[stage] = info
+            try:
+                yield
+            finally:
+                self.running.pop(stage, None)
+        return context
+
+    def _microbatch(self, stage, x):
+        """The microbatch this forward of `stage` trains, or None for one that trains none."""
+        if self.told:
+            info = self.running.get(stage)
+            if info is None or info.is_metadata_inference:
+                return None
+            microbatch = info.microbatch_index
+        else:
+            if not runs_a_microbatch(x):
+                return None
+            microbatch = self.count.get(stage, 0)
+            self.count[stage] = microbatch + 1
+        if not 0 <= microbatch < len(self.lengths):
+            raise RuntimeError(f"stage {stage} runs microbatch {microbatch}, but a step has {len(self.lengths)} "
+                               f"microbatches{'' if self.told else ' (counted: a forward this trainer took for one)'}")
+        return microbatch
+
     def _pre_hook(self, stage):
         def hook(module, args):
             x = args[0]
-            if not runs_a_microbatch(x):
+            microbatch = self._microbatch(stage, x)
+            if microbatch is None:
                 module.key_lengths = None
-                return
-            microbatch = self.count.get(stage, 0)
-            self.count[stage] = microbatch + 1
+                return None
             module.key_lengths = self.lengths[microbatch].to(x.device)
+            for transform in self.transforms:
+                replaced = transform(stage, microbatch, x)
+                if replaced is not None:
+                    x = replaced
             for listener in self.listeners:
                 listener(stage, microbatch, x)
+            return (x,) + tuple(args[1:]) if x is not args[0] else None
         return hook
 
 

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from protocol import (BoundaryTaps, Exchange, Meter, Microbatches, StageModule, clip_factor,  # noqa: E402
-                      make_optimizer, runs_a_microbatch, token_loss)
+                      make_optimizer, token_loss)
 
 try:
     from torch.distributed import pipelining
@@ -50,21 +50,10 @@ FAULTS = {"none": "PyTorch's pipelining as it ships, with Gloo's self-sends step
                                 "transport that corrupts one message would deliver it"}
 
 
-def corrupt_arrivals(modules, stages, microbatches):
+def corrupt_arrivals(microbatches):
     """fault=corrupt_activation: stage 1's input of microbatch 1 is scaled by 1.01 before the stage
     (and the boundary taps) see it, every step."""
-    for module, stage in zip(modules, stages):
-        if stage["stage"] != 1:
-            continue
-        seen = {"forwards": 0}
-
-        def hook(module, args):
-            if not runs_a_microbatch(args[0]):
-                return None
-            microbatch = seen["forwards"] % microbatches
-            seen["forwards"] += 1
-            return (args[0] * 1.01,) if microbatch == 1 else None
-        module.register_forward_pre_hook(hook)
+    microbatches.transforms.append(lambda stage, microbatch, x: x * 1.01 if (stage, microbatch) == (1, 1) else None)
 
 
 def step_around_self_sends():
@@ -149,9 +138,9 @@ def main():
 
     weights = exchange.weights()
     modules, stages = build_stages(exchange, device, weights)
-    if exchange.fault == "corrupt_activation":  # before the taps, so that they see what arrived
-        corrupt_arrivals(modules, exchange.stages_of_rank(), config["microbatches"])
-    microbatches = Microbatches(modules, exchange.stages_of_rank(), config["microbatch_sizes"])
+    microbatches = Microbatches(modules, exchange.stages_of_rank(), config["microbatch_sizes"], stages)
+    if exchange.fault == "corrupt_activation":  # the taps see what arrived
+        corrupt_arrivals(microbatches)
     taps = BoundaryTaps(microbatches)
     named = named_parameters(modules)
     exchange.save_start({name: p for name, p in named.items()})
