@@ -13,6 +13,11 @@
 BUILD_DIR ?= build
 JOBS ?= 2
 TORCH ?= auto
+# The pins of the project's environment: requirements.txt (the newest PyTorch supported, into
+# .venv) by default; requirements-oldest.txt (the oldest, into .venv-requirements-oldest) for the
+# other end of the tested range (make test-oldest).
+REQUIREMENTS ?= requirements.txt
+export REQUIREMENTS
 NO_INSTALL ?= 0
 PREFIX_PATH ?=
 # Further arguments for `make run`, e.g. RUN_ARGS="--runner NAME --junit FILE --markdown FILE" in CI.
@@ -21,7 +26,7 @@ PIPECHECK := $(BUILD_DIR)/pipecheck
 # The Python the build was configured with (its torch is the LibTorch pipecheck links).
 BUILD_PYTHON = $$(sed -n 's/^PIPECHECK_PYTHON:FILEPATH=//p' $(BUILD_DIR)/CMakeCache.txt)
 
-.PHONY: all deps configure build run test test-long sanitize mutants bench bench-peer clean
+.PHONY: all deps configure build run test test-oldest test-long sanitize mutants bench bench-peer clean
 
 all: build
 
@@ -44,6 +49,17 @@ run: build
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -LE long
+
+# The other end of the supported range: PyTorch 2.11 (requirements-oldest.txt) in its own
+# environment and build directory, then the unit tests, the default suite and PyTorch's pipelining
+# judged on it (CI's second leg, after `make test` on the newest).
+OLDEST_DIR ?= build-oldest
+OLDEST_UNIT_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*:Memory*'
+test-oldest:
+	$(MAKE) build BUILD_DIR=$(OLDEST_DIR) TORCH=venv REQUIREMENTS=requirements-oldest.txt
+	cd $(OLDEST_DIR) && tests/pipecheck_tests --gtest_filter=$(OLDEST_UNIT_TESTS)
+	$(OLDEST_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(OLDEST_DIR)/core
+	cd $(OLDEST_DIR) && ctest --output-on-failure -R '^(trainers_torch|crosscheck_dump_python)$$'
 
 # Mutation testing (not in `make test`: one rebuild and one default-suite run per mutant): the
 # one-line bugs of tests/mutants/pipeline.txt planted in pipeline/ one at a time, each file put back

@@ -473,6 +473,7 @@ Command AddInvariance(CLI::App& app) {
 struct ScheduleOptions {
   std::string schedule = "1f1b";
   std::string csv;
+  std::string csv_format = "compute_only";
   int stages = 2;
   int microbatches = 4;
   int virtual_stages = 1;
@@ -550,8 +551,12 @@ int PrintSchedule(ScheduleOptions options) {
              "nccl (on device streams, one channel per ordered pair of ranks: makespan {:g})\n",
              result.makespan, weighted.backward, streams.makespan);
   if (!options.csv.empty()) {
-    pipecheck::reports::WriteFileAtomically(options.csv, ScheduleToCsv(compute));
-    fmt::print("wrote {} (PyTorch pipelining's compute-only CSV)\n", options.csv);
+    const bool comms = options.csv_format == "compute_comms";
+    pipecheck::reports::WriteFileAtomically(options.csv, comms ? ScheduleToCsv(lowered, CsvFormat::kComputeComms)
+                                                               : ScheduleToCsv(compute));
+    fmt::print("wrote {} (PyTorch pipelining's {} CSV{})\n", options.csv, options.csv_format,
+               comms ? ": pipecheck's communication plan, for PyTorch's _PipelineScheduleRuntime to run as written"
+                     : "");
   }
   return 0;
 }
@@ -575,9 +580,13 @@ Command AddSchedule(CLI::App& app) {
   for (const auto& info : pipecheck::pipeline::ScheduleRegistry()) {
     schedule_help += fmt::format("{} ({}), ", info.name, info.summary);
   }
-  schedule_help += "or csv:PATH (PyTorch pipelining's compute-only CSV)";
+  schedule_help += "or csv:PATH (PyTorch pipelining's compute-only or compute_comms CSV)";
   command->add_option("--schedule", options->schedule, schedule_help)->check(ScheduleName())->capture_default_str();
-  command->add_option("--csv", options->csv, "Also write the schedule as PyTorch pipelining's compute-only CSV");
+  command->add_option("--csv", options->csv, "Also write the schedule as PyTorch pipelining's CSV");
+  command->add_option("--csv-format", options->csv_format,
+                      "compute_only (F, B, I, W) or compute_comms (also each send and receive where pipecheck's "
+                      "lowering places them)")
+      ->check(CLI::IsMember({"compute_only", "compute_comms"}))->capture_default_str();
   command->add_option("--stages", options->stages, "Pipeline ranks")->check(CLI::Range(1, 1024))->capture_default_str();
   command->add_option("--microbatches", options->microbatches, "Microbatches")->check(CLI::Range(1, 65535))
       ->capture_default_str();

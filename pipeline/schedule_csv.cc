@@ -11,17 +11,41 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
+
+#include "pipeline/message.h"
 
 namespace pipecheck::pipeline {
 
-std::string ScheduleToCsv(const Schedule& schedule) {
+std::string ScheduleToCsv(const Schedule& schedule, CsvFormat format) {
   std::string text;
   for (const auto& actions : schedule.ranks) {
     std::vector<std::string> cells;
+    // compute_comms: where pipecheck waits for a send, as PyTorch 2.15's WAIT_SEND_F / WAIT_SEND_B
+    // name it (by the send's stage and microbatch): just before the next send to the same peer in
+    // the same direction, and the rest at the end of the step, in the order sent.
+    std::map<std::pair<int, bool>, Action> in_flight;  // (peer, forward) -> the send not yet waited for
+    std::vector<Action> unwaited;
+    const auto wait = [&cells](const Action& send) {
+      cells.push_back(fmt::format("{}WAIT_SEND_{}{}", send.stage, send.kind == ActionKind::kSendForward ? "F" : "B",
+                                  send.microbatch));
+    };
     for (const auto& action : actions) {
-      if (action.IsCompute()) cells.push_back(action.ToString());
+      if (format == CsvFormat::kComputeOnly && !action.IsCompute()) continue;
+      if (action.IsSend()) {
+        const std::pair<int, bool> key{PeerOf(schedule.shape, action), action.kind == ActionKind::kSendForward};
+        const auto previous = in_flight.find(key);
+        if (previous != in_flight.end()) {
+          wait(previous->second);
+          unwaited.erase(std::find(unwaited.begin(), unwaited.end(), previous->second));
+        }
+        in_flight[key] = action;
+        unwaited.push_back(action);
+      }
+      cells.push_back(action.ToString());
     }
+    for (const Action& send : unwaited) wait(send);
     text += fmt::format("{}\n", fmt::join(cells, ","));
   }
   return text;
@@ -48,14 +72,25 @@ std::vector<std::string> CsvCells(const std::string& row) {
 // - `(0F3;3B1)OVERLAP_F_B` (DualPipeV): its sub-actions, run one after the other in the order
 //   written (PyTorch overlaps them on two streams; the arithmetic is the same);
 // - `2REDUCE_GRAD` (every PyTorch schedule's `pipeline_order` ends each stage with one): the
-//   point where stage 2's gradients are final and a data-parallel reduction would run; no action
-//   (`reduce_grad_stage` says which stage, for the placement checks).
+//   point where stage 2's gradients are final and a data-parallel reduction would start; no
+//   action (`marker` says which stage, for the placement checks);
+// - `2WAIT_REDUCE_GRAD` (PyTorch 2.15 pairs each REDUCE_GRAD with one): where that reduction is
+//   waited for; no action either, and it must follow its stage's REDUCE_GRAD.
 // Throws ScheduleError naming the rule the cell breaks.
 constexpr const char* kOverlapSuffix = ")OVERLAP_F_B";
 constexpr const char* kReduceGrad = "REDUCE_GRAD";
+constexpr const char* kWaitReduceGrad = "WAIT_REDUCE_GRAD";
 
-std::vector<Action> CellActions(const std::string& cell, std::optional<int>& reduce_grad_stage) {
-  reduce_grad_stage.reset();
+// A cell that runs nothing: a stage's gradient reduction (REDUCE_GRAD, WAIT_REDUCE_GRAD) or,
+// in compute_comms, the wait for an earlier send (WAIT_SEND_F, WAIT_SEND_B: PyTorch 2.15).
+struct GradMarker {
+  enum Kind { kNone, kReduce, kWait, kWaitSendForward, kWaitSendBackward } kind = kNone;
+  int stage = 0;
+  int microbatch = 0;
+};
+
+std::vector<Action> CellActions(const std::string& cell, GradMarker& marker) {
+  marker = GradMarker();
   const std::string overlap = kOverlapSuffix;
   if (cell.size() > overlap.size() + 1 && cell.front() == '(' &&
       cell.compare(cell.size() - overlap.size(), overlap.size(), overlap) == 0) {
@@ -78,22 +113,33 @@ std::vector<Action> CellActions(const std::string& cell, std::optional<int>& red
     }
     return actions;
   }
-  const std::string reduce = kReduceGrad;
   const size_t digits = cell.find_first_not_of("0123456789");
-  if (digits != std::string::npos && digits > 0 && digits <= 6 && cell.compare(digits, std::string::npos, reduce) == 0) {
-    reduce_grad_stage = std::stoi(cell.substr(0, digits));
+  for (const auto& [name, kind] : {std::make_pair(std::string("WAIT_SEND_F"), GradMarker::kWaitSendForward),
+                                   std::make_pair(std::string("WAIT_SEND_B"), GradMarker::kWaitSendBackward)}) {
+    if (digits == std::string::npos || digits == 0 || digits > 6 || cell.compare(digits, name.size(), name) != 0) continue;
+    const std::string microbatch = cell.substr(digits + name.size());
+    if (microbatch.empty() || microbatch.size() > 6 || microbatch.find_first_not_of("0123456789") != std::string::npos) {
+      throw ScheduleError(fmt::format("{} needs a microbatch: STAGE {} MICROBATCH such as 0{}0", name, name, name));
+    }
+    marker = {kind, std::stoi(cell.substr(0, digits)), std::stoi(microbatch)};
     return {};
+  }
+  if (digits != std::string::npos && digits > 0 && digits <= 6) {
+    for (const auto& [name, kind] : {std::make_pair(std::string(kWaitReduceGrad), GradMarker::kWait),
+                                     std::make_pair(std::string(kReduceGrad), GradMarker::kReduce)}) {
+      if (cell.compare(digits, std::string::npos, name) == 0) {
+        marker = {kind, std::stoi(cell.substr(0, digits))};
+        return {};
+      }
+    }
   }
   Action action;
   try {
     action = ParseAction(cell);
   } catch (const ScheduleError&) {
-    throw ScheduleError("not an action (expected STAGE KIND MICROBATCH such as 0F0, 1B3, 0I1, 0W1, "
-                        "an OVERLAP_F_B pair such as (0F3;3B1)OVERLAP_F_B, or STAGE REDUCE_GRAD)");
-  }
-  if (!action.IsCompute()) {
-    throw ScheduleError("communication is added by pipecheck: a compute-only CSV has F, B, I, W, OVERLAP_F_B and "
-                        "REDUCE_GRAD");
+    throw ScheduleError("not an action (expected STAGE KIND MICROBATCH such as 0F0, 1B3, 0I1, 0W1, 0SEND_F0, "
+                        "1RECV_F0, 0WAIT_SEND_F0, an OVERLAP_F_B pair such as (0F3;3B1)OVERLAP_F_B, STAGE "
+                        "REDUCE_GRAD or STAGE WAIT_REDUCE_GRAD)");
   }
   return {action};
 }
@@ -109,8 +155,8 @@ Placement CsvPlacement(const std::vector<std::string>& rows, const PipelineShape
     for (const auto& cell : CsvCells(rows[r])) {
       if (cell.empty()) continue;
       try {
-        std::optional<int> reduce_grad_stage;
-        for (const Action& action : CellActions(cell, reduce_grad_stage)) {
+        GradMarker marker;
+        for (const Action& action : CellActions(cell, marker)) {
           if (action.stage < shape.stages() && v.RankOfStage(action.stage) != shape.RankOfStage(action.stage)) {
             return v.RankOfStage(action.stage) == static_cast<int>(r) ? Placement::kV : Placement::kRoundRobin;
           }
@@ -154,22 +200,41 @@ class CsvImport {
       return ScheduleError(fmt::format("{}: row {}, cell {}: '{}': {}", file_, r + 1, c + 1, cell, rule));
     };
     std::vector<Action> actions;
-    std::optional<int> reduce_grad_stage;
+    GradMarker marker;
     try {
-      actions = CellActions(cell, reduce_grad_stage);
+      actions = CellActions(cell, marker);
     } catch (const ScheduleError& error) {
       throw where(error.what());
     }
-    if (reduce_grad_stage) {
-      CheckStage(*reduce_grad_stage, r, where);
-      auto [previous, inserted] = reduced_.emplace(*reduce_grad_stage, std::make_pair(r + 1, c + 1));
+    if (marker.kind == GradMarker::kWaitSendForward || marker.kind == GradMarker::kWaitSendBackward) {
+      const Action send{marker.kind == GradMarker::kWaitSendForward ? ActionKind::kSendForward
+                                                                    : ActionKind::kSendBackward,
+                        marker.stage, marker.microbatch};
+      waits_sends_ = true;
+      if (unwaited_sends_.erase(std::make_pair(r, send)) == 0) {
+        throw where(fmt::format("waits for {}, which this row has not sent (or has waited for already)",
+                                send.ToString()));
+      }
+    } else if (marker.kind != GradMarker::kNone) {
+      CheckStage(marker.stage, r, where);
+      auto& seen = marker.kind == GradMarker::kReduce ? reduced_ : waited_;
+      auto [previous, inserted] = seen.emplace(marker.stage, std::make_pair(r + 1, c + 1));
       if (!inserted) throw where(fmt::format("repeats row {}, cell {}", previous->second.first, previous->second.second));
+      if (marker.kind == GradMarker::kWait && reduced_.count(marker.stage) == 0) {
+        throw where(fmt::format("waits for stage {}'s reduction before its {}REDUCE_GRAD starts it", marker.stage,
+                                marker.stage));
+      }
     }
     for (const Action& action : actions) {
       CheckStage(action.stage, r, where);
       if (action.microbatch >= shape_.microbatches) {
         throw where(fmt::format("microbatch {} does not exist (the scenario has {})", action.microbatch,
                                 shape_.microbatches));
+      }
+      if (!action.IsCompute()) {  // compute_comms: checked, then left to pipecheck's own lowering
+        CheckMessage(action, r, where);
+        if (action.IsSend()) unwaited_sends_.insert(std::make_pair(r, action));
+        continue;
       }
       if (action.kind != ActionKind::kForward && reduced_.count(action.stage) > 0) {
         throw where(fmt::format("comes after {}REDUCE_GRAD (row {}, cell {}), which marks stage {}'s gradients final",
@@ -183,8 +248,14 @@ class CsvImport {
     }
   }
 
-  // Every stage needs every microbatch forward and backward, whole (B) or split (I and W).
+  // Every stage needs every microbatch forward and backward, whole (B) or split (I and W); a file
+  // that waits for its sends (WAIT_SEND_F/B, PyTorch 2.15's compute_comms) waits for every one.
   void CheckComplete() const {
+    if (waits_sends_ && !unwaited_sends_.empty()) {
+      const auto& [row, send] = *unwaited_sends_.begin();
+      throw ScheduleError(fmt::format("{}: row {} never waits for {} (a file with WAIT_SEND cells waits for every send)",
+                                      file_, row + 1, send.ToString()));
+    }
     for (int stage = 0; stage < shape_.stages(); ++stage) {
       for (int mb = 0; mb < shape_.microbatches; ++mb) {
         auto has = [&](ActionKind kind) { return seen_.count({static_cast<int>(kind), stage, mb}) > 0; };
@@ -217,11 +288,31 @@ class CsvImport {
     }
   }
 
+  // A communication cell names a message between this row's rank and another.
+  template <typename Where>
+  void CheckMessage(const Action& action, size_t r, const Where& where) const {
+    const bool forward = action.kind == ActionKind::kSendForward || action.kind == ActionKind::kRecvForward;
+    const int from = action.IsSend() ? action.stage : forward ? action.stage - 1 : action.stage + 1;
+    const int to = action.IsSend() ? (forward ? action.stage + 1 : action.stage - 1) : action.stage;
+    if (from < 0 || from >= shape_.stages() || to < 0 || to >= shape_.stages()) {
+      throw where(action.IsSend()
+                      ? fmt::format("stage {} sends to stage {}, which does not exist", from, to)
+                      : fmt::format("stage {} receives from stage {}, which does not exist", to, from));
+    }
+    if (schedule_.shape.RankOfStage(from) == schedule_.shape.RankOfStage(to)) {
+      throw where(fmt::format("stages {} and {} both run on rank {}: their tensor never goes through the transport", from,
+                              to, r));
+    }
+  }
+
   const std::string& file_;
   const PipelineShape& shape_;
   Schedule& schedule_;
   std::map<std::tuple<int, int, int>, std::pair<size_t, size_t>> seen_;  // (kind, stage, mb) -> (row, cell)
   std::map<int, std::pair<size_t, size_t>> reduced_;                     // stage -> its REDUCE_GRAD's (row, cell)
+  std::map<int, std::pair<size_t, size_t>> waited_;                      // stage -> its WAIT_REDUCE_GRAD's
+  std::set<std::pair<size_t, Action>> unwaited_sends_;                   // (row, send) not yet waited for
+  bool waits_sends_ = false;                                             // any WAIT_SEND cell seen
 };
 
 }  // namespace

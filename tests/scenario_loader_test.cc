@@ -1,6 +1,7 @@
 // The scenario loader: defaults, and every class of bad input with the exact location and
 // what is allowed in the message.
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 #include <fstream>
 
@@ -24,6 +25,27 @@ std::string ErrorFor(const std::string& text) {
     return error.what();
   }
   return "";
+}
+
+// expect=OUTCOME<MAJOR.MINOR: the outcome on a PyTorch older than that, the other one from it on,
+// resolved against the PyTorch this build links; the suite's words are kept beside.
+TEST(ScenarioLoader, VersionedExpectationsResolveAgainstTheBuildsPyTorch) {
+  auto vocabulary = harness::PipelineVocabulary();
+  EXPECT_EQ(vocabulary.torch_version, std::make_pair(TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+  const std::string text = "name,expect\nold,fail<2.15\nnew,pass<2.15\nplain,fail\n";
+  vocabulary.torch_version = {2, 11};
+  auto suite = scenarios::ParseScenarios(text, "v.csv", vocabulary);
+  EXPECT_EQ(suite[0].expect, "fail");
+  EXPECT_EQ(suite[1].expect, "pass");
+  EXPECT_EQ(suite[2].expect, "fail");
+  EXPECT_EQ(suite[0].expect_written, "fail<2.15");
+  vocabulary.torch_version = {2, 15};
+  suite = scenarios::ParseScenarios(text, "v.csv", vocabulary);
+  EXPECT_EQ(suite[0].expect, "pass");
+  EXPECT_EQ(suite[1].expect, "fail");
+  EXPECT_EQ(suite[2].expect, "fail");
+  vocabulary.torch_version = {3, 0};
+  EXPECT_EQ(scenarios::ParseScenarios(text, "v.csv", vocabulary)[0].expect, "pass");
 }
 
 TEST(ScenarioLoader, AppliesDefaultsAndResolvesDependentOnes) {
@@ -144,7 +166,14 @@ TEST(ScenarioLoader, RejectsUnknownEnumValuesListingTheAllowedOnes) {
   EXPECT_EQ(ErrorFor("name,dtype\nx,float16\n"),
             "suite.csv:2:2: column 'dtype', value 'float16': expected one of: float64, float32, bfloat16");
   EXPECT_EQ(ErrorFor("name,expect\nx,maybe\n"),
-            "suite.csv:2:2: column 'expect', value 'maybe': expected one of: pass, fail");
+            "suite.csv:2:2: column 'expect', value 'maybe': expected pass, fail, or OUTCOME<MAJOR.MINOR (fail<2.15: fail "
+            "on PyTorch older than 2.15, pass from 2.15 on)");
+  for (const std::string bad : {"fail<", "fail<2", "fail<2.", "fail<.15", "fail<2.15.1", "maybe<2.15", "fail<2.x",
+                                "fail<2.1234567890"}) {
+    EXPECT_NE(ErrorFor("name,expect\nx," + bad + "\n").find("value '" + bad + "': expected pass, fail, or OUTCOME<"),
+              std::string::npos)
+        << bad;
+  }
   EXPECT_EQ(ErrorFor("name,partition\nx,2;;1\n"),
             "suite.csv:2:2: column 'partition', value '2;;1': expected uniform, params, or layer counts per stage "
             "such as 2;0;3;1");

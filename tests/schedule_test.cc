@@ -401,6 +401,37 @@ TEST(ScheduleCsv, ExportThenImportGivesTheSameLists) {
   EXPECT_EQ(pipeline::FormatActions(hand), "rank 0: 0F0 0F1 0I0 0W0 0B1\nrank 1: 1F0 1I0 1F1 1W0 1B1\n");
 }
 
+// PyTorch's compute_comms CSV: pipecheck's lowered lists written with their sends and receives
+// read back as the compute schedule they lower from, and lower to the same lists; a message
+// between two stages of one rank is refused.
+TEST(ScheduleCsv, ComputeCommsFilesCarryPipechecksCommunicationPlan) {
+  for (const auto& [name, shape] : std::vector<std::pair<std::string, PipelineShape>>{
+           {"1f1b", {2, 1, 4}}, {"zbh1", {3, 1, 6}}, {"interleaved", {2, 2, 4}}, {"zbv", {2, 2, 4}}}) {
+    const Schedule compute = pipeline::MakeSchedule(name, shape);
+    const Schedule lowered = pipeline::LowerSchedule(compute);
+    const std::string text = pipeline::ScheduleToCsv(lowered, pipeline::CsvFormat::kComputeComms);
+    EXPECT_NE(text.find("RECV_F"), std::string::npos) << name;
+    const Schedule again = pipeline::ScheduleFromCsv(text, "c.csv", shape);
+    EXPECT_EQ(pipeline::FormatActions(again), pipeline::FormatActions(compute)) << name;
+    EXPECT_EQ(pipeline::FormatActions(pipeline::LowerSchedule(again)), pipeline::FormatActions(lowered)) << name;
+  }
+  EXPECT_EQ(pipeline::ScheduleToCsv(pipeline::LowerSchedule(pipeline::MakeSchedule("1f1b", {2, 1, 2})),
+                                    pipeline::CsvFormat::kComputeComms),
+            "0F0,0SEND_F0,0RECV_B0,0F1,0WAIT_SEND_F0,0SEND_F1,0RECV_B1,0B0,0B1,0WAIT_SEND_F1\n"
+            "1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1WAIT_SEND_B0,1SEND_B1,1WAIT_SEND_B1\n");
+  ExpectCsvRejections({{"0F0,0SEND_F0,1F0,0F1,1F1,1B1,0B1,1B0,0B0\n", "l.csv: row 1, cell 2: '0SEND_F0': stages 0 and 1 both "
+                                                                       "run on rank 0"}},
+                      "l.csv", {1, 2, 2});
+  ExpectCsvRejections(
+      {{"0F0,0WAIT_SEND_F0,0SEND_F0,0F1,0SEND_F1,0B0,0B1\n1RECV_F0,1RECV_F1,1F0,1F1,1B0,1B1\n",
+        "w.csv: row 1, cell 2: '0WAIT_SEND_F0': waits for 0SEND_F0, which this row has not sent"},
+       {"0F0,0SEND_F0,0WAIT_SEND_F0,0F1,0SEND_F1,0B0,0B1\n1RECV_F0,1RECV_F1,1F0,1F1,1B0,1B1\n",
+        "w.csv: row 1 never waits for 0SEND_F1"},
+       {"0F0,0SEND_F0,0WAIT_SEND_F,0F1,0B0,0B1\n1RECV_F0,1F0,1F1,1B0,1B1\n",
+        "w.csv: row 1, cell 3: '0WAIT_SEND_F': WAIT_SEND_F needs a microbatch"}},
+      "w.csv", {2, 1, 2});
+}
+
 // What PyTorch's own schedules write besides F/B/I/W: DualPipeV's OVERLAP_F_B pairs run as their
 // two sub-actions in the order written, and REDUCE_GRAD (each stage's gradients final) runs
 // nothing but must follow every backward of its stage.
@@ -408,6 +439,11 @@ TEST(ScheduleCsv, PyTorchsOverlapAndReduceGradCellsAreRead) {
   const Schedule pairs = pipeline::ScheduleFromCsv(
       "0F0,0F1,(0F2;0B0)OVERLAP_F_B,0B1,0B2,0REDUCE_GRAD\n1F0,1B0,1F1,1B1,1F2,1B2,1REDUCE_GRAD\n", "p.csv", {2, 1, 3});
   EXPECT_EQ(pipeline::FormatActions(pairs), "rank 0: 0F0 0F1 0F2 0B0 0B1 0B2\nrank 1: 1F0 1B0 1F1 1B1 1F2 1B2\n");
+  // PyTorch 2.15 waits for each reduction where its pipeline_order says WAIT_REDUCE_GRAD.
+  const Schedule waits = pipeline::ScheduleFromCsv(
+      "0F0,0F1,0B0,0B1,0REDUCE_GRAD,0WAIT_REDUCE_GRAD\n1F0,1B0,1F1,1B1,1REDUCE_GRAD,1WAIT_REDUCE_GRAD\n", "w.csv",
+      {2, 1, 2});
+  EXPECT_EQ(pipeline::FormatActions(waits), "rank 0: 0F0 0F1 0B0 0B1\nrank 1: 1F0 1B0 1F1 1B1\n");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"0F0,0F1,0B0,0REDUCE_GRAD,0B1\n1F0,1B0,1F1,1B1\n",
        "r.csv: row 1, cell 5: '0B1': comes after 0REDUCE_GRAD (row 1, cell 4)"},
@@ -417,6 +453,10 @@ TEST(ScheduleCsv, PyTorchsOverlapAndReduceGradCellsAreRead) {
       {"0F0,(0F1;0B0;0B1)OVERLAP_F_B\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 2: '(0F1;0B0;0B1)OVERLAP_F_B': OVERLAP_F_B holds 3"},
       {"0F0,(0F1;1B0)OVERLAP_F_B,0B0,0B1\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 2: '(0F1;1B0)OVERLAP_F_B': stage 1 runs on rank 1"},
       {"0F0,0F1,0B0,0B1,0UNSHARD\n1F0,1B0,1F1,1B1\n", "r.csv: row 1, cell 5: '0UNSHARD': not an action"},
+      {"0F0,0F1,0B0,0B1,0WAIT_REDUCE_GRAD,0REDUCE_GRAD\n1F0,1B0,1F1,1B1\n",
+       "r.csv: row 1, cell 5: '0WAIT_REDUCE_GRAD': waits for stage 0's reduction before its 0REDUCE_GRAD starts it"},
+      {"0F0,0F1,0B0,0B1,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0WAIT_REDUCE_GRAD\n1F0,1B0,1F1,1B1\n",
+       "r.csv: row 1, cell 7: '0WAIT_REDUCE_GRAD': repeats row 1, cell 6"},
   };
   ExpectCsvRejections(cases, "r.csv", {2, 1, 2});
 }
@@ -435,7 +475,9 @@ TEST(ScheduleCsv, BrokenFilesAreRejectedNamingRowAndCell) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1\n1F0\n", "b.csv: 3 rows, but the scenario has 2 ranks"},
       {"0F0,0X1,0B0,0B1\n1F0,1F1,1B0,1B1\n", "b.csv: row 1, cell 2: '0X1': not an action"},
-      {"0F0,0F1,0B0,0B1\n1F0,1SEND_B0,1F1,1B0,1B1\n", "b.csv: row 2, cell 2: '1SEND_B0': communication is added"},
+      {"0F0,0F1,0B0,0B1\n1F0,1SEND_F0,1F1,1B0,1B1\n", "b.csv: row 2, cell 2: '1SEND_F0': stage 1 sends to stage 2, "
+                                                       "which does not exist"},
+      {"0F0,0F1,0B0,0B1\n1F0,0RECV_B0,1F1,1B0,1B1\n", "b.csv: row 2, cell 2: '0RECV_B0': stage 0 runs on rank 0"},
       {"0F0,0F1,0B0,0B1\n1F0,1F1,1B0,2B1\n", "b.csv: row 2, cell 4: '2B1': stage 2 does not exist"},
       {"0F0,1F1,0B0,0B1\n1F0,1F1,1B0,1B1\n", "b.csv: row 1, cell 2: '1F1': stage 1 runs on rank 1"},
       {"0F0,0F1,0B0,0B2\n1F0,1F1,1B0,1B1\n", "b.csv: row 1, cell 4: '0B2': microbatch 2 does not exist"},

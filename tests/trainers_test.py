@@ -8,7 +8,8 @@ each row's status and the words its message must hold.
     step, a breach of the protocol is an ERROR saying which, never a PASS; and PyTorch's pipelining
     with one activation corrupted on purpose, named by the first-divergence judge.
   --suite torch: scenarios/torch-pipelining.csv, PyTorch's pipelining: the run exits 0 (every row
-    met its expectation) and every expect=fail row fails for the reason its note gives.
+    met its expectation as resolved for the PyTorch built against) and every row expected to fail
+    fails for the reason its note gives on that PyTorch.
 """
 import argparse
 import csv
@@ -35,15 +36,35 @@ EXTERNAL = {
     "torch_corrupted_activation": ("FAIL", ["step 0, microbatch 1: activation into stage 1 (from rank 0) rel err 0.01"]),
 }
 
+# scenario -> {the first PyTorch (major, minor) a reason holds from: the words its message must hold}
 TORCH_FAILURES = {
-    "torch_1f1b_uneven_microbatches": ["PipeliningShapeError", "expected torch.Size([3, 32]) actual torch.Size([2, 32])"],
-    "torch_gpipe_uneven_microbatches": ["PipeliningShapeError", "expected torch.Size([2, 32]) actual torch.Size([1, 32])"],
-    "torch_zbh1_identity_stage": ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"],
-    "torch_zbv_identity_stage": ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"],
-    "torch_dualpipev_identity_stage": ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"],
-    "torch_zbv_gloo_init_as_shipped": ["Pair is not connected"],
-    "torch_dualpipev_gloo_init_as_shipped": ["Pair is not connected"],
+    "torch_1f1b_uneven_microbatches": {
+        (2, 11): ["PipeliningShapeError", "expected torch.Size([3, 32]) actual torch.Size([2, 32])"],
+        (2, 15): ["rank 1", "[Stage 1] failed to run forward", "torch.Size([3, 32, 64])"]},
+    "torch_gpipe_uneven_microbatches": {
+        (2, 11): ["PipeliningShapeError", "expected torch.Size([2, 32]) actual torch.Size([1, 32])"],
+        (2, 15): ["rank 1", "Expected input batch_size (64) to match target batch_size (32)"]},
+    "torch_zbh1_identity_stage": {
+        (2, 11): ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"]},
+    "torch_zbv_identity_stage": {
+        (2, 11): ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"]},
+    "torch_dualpipev_identity_stage": {
+        (2, 11): ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"]},
+    "torch_zbv_gloo_init_as_shipped": {(2, 11): ["Pair is not connected"]},
+    "torch_dualpipev_gloo_init_as_shipped": {(2, 11): ["Pair is not connected"]},
 }
+
+
+def torch_version():
+    import torch
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def failure_words(name, version):
+    """The words `name`'s message must hold on PyTorch `version`, or None where none are written."""
+    reasons = {since: words for since, words in TORCH_FAILURES.get(name, {}).items() if since <= version}
+    return reasons[max(reasons)] if reasons else None
 
 
 def run(pipecheck, suite, out, timeout):
@@ -91,14 +112,22 @@ def main():
         else:
             suite = os.path.join(args.source, "scenarios/torch-pipelining.csv")
             code, rows = run(args.pipecheck, suite, out, 300)
-            expected = {name: ("ERROR", words) for name, words in TORCH_FAILURES.items()}
+            # Each row's expectation as this build resolved it (summary.csv's expect: an
+            # OUTCOME<VERSION in the suite is pass or fail for the PyTorch built against).
+            version, expected = torch_version(), {}
             with open(suite, newline="") as f:
-                lines = [line for line in f if not line.lstrip().startswith("#")]
-            for row in csv.DictReader(lines):
+                names = [row["name"] for row in csv.DictReader(line for line in f if not line.lstrip().startswith("#"))]
+            if sorted(names) != sorted(rows):
+                sys.exit(f"FAIL: summary.csv's rows {sorted(rows)} are not the suite's {sorted(names)}")
+            for name, row in rows.items():
                 if row["expect"] == "pass":
-                    expected[row["name"]] = ("PASS", ["weights after each step match"])
-                elif row["name"] not in TORCH_FAILURES:
-                    sys.exit(f"FAIL: {row['name']} is expect=fail but this test does not say which reason it must give")
+                    expected[name] = ("PASS", ["weights after each step match"])
+                    continue
+                words = failure_words(name, version)
+                if words is None:
+                    sys.exit(f"FAIL: {name} is expect=fail on PyTorch {version[0]}.{version[1]} but this test does not "
+                             "say which reason it must give")
+                expected[name] = ("ERROR", words)
             problems = check(rows, expected)
             if code != 0:
                 problems.append(f"pipecheck run exited {code}: every row should have met its expectation")

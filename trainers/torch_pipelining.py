@@ -8,7 +8,8 @@ and trains config.json's steps with the scenario's schedule class:
 
   gpipe ScheduleGPipe, 1f1b Schedule1F1B, interleaved ScheduleInterleaved1F1B, loopedbfs
   ScheduleLoopedBFS, zbh1 ScheduleInterleavedZeroBubble, zbv ScheduleZBVZeroBubble, dualpipev
-  ScheduleDualPipeV, csv:PATH PyTorch's _PipelineScheduleRuntime loading the compute-only CSV.
+  ScheduleDualPipeV, csv:PATH PyTorch's _PipelineScheduleRuntime loading the CSV: compute-only
+  (PyTorch adds the communication) or compute_comms (run as written).
 
 It does what a user of pipelining must do around the schedule, the way PyTorch's documentation and
 TorchTitan do it: the loss is the batch's summed token cross entropy over its labelled tokens (so
@@ -19,6 +20,7 @@ PyTorch computes is handed back unaltered for pipecheck to judge.
 
 Needs PyTorch >= 2.4 (torch.distributed.pipelining); exit 2 when it is missing.
 """
+import csv
 import inspect
 import os
 import sys
@@ -78,12 +80,36 @@ def schedule_class(name):
     return cls
 
 
-def make_schedule(config, stages, loss_fn):
+def csv_format(path):
+    """PyTorch's CSV format of a schedule file: compute_comms when it holds communication (SEND_F,
+    RECV_F, SEND_B, RECV_B: run as written), else compute_only (PyTorch lowers it itself)."""
+    with open(path, newline="") as f:
+        text = f.read()
+    return "compute_comms" if any(kind in text for kind in ("SEND_F", "RECV_F", "SEND_B", "RECV_B")) else "compute_only"
+
+
+def without_send_waits(path, folder):
+    """Releases before 2.15 have no WAIT_SEND_F / WAIT_SEND_B (their runtime waits for a step's
+    sends itself, at its end) and refuse a compute_comms file that names them: for those, the
+    file less its wait cells, copied into this rank's `folder`. The one place this trainer changes
+    a schedule."""
+    with open(path, newline="") as f:
+        rows = [[cell for cell in row if "WAIT_SEND_" not in cell] for row in csv.reader(f)]
+    copy = os.path.join(folder, "schedule_without_send_waits.csv")
+    with open(copy, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    return copy
+
+
+def make_schedule(config, stages, loss_fn, folder):
     name, microbatches = config["schedule"], config["microbatches"]
     if name.startswith("csv:"):
         from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
         schedule = _PipelineScheduleRuntime(stages, microbatches, loss_fn=loss_fn, scale_grads=False)
-        schedule._load_csv(config["schedule_csv"], format="compute_only")
+        path, format = config["schedule_csv"], csv_format(config["schedule_csv"])
+        if format == "compute_comms" and not hasattr(pipelining.schedules._ComputationType, "WAIT_SEND_F"):
+            path = without_send_waits(path, folder)
+        schedule._load_csv(path, format=format)
         return schedule
     cls = schedule_class(name)
     kwargs = {}
@@ -153,7 +179,8 @@ def main():
     optimizer = make_optimizer(config, list(named.values())) if named else None
     # Each step's loss is divided by that step's labelled tokens (design §2).
     labelled = {"tokens": 1}
-    schedule = make_schedule(config, stages, lambda logits, target: token_loss(logits, target, labelled["tokens"]))
+    schedule = make_schedule(config, stages, lambda logits, target: token_loss(logits, target, labelled["tokens"]),
+                             exchange.folder)
 
     for step in range(config["steps"]):
         batch = exchange.batch(step)
