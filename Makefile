@@ -50,14 +50,17 @@ run: build
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -LE long
 
+# The GoogleTest unit suites (no ranks), for the builds that run them apart from CTest: the
+# sanitizer build and the oldest PyTorch's (whose ranks run in the core suite after them).
+UNIT_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*'
+
 # The other end of the supported range: PyTorch 2.11 (requirements-oldest.txt) in its own
 # environment and build directory, then the unit tests, the default suite and PyTorch's pipelining
 # judged on it (CI's second leg, after `make test` on the newest).
 OLDEST_DIR ?= build-oldest
-OLDEST_UNIT_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*:Memory*'
 test-oldest:
 	$(MAKE) build BUILD_DIR=$(OLDEST_DIR) TORCH=venv REQUIREMENTS=requirements-oldest.txt
-	cd $(OLDEST_DIR) && tests/pipecheck_tests --gtest_filter=$(OLDEST_UNIT_TESTS)
+	cd $(OLDEST_DIR) && tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)':Memory*'
 	$(OLDEST_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(OLDEST_DIR)/core
 	cd $(OLDEST_DIR) && ctest --output-on-failure -R '^(trainers_torch|crosscheck_dump_python)$$'
 
@@ -74,15 +77,13 @@ mutants: build
 SANITIZE_DIR ?= build-sanitize
 SANITIZE_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# Unit suites (no ranks); the ranks are exercised by the core suite below.
-SANITIZE_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*'
 sanitize: deps
 	@python="$$(scripts/torch-python.sh $(TORCH))" || exit 2; \
 	[ -f $(SANITIZE_DIR)/CMakeCache.txt ] || cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=Release \
 	  "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG" -DPIPECHECK_SANITIZE=address,undefined "-DPIPECHECK_PYTHON=$$python" \
 	  $(if $(PREFIX_PATH),"-DCMAKE_PREFIX_PATH=$(PREFIX_PATH)")
 	cmake --build $(SANITIZE_DIR) -j$(JOBS) --target pipecheck pipecheck_tests
-	cd $(SANITIZE_DIR) && $(SANITIZE_ENV) tests/pipecheck_tests --gtest_filter=$(SANITIZE_TESTS)
+	cd $(SANITIZE_DIR) && $(SANITIZE_ENV) tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)
 	$(SANITIZE_ENV) $(SANITIZE_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(SANITIZE_DIR)/core
 
 # The long sweeps: 50 seeds of the core suite, long and high-lr runs (scenarios/long.csv), and the

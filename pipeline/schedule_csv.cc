@@ -25,8 +25,7 @@ std::string ScheduleToCsv(const Schedule& schedule, CsvFormat format) {
     // compute_comms: where pipecheck waits for a send, as PyTorch 2.15's WAIT_SEND_F / WAIT_SEND_B
     // name it (by the send's stage and microbatch): just before the next send to the same peer in
     // the same direction, and the rest at the end of the step, in the order sent.
-    std::map<std::pair<int, bool>, Action> in_flight;  // (peer, forward) -> the send not yet waited for
-    std::vector<Action> unwaited;
+    std::vector<Action> unwaited;  // sends not yet waited for, in the order sent
     const auto wait = [&cells](const Action& send) {
       cells.push_back(fmt::format("{}WAIT_SEND_{}{}", send.stage, send.kind == ActionKind::kSendForward ? "F" : "B",
                                   send.microbatch));
@@ -34,13 +33,13 @@ std::string ScheduleToCsv(const Schedule& schedule, CsvFormat format) {
     for (const auto& action : actions) {
       if (format == CsvFormat::kComputeOnly && !action.IsCompute()) continue;
       if (action.IsSend()) {
-        const std::pair<int, bool> key{PeerOf(schedule.shape, action), action.kind == ActionKind::kSendForward};
-        const auto previous = in_flight.find(key);
-        if (previous != in_flight.end()) {
-          wait(previous->second);
-          unwaited.erase(std::find(unwaited.begin(), unwaited.end(), previous->second));
+        const auto previous = std::find_if(unwaited.begin(), unwaited.end(), [&](const Action& send) {
+          return send.kind == action.kind && PeerOf(schedule.shape, send) == PeerOf(schedule.shape, action);
+        });
+        if (previous != unwaited.end()) {
+          wait(*previous);
+          unwaited.erase(previous);
         }
-        in_flight[key] = action;
         unwaited.push_back(action);
       }
       cells.push_back(action.ToString());
@@ -83,14 +82,25 @@ constexpr const char* kWaitReduceGrad = "WAIT_REDUCE_GRAD";
 
 // A cell that runs nothing: a stage's gradient reduction (REDUCE_GRAD, WAIT_REDUCE_GRAD) or,
 // in compute_comms, the wait for an earlier send (WAIT_SEND_F, WAIT_SEND_B: PyTorch 2.15).
-struct GradMarker {
+struct Marker {
   enum Kind { kNone, kReduce, kWait, kWaitSendForward, kWaitSendBackward } kind = kNone;
   int stage = 0;
   int microbatch = 0;
 };
 
-std::vector<Action> CellActions(const std::string& cell, GradMarker& marker) {
-  marker = GradMarker();
+// Each marker's name after the stage; the send waits also end in the send's microbatch.
+struct MarkerName {
+  const char* name;
+  Marker::Kind kind;
+  bool microbatch;
+};
+constexpr MarkerName kMarkers[] = {{kReduceGrad, Marker::kReduce, false},
+                                   {kWaitReduceGrad, Marker::kWait, false},
+                                   {"WAIT_SEND_F", Marker::kWaitSendForward, true},
+                                   {"WAIT_SEND_B", Marker::kWaitSendBackward, true}};
+
+std::vector<Action> CellActions(const std::string& cell, Marker& marker) {
+  marker = Marker();
   const std::string overlap = kOverlapSuffix;
   if (cell.size() > overlap.size() + 1 && cell.front() == '(' &&
       cell.compare(cell.size() - overlap.size(), overlap.size(), overlap) == 0) {
@@ -114,23 +124,21 @@ std::vector<Action> CellActions(const std::string& cell, GradMarker& marker) {
     return actions;
   }
   const size_t digits = cell.find_first_not_of("0123456789");
-  for (const auto& [name, kind] : {std::make_pair(std::string("WAIT_SEND_F"), GradMarker::kWaitSendForward),
-                                   std::make_pair(std::string("WAIT_SEND_B"), GradMarker::kWaitSendBackward)}) {
-    if (digits == std::string::npos || digits == 0 || digits > 6 || cell.compare(digits, name.size(), name) != 0) continue;
-    const std::string microbatch = cell.substr(digits + name.size());
-    if (microbatch.empty() || microbatch.size() > 6 || microbatch.find_first_not_of("0123456789") != std::string::npos) {
-      throw ScheduleError(fmt::format("{} needs a microbatch: STAGE {} MICROBATCH such as 0{}0", name, name, name));
-    }
-    marker = {kind, std::stoi(cell.substr(0, digits)), std::stoi(microbatch)};
-    return {};
-  }
   if (digits != std::string::npos && digits > 0 && digits <= 6) {
-    for (const auto& [name, kind] : {std::make_pair(std::string(kWaitReduceGrad), GradMarker::kWait),
-                                     std::make_pair(std::string(kReduceGrad), GradMarker::kReduce)}) {
-      if (cell.compare(digits, std::string::npos, name) == 0) {
+    for (const auto& [name, kind, has_microbatch] : kMarkers) {
+      const size_t length = std::strlen(name);
+      if (cell.compare(digits, length, name) != 0) continue;
+      const std::string rest = cell.substr(digits + length);
+      if (!has_microbatch) {
+        if (!rest.empty()) continue;
         marker = {kind, std::stoi(cell.substr(0, digits))};
         return {};
       }
+      if (rest.empty() || rest.size() > 6 || rest.find_first_not_of("0123456789") != std::string::npos) {
+        throw ScheduleError(fmt::format("{} needs a microbatch: STAGE {} MICROBATCH such as 0{}0", name, name, name));
+      }
+      marker = {kind, std::stoi(cell.substr(0, digits)), std::stoi(rest)};
+      return {};
     }
   }
   Action action;
@@ -155,7 +163,7 @@ Placement CsvPlacement(const std::vector<std::string>& rows, const PipelineShape
     for (const auto& cell : CsvCells(rows[r])) {
       if (cell.empty()) continue;
       try {
-        GradMarker marker;
+        Marker marker;
         for (const Action& action : CellActions(cell, marker)) {
           if (action.stage < shape.stages() && v.RankOfStage(action.stage) != shape.RankOfStage(action.stage)) {
             return v.RankOfStage(action.stage) == static_cast<int>(r) ? Placement::kV : Placement::kRoundRobin;
@@ -200,14 +208,14 @@ class CsvImport {
       return ScheduleError(fmt::format("{}: row {}, cell {}: '{}': {}", file_, r + 1, c + 1, cell, rule));
     };
     std::vector<Action> actions;
-    GradMarker marker;
+    Marker marker;
     try {
       actions = CellActions(cell, marker);
     } catch (const ScheduleError& error) {
       throw where(error.what());
     }
-    if (marker.kind == GradMarker::kWaitSendForward || marker.kind == GradMarker::kWaitSendBackward) {
-      const Action send{marker.kind == GradMarker::kWaitSendForward ? ActionKind::kSendForward
+    if (marker.kind == Marker::kWaitSendForward || marker.kind == Marker::kWaitSendBackward) {
+      const Action send{marker.kind == Marker::kWaitSendForward ? ActionKind::kSendForward
                                                                     : ActionKind::kSendBackward,
                         marker.stage, marker.microbatch};
       waits_sends_ = true;
@@ -215,12 +223,12 @@ class CsvImport {
         throw where(fmt::format("waits for {}, which this row has not sent (or has waited for already)",
                                 send.ToString()));
       }
-    } else if (marker.kind != GradMarker::kNone) {
+    } else if (marker.kind != Marker::kNone) {
       CheckStage(marker.stage, r, where);
-      auto& seen = marker.kind == GradMarker::kReduce ? reduced_ : waited_;
+      auto& seen = marker.kind == Marker::kReduce ? reduced_ : waited_;
       auto [previous, inserted] = seen.emplace(marker.stage, std::make_pair(r + 1, c + 1));
       if (!inserted) throw where(fmt::format("repeats row {}, cell {}", previous->second.first, previous->second.second));
-      if (marker.kind == GradMarker::kWait && reduced_.count(marker.stage) == 0) {
+      if (marker.kind == Marker::kWait && reduced_.count(marker.stage) == 0) {
         throw where(fmt::format("waits for stage {}'s reduction before its {}REDUCE_GRAD starts it", marker.stage,
                                 marker.stage));
       }
@@ -291,15 +299,14 @@ class CsvImport {
   // A communication cell names a message between this row's rank and another.
   template <typename Where>
   void CheckMessage(const Action& action, size_t r, const Where& where) const {
-    const bool forward = action.kind == ActionKind::kSendForward || action.kind == ActionKind::kRecvForward;
-    const int from = action.IsSend() ? action.stage : forward ? action.stage - 1 : action.stage + 1;
-    const int to = action.IsSend() ? (forward ? action.stage + 1 : action.stage - 1) : action.stage;
+    const Message message = MessageOf(action);
+    const int from = message.FromStage(), to = message.stage;
     if (from < 0 || from >= shape_.stages() || to < 0 || to >= shape_.stages()) {
       throw where(action.IsSend()
                       ? fmt::format("stage {} sends to stage {}, which does not exist", from, to)
                       : fmt::format("stage {} receives from stage {}, which does not exist", to, from));
     }
-    if (schedule_.shape.RankOfStage(from) == schedule_.shape.RankOfStage(to)) {
+    if (SenderRank(schedule_.shape, message) == ReceiverRank(schedule_.shape, message)) {
       throw where(fmt::format("stages {} and {} both run on rank {}: their tensor never goes through the transport", from,
                               to, r));
     }

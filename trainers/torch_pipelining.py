@@ -106,10 +106,10 @@ def make_schedule(config, stages, loss_fn, folder):
     if name.startswith("csv:"):
         from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
         schedule = _PipelineScheduleRuntime(stages, microbatches, loss_fn=loss_fn, scale_grads=False)
-        path, format = config["schedule_csv"], csv_format(config["schedule_csv"])
-        if format == "compute_comms" and not hasattr(pipelining.schedules._ComputationType, "WAIT_SEND_F"):
+        path, kind = config["schedule_csv"], csv_format(config["schedule_csv"])
+        if kind == "compute_comms" and not hasattr(pipelining.schedules._ComputationType, "WAIT_SEND_F"):
             path = without_send_waits(path, folder)
-        schedule._load_csv(path, format=format)
+        schedule._load_csv(path, format=kind)
         return schedule
     cls = schedule_class(name)
     kwargs = {}
