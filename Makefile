@@ -98,9 +98,9 @@ bench: build
 	$(BUILD_DIR)/benchmarks/bench_pipeline --benchmark_min_time=1
 	$(PIPECHECK) run --scenarios benchmarks/pipeline_2ranks.csv --threads 1 --out $(BUILD_DIR)/bench-2ranks
 
-# pipecheck's trainer against PyTorch's pipelining (trainer=torch) on benchmarks/peer.csv's twin rows:
-# every run judged against the reference, the twins alternated over rounds; prints tokens/s and peak
-# memory of both, side by side (benchmarks/race.py).
+# pipecheck's trainer against PyTorch's pipelining (trainer=torch) and TorchTitan (trainer=torchtitan)
+# on benchmarks/peer.csv's twin rows: every run judged against the reference, the twins alternated
+# over rounds; prints tokens/s and peak memory of each, side by side (benchmarks/race.py).
 PEER_ROUNDS ?= 3
 bench-peer: build
 	$(BUILD_PYTHON) benchmarks/race.py --pipecheck $(PIPECHECK) --scenarios benchmarks/peer.csv \

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""pipecheck's trainer against PyTorch's pipelining (trainer=torch) on identical work: each
-`NAME_torch` row of the suite against its twin `NAME`, alternated over rounds as
-shared/MEASURING.md asks (who goes first swaps every round), every run judged by pipecheck against
-the reference (a run that does not PASS ends the race). Prints, per pair, the median tokens/s and
-peak tensor bytes of each trainer with their ranges over the rounds, and the ratios of medians.
-Both trainers are measured the same way: a step lasts as long as the slowest rank's, tokens/s is
-over the median step after the warm-up, peak bytes are the counting allocator's (CPU) or the CUDA
-caching allocator's, largest over the ranks.
+"""pipecheck's trainer against the production pipeline trainers on identical work: each `NAME_torch`
+(PyTorch's pipelining) and `NAME_torchtitan` (TorchTitan's Trainer) row of the suite against its
+twin `NAME`, alternated over rounds as shared/MEASURING.md asks (the order of the contenders
+rotates every round), every run judged by pipecheck against the reference (a run that does not
+PASS ends the race). Prints, per twin and rival, the median tokens/s and peak tensor bytes of each
+with their ranges over the rounds, and the ratios of medians (pipecheck over the rival). Every
+trainer is measured the same way: a step lasts as long as the slowest rank's, tokens/s is over the
+median step after the warm-up, peak bytes are the counting allocator's (CPU) or the CUDA caching
+allocator's, largest over the ranks.
 
     benchmarks/race.py --pipecheck build/pipecheck --scenarios benchmarks/peer.csv --rounds 5 --threads 1
 """
@@ -17,6 +18,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+# The rivals a row NAME can have, as the suffix of their rows: NAME_torch, NAME_torchtitan.
+RIVALS = ("torch", "torchtitan")
 
 
 def run(pipecheck, suite, name, threads, out, device):
@@ -45,36 +49,40 @@ def main():
     args = parser.parse_args()
     with open(args.scenarios, newline="") as f:
         names = [row["name"] for row in csv.DictReader(line for line in f if not line.lstrip().startswith("#"))]
-    pairs = [name for name in names if name + "_torch" in names and (not args.only or name in args.only)]
-    if not pairs:
-        sys.exit(f"race: {args.scenarios} has no NAME / NAME_torch pair{' among --only' if args.only else ''}")
-    results = {name: {"pipecheck": [], "torch": []} for name in pairs}
+    rivals = {name: [rival for rival in RIVALS if f"{name}_{rival}" in names]
+              for name in names if not args.only or name in args.only}
+    rivals = {name: present for name, present in rivals.items() if present}
+    if not rivals:
+        sys.exit(f"race: {args.scenarios} has no NAME / NAME_torch or NAME_torchtitan pair"
+                 f"{' among --only' if args.only else ''}")
+    results = {name: {contender: [] for contender in ["pipecheck"] + present} for name, present in rivals.items()}
     with tempfile.TemporaryDirectory(prefix="pipecheck_race_") as scratch:
         for round_index in range(args.rounds):
-            for name in pairs:
-                order = ("pipecheck", "torch") if round_index % 2 == 0 else ("torch", "pipecheck")
-                for contender in order:
-                    row = name if contender == "pipecheck" else name + "_torch"
+            for name, present in rivals.items():
+                contenders = ["pipecheck"] + present
+                shift = round_index % len(contenders)
+                for contender in contenders[shift:] + contenders[:shift]:
+                    row = name if contender == "pipecheck" else f"{name}_{contender}"
                     out = os.path.join(scratch, f"{row}_{round_index}")
                     results[name][contender].append(run(args.pipecheck, args.scenarios, row, args.threads, out,
-                                                                    args.device))
-                ours, theirs = results[name]["pipecheck"][-1][0], results[name]["torch"][-1][0]
-                print(f"round {round_index + 1}/{args.rounds} {name}: pipecheck {ours:.0f}, torch {theirs:.0f} tokens/s",
-                      flush=True)
+                                                        args.device))
+                said = ", ".join(f"{contender} {results[name][contender][-1][0]:.0f}" for contender in contenders)
+                print(f"round {round_index + 1}/{args.rounds} {name}: {said} tokens/s", flush=True)
     print(f"\n{args.rounds} alternating rounds, {args.threads} intra-op thread(s) per rank, {os.cpu_count()} CPUs; "
           "median (min-max) over the rounds; every run passed parity\n")
-    print("| scenario | pipecheck tokens/s | torch tokens/s | ratio | pipecheck peak MB | torch peak MB | ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name in pairs:
+    print("| scenario | rival | pipecheck tokens/s | rival tokens/s | ratio | pipecheck peak MB | rival peak MB | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, present in rivals.items():
         ours = [rate for rate, _ in results[name]["pipecheck"]]
-        theirs = [rate for rate, _ in results[name]["torch"]]
         our_peak = [peak / 1e6 for _, peak in results[name]["pipecheck"] if peak is not None]
-        their_peak = [peak / 1e6 for _, peak in results[name]["torch"] if peak is not None]
-        peaks = (f"{spread(our_peak, lambda v: f'{v:.1f}')} | {spread(their_peak, lambda v: f'{v:.1f}')} | "
-                 f"{statistics.median(our_peak) / statistics.median(their_peak):.2f}") if our_peak and their_peak else "- | - | -"
-        print(f"| {name} | {spread(ours, lambda v: f'{v:.0f}')} | {spread(theirs, lambda v: f'{v:.0f}')} | "
-              f"{statistics.median(ours) / statistics.median(theirs):.2f} | {peaks} |")
-
+        for rival in present:
+            theirs = [rate for rate, _ in results[name][rival]]
+            their_peak = [peak / 1e6 for _, peak in results[name][rival] if peak is not None]
+            peaks = (f"{spread(our_peak, lambda v: f'{v:.1f}')} | {spread(their_peak, lambda v: f'{v:.1f}')} | "
+                     f"{statistics.median(our_peak) / statistics.median(their_peak):.2f}"
+                     ) if our_peak and their_peak else "- | - | -"
+            print(f"| {name} | {rival} | {spread(ours, lambda v: f'{v:.0f}')} | {spread(theirs, lambda v: f'{v:.0f}')} | "
+                  f"{statistics.median(ours) / statistics.median(theirs):.2f} | {peaks} |")
 
 if __name__ == "__main__":
     main()

@@ -65,7 +65,11 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const std::vector
   config["virtual_stages"] = scenario.virtual_stages;
   config["steps"] = scenario.steps;
   config["microbatches"] = scenario.microbatches;
-  config["microbatch_sizes"] = reference::MicrobatchSizes(scenario.batch, scenario.microbatches);
+  // The step's microbatches in order: replica by replica, each replica's accumulation rounds one
+  // after another, each round `microbatches` of them (docs/protocol.md).
+  config["data_parallel"] = scenario.data_parallel;
+  config["accumulation"] = scenario.accumulation;
+  config["microbatch_sizes"] = reference::MicrobatchSizes(scenario.batch, scenario.StepMicrobatches());
   config["dtype"] = scenario.dtype;
   config["device"] = scenario.device;
   config["clip"] = scenario.clip;
@@ -368,13 +372,18 @@ reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const
   // the trainer handed some back.
   auto train = view.train;
   train.boundary_layers = BoundaryLayers(pipeline::StageSlicesOf(view, shape));
-  Oracle oracle(train, scenario.microbatches);
+  Oracle oracle(train, scenario.StepMicrobatches());
   const auto microbatches = MicrobatchCuts(scenario, train);
   std::vector<pipeline::RankResult> ranks;
   try {
-    for (int rank = 0; rank < scenario.world_size; ++rank) {
-      ranks.push_back(ReadRank(fs::path(ExchangeOutputs(directory)) / fmt::format("rank{}", rank), rank, scenario,
-                               shape, oracle.InitialWeights(), microbatches));
+    // Process P holds pipeline rank P % world_size of replica P / world_size.
+    for (int process = 0; process < scenario.Processes(); ++process) {
+      const int rank = process % static_cast<int>(scenario.world_size);
+      auto result = ReadRank(fs::path(ExchangeOutputs(directory)) / fmt::format("rank{}", process), rank, scenario,
+                             shape, oracle.InitialWeights(), microbatches);
+      result.replica = process / static_cast<int>(scenario.world_size);
+      result.replicas = static_cast<int>(scenario.data_parallel);
+      ranks.push_back(std::move(result));
     }
     CheckCompleteness(ranks, scenario.steps);
   } catch (const ProtocolError& error) {
@@ -400,6 +409,9 @@ std::string TrainerPython() {
 std::vector<std::string> TrainerCommand(const scenarios::Scenario& scenario) {
   if (scenario.trainer == "torch") {
     return {TrainerPython(), (fs::path(PIPECHECK_SOURCE_DIR) / "trainers" / "torch_pipelining.py").string()};
+  }
+  if (scenario.trainer == "torchtitan") {
+    return {TrainerPython(), (fs::path(PIPECHECK_SOURCE_DIR) / "trainers" / "torchtitan_adapter.py").string()};
   }
   if (EndsWith(scenario.trainer_path, ".py")) return {TrainerPython(), fs::absolute(scenario.trainer_path).string()};
   return {fs::absolute(scenario.trainer_path).string()};
@@ -428,17 +440,25 @@ std::vector<std::pair<std::string, std::string>> TrainerEnvironment(const scenar
 std::string TrainerProblem(const scenarios::Scenario& scenario) {
   if (!scenario.ExternalTrainer()) return "";
   const auto command = TrainerCommand(scenario);
-  if (scenario.trainer == "torch") {
-    static std::map<std::string, std::string> checked;  // by interpreter: one probe per run
+  if (scenario.trainer == "torch" || scenario.trainer == "torchtitan") {
+    const bool titan = scenario.trainer == "torchtitan";
+    // By interpreter and trainer: one probe per run.
+    static std::map<std::pair<std::string, bool>, std::string> checked;
     const std::string python = command.front();
-    if (!checked.count(python)) {
+    const auto key = std::make_pair(python, titan);
+    if (!checked.count(key)) {
       int status = 0;
-      const std::string said = RunForOutput(
-          Quoted(python) + " -c 'import torch, torch.distributed.pipelining; print(torch.__version__)' 2>&1", status);
-      checked[python] = status == 0 ? "" : fmt::format("trainer=torch needs PyTorch >= 2.4 (torch.distributed.pipelining) "
-                                                       "in {} (set PIPECHECK_PYTHON to another): {}", python, said);
+      const std::string probe = titan ? "import torch, torchtitan.trainer; print(torch.__version__)"
+                                      : "import torch, torch.distributed.pipelining; print(torch.__version__)";
+      const std::string said = RunForOutput(Quoted(python) + " -c '" + probe + "' 2>&1", status);
+      checked[key] = status == 0 ? ""
+                     : titan ? fmt::format("trainer=torchtitan needs TorchTitan (make torchtitan installs the version "
+                                           "requirements-torchtitan.txt pins) in {} (set PIPECHECK_PYTHON to another): {}",
+                                           python, said)
+                             : fmt::format("trainer=torch needs PyTorch >= 2.4 (torch.distributed.pipelining) in {} "
+                                           "(set PIPECHECK_PYTHON to another): {}", python, said);
     }
-    return checked[python];
+    return checked[key];
   }
   std::error_code error;
   const std::string program = fs::absolute(scenario.trainer_path).string();

@@ -470,7 +470,7 @@ reports::ScenarioReport AttemptExternal(const Group& group, int port, bool& port
   }
   const ProcessCommand trainer{TrainerCommand(scenario),
                                TrainerEnvironment(scenario, directory, group.options.threads_per_rank)};
-  auto ranks = Spawn(scenario, group.options, static_cast<int>(scenario.world_size), port,
+  auto ranks = Spawn(scenario, group.options, static_cast<int>(scenario.Processes()), port,
                      [&](int) { return trainer; },
                      [&](int r) { return (group.directory / fmt::format("rank{}.log", r)).string(); });
   if (auto failed = Watch(single, ranks, port_busy)) {

@@ -142,12 +142,14 @@ std::string ResolveTransport(const scenarios::Scenario& scenario) {
 }
 
 std::string UnmetRequirement(const scenarios::Scenario& scenario) {
-  if (scenario.trainer == "torch" && scenario.device == "cuda" && scenario.world_size > 1) {
-    // trainers/torch_pipelining.py: NCCL on GPUs, which refuses two ranks on one GPU.
+  const bool framework = scenario.trainer == "torch" || scenario.trainer == "torchtitan";
+  if (framework && scenario.device == "cuda" && scenario.Processes() > 1) {
+    // trainers/torch_pipelining.py and torchtitan_adapter.py: NCCL on GPUs, which refuses two ranks
+    // on one GPU.
     const int gpus = reference::CudaDeviceCount();
-    if (scenario.world_size <= gpus) return "";
-    return fmt::format("trainer torch runs PyTorch's pipelining over NCCL on GPUs, a GPU per rank: {} ranks, {} GPU{}",
-                       scenario.world_size, gpus, gpus == 1 ? "" : "s");
+    if (scenario.Processes() <= gpus) return "";
+    return fmt::format("trainer {} runs over NCCL on GPUs, a GPU per rank: {} ranks, {} GPU{}", scenario.trainer,
+                       scenario.Processes(), gpus, gpus == 1 ? "" : "s");
   }
   if (scenario.ExternalTrainer() || ResolveTransport(scenario) != "nccl") return "";
   const int64_t ranks = RanksOnThisHost(scenario);

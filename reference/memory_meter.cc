@@ -3,6 +3,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,8 +15,18 @@
 namespace pipecheck::reference {
 namespace {
 
-class Counter : public c10::MemoryReportingInfoBase {
+// c10 reports every allocation to whatever sits in the thread's PROFILER_STATE slot, and PyTorch's
+// profiler code reads that same slot as a ProfilerStateBase (profilerEnabled(), record_function,
+// FSDP's and DTensor's autograd functions). So the counter is one: a profiler state that is
+// disabled (nothing is profiled, profilerEnabled() is false) and only counts bytes. A plain
+// MemoryReportingInfoBase there is read as a profiler's state and its fields as garbage
+// (std::bad_array_new_length from FSDP's post-backward hook, measured with TorchTitan).
+class Counter : public torch::profiler::impl::ProfilerStateBase {
  public:
+  Counter() : ProfilerStateBase(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::Disabled)) {}
+  torch::profiler::impl::ActiveProfilerType profilerType() override {
+    return torch::profiler::impl::ActiveProfilerType::NONE;
+  }
   void reportMemoryUsage(void* /*ptr*/, int64_t alloc_size, compat::MemoryTotal /*total_allocated*/,
                          compat::MemoryTotal /*total_reserved*/, c10::Device device) override {
     if (!device.is_cpu()) return;

@@ -132,7 +132,7 @@ std::string ParseFaultName(const std::string& text) {
   return text;
 }
 
-const std::vector<std::string> kTrainers = {"pipecheck", "torch", "external:PATH"};
+const std::vector<std::string> kTrainers = {"pipecheck", "torch", "torchtitan", "external:PATH"};
 
 // `expect`: pass, fail, or OUTCOME<MAJOR.MINOR, resolved against the build's PyTorch `torch`:
 // OUTCOME below that version, the other outcome from it on.
@@ -161,7 +161,7 @@ std::string ParseTrainer(const std::string& text) {
     if (text.size() == prefix.size()) throw ValueProblem{"external: needs the trainer program's path, as external:PATH"};
     return text;  // resolved against the suite's folder once the row is read
   }
-  if (text == "pipecheck" || text == "torch") return text;
+  if (text == "pipecheck" || text == "torch" || text == "torchtitan") return text;
   throw ValueProblem{fmt::format("expected one of: {}", fmt::join(kTrainers, ", "))};
 }
 
@@ -427,22 +427,50 @@ void CheckTrainer(Scenario& s, unsigned line, const Locator& at) {
   }
 }
 
-// Data parallelism and recomputation: pipecheck's own trainer runs both; another trainer is handed
-// neither (the protocol has no replicas), so a row asking for them there is refused, not ignored.
+// What TorchTitan's configuration can express, refused before anything runs: its llama3 is a
+// llama; it trains in float32 or bfloat16 (training.dtype has no float64); its optimizers are Adam,
+// AdamW and Muon (no SGD); it splits a replica's batch into microbatches of one size
+// (pipeline_parallel_microbatch_size).
+void CheckTorchTitan(const Scenario& s, unsigned line, const Locator& at) {
+  if (s.optimizer != "adamw") {
+    throw at.At(line, "optimizer", s.optimizer,
+                "trainer torchtitan steps TorchTitan's own optimizers (Adam, AdamW, DistMuon): optimizer must be adamw");
+  }
+  if (s.flavor != "llama") {
+    throw at.At(line, "flavor", s.flavor, "trainer torchtitan trains TorchTitan's llama3: flavor must be llama");
+  }
+  if (s.dtype == "float64") {
+    throw at.At(line, "dtype", s.dtype,
+                "trainer torchtitan trains in float32 or bfloat16 (TorchTitan's training.dtype has no float64)");
+  }
+  const int64_t pieces = s.StepMicrobatches();
+  if (pieces > 0 && s.batch % pieces != 0) {
+    throw at.At(line, "batch", std::to_string(s.batch),
+                fmt::format("trainer torchtitan splits the batch into microbatches of one size: batch {} must be a "
+                            "multiple of {} (data_parallel x accumulation x microbatches)", s.batch, pieces));
+  }
+}
+
+// Data parallelism, recomputation and accumulation: pipecheck's own trainer runs all three, and
+// TorchTitan's (its data-parallel replicas, its selective activation checkpointing, its gradient
+// accumulation); another trainer is handed none of them, so a row asking for them there is refused,
+// not ignored.
 void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
-  if (s.ExternalTrainer() && s.data_parallel > 1) {
+  const bool layouts = !s.ExternalTrainer() || s.trainer == "torchtitan";
+  if (!layouts && s.data_parallel > 1) {
     throw at.At(line, "data_parallel", std::to_string(s.data_parallel),
-                fmt::format("trainer {} is judged one pipeline at a time: data_parallel needs trainer=pipecheck",
-                            s.trainer));
+                fmt::format("trainer {} is judged one pipeline at a time: data_parallel needs trainer=pipecheck or "
+                            "torchtitan", s.trainer));
   }
-  if (s.ExternalTrainer() && s.recompute) {
+  if (!layouts && s.recompute) {
     throw at.At(line, "recompute", "1",
-                fmt::format("trainer {} recomputes as it was written to: recompute needs trainer=pipecheck", s.trainer));
+                fmt::format("trainer {} recomputes as it was written to: recompute needs trainer=pipecheck or "
+                            "torchtitan", s.trainer));
   }
-  if (s.ExternalTrainer() && s.accumulation > 1) {
+  if (!layouts && s.accumulation > 1) {
     throw at.At(line, "accumulation", std::to_string(s.accumulation),
-                fmt::format("trainer {} runs one round of its schedule per step: accumulation needs trainer=pipecheck",
-                            s.trainer));
+                fmt::format("trainer {} runs one round of its schedule per step: accumulation needs trainer=pipecheck "
+                            "or torchtitan", s.trainer));
   }
   if (s.world_size * s.data_parallel > kMaxWorldSize) {
     throw at.At(line, "data_parallel", std::to_string(s.data_parallel),
@@ -462,6 +490,7 @@ void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
                 fmt::format("{} = {} microbatches, more than batch {}: every microbatch needs a sequence",
                             fmt::join(factors, " x "), s.StepMicrobatches(), s.batch));
   }
+  if (s.trainer == "torchtitan") CheckTorchTitan(s, line, at);
 }
 
 // Rules that involve several columns; defaults resolved first. One list of independent rules, each

@@ -60,8 +60,9 @@ struct Scenario {
   // older than 2.15, pass from 2.15 on), for findings that hold on part of the supported range.
   std::string expect_written = "pass";
   // Who trains: "pipecheck" (this project's pipeline trainer), "torch" (PyTorch's
-  // torch.distributed.pipelining, driven by trainers/torch_pipelining.py) or "external:PATH" (any
-  // program speaking the external-trainer protocol, docs/protocol.md; PATH relative to the suite).
+  // torch.distributed.pipelining, driven by trainers/torch_pipelining.py), "torchtitan" (TorchTitan's
+  // own Trainer, driven by trainers/torchtitan_adapter.py) or "external:PATH" (any program speaking
+  // the external-trainer protocol, docs/protocol.md; PATH relative to the suite).
   std::string trainer = "pipecheck";
   // Free text for people (the upstream issue an expect=fail row reproduces); changes nothing.
   std::string note;

@@ -201,7 +201,8 @@ TEST(ScenarioLoader, TrainersAndTheColumnsThatDependOnThem) {
   EXPECT_EQ(scenarios::Configuration(suite[1]).find("note="), std::string::npos);
 
   EXPECT_EQ(ErrorFor("name,trainer\nx,megatron\n"),
-            "suite.csv:2:2: column 'trainer', value 'megatron': expected one of: pipecheck, torch, external:PATH");
+            "suite.csv:2:2: column 'trainer', value 'megatron': expected one of: pipecheck, torch, torchtitan, "
+            "external:PATH");
   EXPECT_EQ(ErrorFor("name,trainer\nx,external:\n"),
             "suite.csv:2:2: column 'trainer', value 'external:': external: needs the trainer program's path, as "
             "external:PATH");
@@ -246,17 +247,40 @@ TEST(ScenarioLoader, RejectsImpossibleCombinations) {
             "microbatches, more than batch 8: every microbatch needs a sequence");
   EXPECT_EQ(ErrorFor("name,trainer,accumulation\nx,torch,2\n"),
             "suite.csv:2:3: column 'accumulation', value '2': trainer torch runs one round of its schedule per step: "
-            "accumulation needs trainer=pipecheck");
+            "accumulation needs trainer=pipecheck or torchtitan");
   EXPECT_EQ(ErrorFor("name,world_size,data_parallel\nx,200,2\n"),
             "suite.csv:2:3: column 'data_parallel', value '2': world_size 200 x data_parallel 2 = 400 processes, more "
             "than 256");
   EXPECT_EQ(ErrorFor("name,data_parallel\nx,0\n").rfind("suite.csv:2:2: column 'data_parallel', value '0'", 0), 0u);
   EXPECT_EQ(ErrorFor("name,trainer,data_parallel\nx,torch,2\n"),
             "suite.csv:2:3: column 'data_parallel', value '2': trainer torch is judged one pipeline at a time: "
-            "data_parallel needs trainer=pipecheck");
+            "data_parallel needs trainer=pipecheck or torchtitan");
   EXPECT_EQ(ErrorFor("name,trainer,recompute\nx,torch,1\n"),
             "suite.csv:2:3: column 'recompute', value '1': trainer torch recomputes as it was written to: recompute "
-            "needs trainer=pipecheck");
+            "needs trainer=pipecheck or torchtitan");
+}
+
+TEST(ScenarioLoader, TorchTitanRowsAskOnlyForWhatTorchTitanCanBeToldToDo) {
+  const auto suite = ParseSuite(
+      "name,trainer,dtype,batch,microbatches,data_parallel,accumulation,recompute,fault\n"
+      "t,torchtitan,float32,8,2,2,2,1,plain_loss\n",
+      "suite.csv");
+  ASSERT_EQ(suite.size(), 1u);
+  EXPECT_TRUE(suite[0].ExternalTrainer());
+  EXPECT_EQ(suite[0].Processes(), 4) << "two replicas of a two-rank pipeline";
+  EXPECT_EQ(suite[0].fault, "plain_loss") << "the adapter says itself which faults it knows";
+  EXPECT_EQ(ErrorFor("name,trainer\nt,torchtitan\n"),
+            "suite.csv:2: column 'dtype' (not in file, default 'float64'): trainer torchtitan trains in float32 or "
+            "bfloat16 (TorchTitan's training.dtype has no float64)");
+  EXPECT_EQ(ErrorFor("name,trainer,dtype,flavor\nt,torchtitan,float32,gpt2\n"),
+            "suite.csv:2:4: column 'flavor', value 'gpt2': trainer torchtitan trains TorchTitan's llama3: flavor must "
+            "be llama");
+  EXPECT_EQ(ErrorFor("name,trainer,dtype,optimizer\nt,torchtitan,float32,sgd\n"),
+            "suite.csv:2:4: column 'optimizer', value 'sgd': trainer torchtitan steps TorchTitan's own optimizers "
+            "(Adam, AdamW, DistMuon): optimizer must be adamw");
+  EXPECT_EQ(ErrorFor("name,trainer,dtype,batch,microbatches\nt,torchtitan,float32,8,3\n"),
+            "suite.csv:2:4: column 'batch', value '8': trainer torchtitan splits the batch into microbatches of one "
+            "size: batch 8 must be a multiple of 3 (data_parallel x accumulation x microbatches)");
 }
 
 TEST(ScenarioLoader, DataParallelAndRecomputeKeepOnePipelinesFingerprint) {

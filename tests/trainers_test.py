@@ -10,6 +10,10 @@ each row's status and the words its message must hold.
   --suite torch: scenarios/torch-pipelining.csv, PyTorch's pipelining: the run exits 0 (every row
     met its expectation as resolved for the PyTorch built against) and every row expected to fail
     fails for the reason its note gives on that PyTorch.
+  --suite torchtitan: scenarios/torchtitan.csv, TorchTitan's own Trainer: the run exits 0, every
+    expect=pass row passes with its weights judged every step, and every expect=fail row fails for
+    the reason its note gives (a defect found, a combination TorchTitan refuses, the control caught
+    naming parameter and step). Skipped (77) where TorchTitan is not installed.
 """
 import argparse
 import csv
@@ -55,6 +59,19 @@ TORCH_FAILURES = {
 }
 
 
+# scenario -> (status, words its message must hold): scenarios/torchtitan.csv's expect=fail rows.
+TITAN_FAILURES = {
+    "titan_zbh1": ("FAIL", ["gradient of norm.weight at step 0 is missing from every rank"]),
+    "titan_zbv": ("FAIL", ["gradient of norm.weight at step 0 is missing from every rank"]),
+    "titan_dualpipev": ("FAIL", ["gradient of norm.weight at step 0 on rank 0 (stage 3): rel err 0.5"]),
+    "titan_zbv_recompute": ("ERROR", ["Trying to backward an extra time", "selective"]),
+    "titan_1f1b_tied": ("ERROR", ["Weight tying is not supported with Pipeline Parallel"]),
+    "titan_1f1b_empty_stage": ("ERROR", ["rank 1 exited", "matched no parameters"]),
+    "titan_1f1b_clip_norm_without_pp_reduction": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank 0 "
+                                                           "(stage 0): rel err"]),
+}
+
+
 def torch_version():
     import torch
     major, minor = torch.__version__.split(".")[:2]
@@ -92,8 +109,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pipecheck", required=True)
     parser.add_argument("--source", required=True, help="the source tree")
-    parser.add_argument("--suite", choices=["external", "torch"], required=True)
+    parser.add_argument("--suite", choices=["external", "torch", "torchtitan"], required=True)
     args = parser.parse_args()
+    if args.suite == "torchtitan":
+        try:  # this Python is the one pipecheck runs trainers with (the build's)
+            import torchtitan.trainer  # noqa: F401
+        except ImportError as error:
+            print(f"SKIP: trainer=torchtitan needs TorchTitan (requirements.txt pins it) ({error})")
+            sys.exit(77)
     try:  # this Python is the one pipecheck runs trainers with (the build's)
         import torch.distributed.pipelining  # noqa: F401
     except ImportError as error:
@@ -109,6 +132,28 @@ def main():
                 if row["trainer"] != ("torch" if row["scenario"].startswith("torch_") else
                                       "external:../../examples/plain_trainer.py"):
                     problems.append(f"{row['scenario']}: summary.csv's trainer is {row['trainer']!r}")
+        elif args.suite == "torchtitan":
+            suite = os.path.join(args.source, "scenarios/torchtitan.csv")
+            code, rows = run(args.pipecheck, suite, out, 300)
+            with open(suite, newline="") as f:
+                written = {row["name"]: row for row in csv.DictReader(line for line in f if not line.lstrip().startswith("#"))}
+            if sorted(written) != sorted(rows):
+                sys.exit(f"FAIL: summary.csv's rows {sorted(rows)} are not the suite's {sorted(written)}")
+            expected = {}
+            for name, row in written.items():
+                if row["expect"] == "pass":
+                    expected[name] = ("PASS", ["weights after each step match"])
+                elif name in TITAN_FAILURES:
+                    expected[name] = TITAN_FAILURES[name]
+                else:
+                    sys.exit(f"FAIL: {name} is expect=fail but this test does not say which reason it must give")
+            problems = check(rows, expected)
+            if code != 0:
+                problems.append(f"pipecheck run exited {code}: every row should have met its expectation")
+            passing = [name for name, row in written.items() if row["expect"] == "pass"]
+            if len(passing) < 5:
+                problems.append(f"only {len(passing)} expect=pass rows: TorchTitan must be verified on at least 5")
+            problems += [f"{name}: trainer {row['trainer']!r}" for name, row in rows.items() if row["trainer"] != "torchtitan"]
         else:
             suite = os.path.join(args.source, "scenarios/torch-pipelining.csv")
             code, rows = run(args.pipecheck, suite, out, 300)
