@@ -108,7 +108,6 @@ def cpu_shims():
     #    mask's own mask_mod evaluated at every (query, key), softmax(q kᵀ · scale) v as the
     #    reference computes it.
     from torch.nn.attention.flex_attention import create_mask
-    dense_masks = {}
 
     def dense_flex_attention(q, k, v, *, score_mod, block_mask, scale, enable_gqa, return_aux, kernel_options):
         if score_mod is not None:
@@ -117,12 +116,10 @@ def cpu_shims():
         if enable_gqa and k.shape[1] != heads:
             k = k.repeat_interleave(heads // k.shape[1], dim=1)
             v = v.repeat_interleave(heads // v.shape[1], dim=1)
-        keep = dense_masks.get(id(block_mask))
-        if keep is None or keep[0] is not block_mask:  # one mask per microbatch, shared by its layers
-            dense_masks.clear()
-            keep = dense_masks[id(block_mask)] = (
-                block_mask, create_mask(block_mask.mask_mod, batch, 1, length, k.shape[2], device=q.device))
-        keep = keep[1]
+        # Built in every call, as FlexAttention builds its own: a mask kept between layers would
+        # leave ops out of a layer that selective activation checkpointing recomputes (and it
+        # refuses a recomputation that differs from the forward).
+        keep = create_mask(block_mask.mask_mod, batch, 1, length, k.shape[2], device=q.device)
         scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1.0 / math.sqrt(head_dim))
         scores = scores.masked_fill(~keep, float("-inf"))
         out = torch.softmax(scores, dim=-1) @ v
