@@ -29,6 +29,7 @@ import ctypes
 import json
 import math
 import os
+import sys
 import time
 
 import torch
@@ -72,6 +73,22 @@ class Exchange:
         """{"tokens": (B, T) int64 padded to the batch's longest sequence, "labels": (B, T) int64
         (-100 on padding and on each sequence's last position), "lengths": (B) int64}."""
         return torch.load(os.path.join(self.inputs, f"batch_{step}.pt"), weights_only=False)  # pipecheck wrote them (LibTorch pickles)
+
+    def refuses_fault(self, faults, trainer):
+        """When the scenario's fault is not one of `faults` (name: what it does), says so on stderr,
+        naming the known ones, and returns True: the trainer then exits 2."""
+        if self.fault in faults:
+            return False
+        print(f"{trainer}: no fault {self.fault!r} here; this trainer knows: {', '.join(faults)}", file=sys.stderr)
+        return True
+
+    def write_as(self, process):
+        """Hand back into process `process`'s folder, rank{process}: with replicas, a trainer whose
+        own rank numbering differs writes as the (replica, rank) it plays, replica x world_size +
+        rank (docs/protocol.md)."""
+        self.rank = process
+        self.folder = os.path.join(self.outputs, f"rank{process}")
+        os.makedirs(self.folder, exist_ok=True)
 
     def stages_of_rank(self):
         return [stage for stage in self.config["stages"] if stage["rank"] == self.rank]

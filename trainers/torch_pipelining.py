@@ -146,9 +146,7 @@ def named_parameters(modules):
 def main():
     exchange = Exchange()
     config = exchange.config
-    if exchange.fault not in FAULTS:
-        print(f"torch_pipelining: no fault {exchange.fault!r} here; this trainer knows: {', '.join(FAULTS)}",
-              file=sys.stderr)
+    if exchange.refuses_fault(FAULTS, "torch_pipelining"):
         return 2
     device = exchange.device()
     if device.type == "cpu" and exchange.fault != "stock_p2p_init":

@@ -431,18 +431,13 @@ def place(exchange, trainer):
         if held != expected:
             raise SystemExit(f"torchtitan_adapter: TorchTitan placed stages {held} on pipeline rank {pp_rank}; "
                              f"pipecheck's placement for schedule {config['schedule']} is {expected}")
-    process = replica * config["world_size"] + pp_rank
-    exchange.rank = process
-    exchange.folder = os.path.join(exchange.outputs, f"rank{process}")
-    os.makedirs(exchange.folder, exist_ok=True)
+    exchange.write_as(replica * config["world_size"] + pp_rank)
 
 
 def main():
     exchange = Exchange()
     config = exchange.config
-    if exchange.fault not in FAULTS:
-        print(f"torchtitan_adapter: no fault {exchange.fault!r} here; this trainer knows: {', '.join(FAULTS)}",
-              file=sys.stderr)
+    if exchange.refuses_fault(FAULTS, "torchtitan_adapter"):
         return 2
     device = exchange.device()
     if device.type == "cpu":
