@@ -177,7 +177,7 @@ class Names:
         return {self.from_hf[name]: t for name, t in converted.items()}
 
 
-def model_spec(config, titan):
+def model_spec(config):
     """TorchTitan's llama3 at the scenario's size: its own layer builder, rotary and norms."""
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
     from torchtitan.models.llama3 import (Llama3Model, Llama3StateDictAdapter, parallelize_llama,
@@ -291,7 +291,7 @@ def trainer_config(exchange, spec, folder):
     from torchtitan.trainer import Trainer
 
     config, scenario = exchange.config, exchange.config["scenario"]
-    replicas, rounds = config.get("data_parallel", 1), config.get("accumulation", 1)
+    replicas = config.get("data_parallel", 1)
     sizes = config["microbatch_sizes"]  # every microbatch of the step: replicas x rounds x microbatches
     if len(set(sizes)) != 1:
         raise SystemExit(f"torchtitan_adapter: TorchTitan splits a batch into microbatches of one size "
@@ -451,7 +451,7 @@ def main():
     meter = Meter(device)
     folder = os.path.join(exchange.outputs, "torchtitan")  # TorchTitan's dump_folder, shared by the ranks
     os.makedirs(folder, exist_ok=True)
-    spec = model_spec(config, None)
+    spec = model_spec(config)
     weights = exchange.weights()
     from torchtitan.models.llama3 import Llama3StateDictAdapter
     names = Names(Llama3StateDictAdapter(spec.model, None), weights.keys())
