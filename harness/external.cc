@@ -452,8 +452,8 @@ std::string TrainerProblem(const scenarios::Scenario& scenario) {
                                       : "import torch, torch.distributed.pipelining; print(torch.__version__)";
       const std::string said = RunForOutput(Quoted(python) + " -c '" + probe + "' 2>&1", status);
       checked[key] = status == 0 ? ""
-                     : titan ? fmt::format("trainer=torchtitan needs TorchTitan (make torchtitan installs the version "
-                                           "requirements-torchtitan.txt pins) in {} (set PIPECHECK_PYTHON to another): {}",
+                     : titan ? fmt::format("trainer=torchtitan needs TorchTitan (requirements.txt pins it; `make deps` "
+                                           "installs it into .venv) in {} (set PIPECHECK_PYTHON to another): {}",
                                            python, said)
                              : fmt::format("trainer=torch needs PyTorch >= 2.4 (torch.distributed.pipelining) in {} "
                                            "(set PIPECHECK_PYTHON to another): {}", python, said);

@@ -446,7 +446,7 @@ def main():
         import torchtitan  # noqa: F401
     except ImportError as error:
         print(f"torchtitan_adapter: TorchTitan is not installed in {sys.executable} ({error}); "
-              f"make torchtitan installs it", file=sys.stderr)
+              f"requirements.txt pins it; make deps installs it into .venv", file=sys.stderr)
         return 2
     meter = Meter(device)
     folder = os.path.join(exchange.outputs, "torchtitan")  # TorchTitan's dump_folder, shared by the ranks
