@@ -96,7 +96,12 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const std::vector
                                 {"head", slice.has_head}});
   }
   for (const auto& item : weights) config["parameters"][item.key()] = item.value().sizes().vec();
-  config["loss"] = "the summed token cross entropy of the batch divided by its labelled tokens";
+  // loss: "tokens" or "microbatch_mean" (loss_rule says it in words).
+  config["loss"] = scenario.loss;
+  config["loss_rule"] = scenario.loss == "tokens"
+                            ? "the summed token cross entropy of the batch divided by its labelled tokens"
+                            : "each microbatch's summed token cross entropy divided by its own labelled tokens, averaged "
+                              "over the step's microbatches (every replica's and round's)";
   for (const auto& batch : batches) config["tokens_per_step"].push_back(batch.valid_tokens);
   return config;
 }
@@ -406,12 +411,39 @@ std::string TrainerPython() {
   return python != nullptr && *python != '\0' ? python : PIPECHECK_PYTHON_DEFAULT;
 }
 
-std::vector<std::string> TrainerCommand(const scenarios::Scenario& scenario) {
-  if (scenario.trainer == "torch") {
-    return {TrainerPython(), (fs::path(PIPECHECK_SOURCE_DIR) / "trainers" / "torch_pipelining.py").string()};
+namespace {
+
+// The trainers pipecheck ships an adapter for: the adapter's file in trainers/, the import that
+// proves the trainer is installed, and how to install it.
+struct Adapter {
+  const char* trainer;
+  const char* file;
+  const char* probe;
+  const char* install;
+};
+constexpr Adapter kAdapters[] = {
+    {"torch", "torch_pipelining.py", "import torch, torch.distributed.pipelining",
+     "PyTorch >= 2.4 (torch.distributed.pipelining)"},
+    {"torchtitan", "torchtitan_adapter.py", "import torch, torchtitan.trainer",
+     "TorchTitan (requirements.txt pins it; `make deps` installs it into .venv)"},
+    {"deepspeed", "deepspeed_adapter.py", "import torch, deepspeed.pipe",
+     "DeepSpeed (requirements-frameworks.txt pins it; `make frameworks` installs it into .venv)"},
+    {"megatron", "megatron_adapter.py", "import torch, megatron.core.pipeline_parallel",
+     "Megatron-Core (requirements-frameworks.txt pins it; `make frameworks` installs it into .venv)"},
+};
+
+const Adapter* AdapterOf(const std::string& trainer) {
+  for (const auto& adapter : kAdapters) {
+    if (trainer == adapter.trainer) return &adapter;
   }
-  if (scenario.trainer == "torchtitan") {
-    return {TrainerPython(), (fs::path(PIPECHECK_SOURCE_DIR) / "trainers" / "torchtitan_adapter.py").string()};
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<std::string> TrainerCommand(const scenarios::Scenario& scenario) {
+  if (const auto* adapter = AdapterOf(scenario.trainer)) {
+    return {TrainerPython(), (fs::path(PIPECHECK_SOURCE_DIR) / "trainers" / adapter->file).string()};
   }
   if (EndsWith(scenario.trainer_path, ".py")) return {TrainerPython(), fs::absolute(scenario.trainer_path).string()};
   return {fs::absolute(scenario.trainer_path).string()};
@@ -440,23 +472,18 @@ std::vector<std::pair<std::string, std::string>> TrainerEnvironment(const scenar
 std::string TrainerProblem(const scenarios::Scenario& scenario) {
   if (!scenario.ExternalTrainer()) return "";
   const auto command = TrainerCommand(scenario);
-  if (scenario.trainer == "torch" || scenario.trainer == "torchtitan") {
-    const bool titan = scenario.trainer == "torchtitan";
+  if (const auto* adapter = AdapterOf(scenario.trainer)) {
     // By interpreter and trainer: one probe per run.
-    static std::map<std::pair<std::string, bool>, std::string> checked;
+    static std::map<std::pair<std::string, std::string>, std::string> checked;
     const std::string python = command.front();
-    const auto key = std::make_pair(python, titan);
+    const auto key = std::make_pair(python, scenario.trainer);
     if (!checked.count(key)) {
       int status = 0;
-      const std::string probe = titan ? "import torch, torchtitan.trainer; print(torch.__version__)"
-                                      : "import torch, torch.distributed.pipelining; print(torch.__version__)";
+      const std::string probe = fmt::format("{}; print(torch.__version__)", adapter->probe);
       const std::string said = RunForOutput(Quoted(python) + " -c '" + probe + "' 2>&1", status);
       checked[key] = status == 0 ? ""
-                     : titan ? fmt::format("trainer=torchtitan needs TorchTitan (requirements.txt pins it; `make deps` "
-                                           "installs it into .venv) in {} (set PIPECHECK_PYTHON to another): {}",
-                                           python, said)
-                             : fmt::format("trainer=torch needs PyTorch >= 2.4 (torch.distributed.pipelining) in {} "
-                                           "(set PIPECHECK_PYTHON to another): {}", python, said);
+                                 : fmt::format("trainer={} needs {} in {} (set PIPECHECK_PYTHON to another): {}",
+                                               scenario.trainer, adapter->install, python, said);
     }
     return checked[key];
   }

@@ -409,7 +409,7 @@ Command AddWorker(CLI::App& app) {
   command->add_flag("--save-tensors", options->save_tensors,
                     "Rank 0 also writes tensors.pt: every step's loss and applied gradients, the final weights");
   command->add_option("--phase", options->phase,
-                      "For another trainer under test (trainer=torch, torchtitan, external:PATH; one process, no rendezvous): "
+                      "For another trainer under test (trainer=torch, torchtitan, deepspeed, megatron, external:PATH; one process, no rendezvous): "
                       "'prepare' writes its inputs into --out's exchange folder, 'judge' judges what it handed back")
       ->check(CLI::IsMember({"prepare", "judge"}));
   return {command, "worker", [options] { return pipecheck::harness::RunWorker(*options); }};

@@ -142,10 +142,11 @@ std::string ResolveTransport(const scenarios::Scenario& scenario) {
 }
 
 std::string UnmetRequirement(const scenarios::Scenario& scenario) {
-  const bool framework = scenario.trainer == "torch" || scenario.trainer == "torchtitan";
+  const bool framework = scenario.trainer == "torch" || scenario.trainer == "torchtitan" ||
+                         scenario.trainer == "deepspeed" || scenario.trainer == "megatron";
   if (framework && scenario.device == "cuda" && scenario.Processes() > 1) {
-    // trainers/torch_pipelining.py and torchtitan_adapter.py: NCCL on GPUs, which refuses two ranks
-    // on one GPU.
+    // The adapters in trainers/ run their frameworks over NCCL on GPUs, which refuses two ranks on
+    // one GPU.
     const int gpus = reference::CudaDeviceCount();
     if (scenario.Processes() <= gpus) return "";
     return fmt::format("trainer {} runs over NCCL on GPUs, a GPU per rank: {} ranks, {} GPU{}", scenario.trainer,
@@ -173,6 +174,7 @@ reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario) {
   config.seed = scenario.seed;
   config.steps = scenario.steps;
   config.clip = scenario.clip;
+  config.loss_microbatches = scenario.loss == "microbatch_mean" ? scenario.StepMicrobatches() : 0;
   config.dtype = ParseDtype(scenario.dtype);
   config.device = ScenarioDevice(scenario);
   return config;

@@ -146,7 +146,8 @@ void Executor::Forward(const Action& action, StepState& state) {
 // average): microbatch terms add up exactly.
 torch::Tensor Executor::LossOf(const torch::Tensor& output, int microbatch, const StepState& state) const {
   const auto& part = state.microbatches[microbatch];
-  const LossTokens tokens{part.valid_tokens, state.replica_tokens, state.batch.valid_tokens, config_.data_parallel};
+  const LossTokens tokens{part.valid_tokens, state.replica_tokens, state.batch.valid_tokens, config_.data_parallel,
+                          config_.train.loss_microbatches > 0 ? config_.microbatches : 0};
   const auto& labels = state.microbatches[fault_.LabelsOf(microbatch)].labels;
   return reference::TokenLossSum(output, reference::ToDevice(labels, config_.train.device)) /
          fault_.LossDenominator(tokens);

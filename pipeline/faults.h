@@ -40,6 +40,9 @@ struct LossTokens {
   int64_t replica = 0;
   int64_t batch = 0;
   int replicas = 1;
+  // loss microbatch_mean: the microbatches each replica's step averages (every round's); 0 under
+  // loss tokens.
+  int64_t mean_over = 0;
 };
 
 class Fault {
@@ -58,8 +61,10 @@ class Fault {
   // The activation a stage takes from another rank, already a leaf that requires its gradient.
   virtual torch::Tensor ReceivedInput(const torch::Tensor& input) const { return input; }
   // The denominator of a microbatch's loss term: the whole global batch's tokens over the
-  // replicas, so the replicas' average of their gradients is the whole batch's gradient.
+  // replicas, so the replicas' average of their gradients is the whole batch's gradient; under
+  // microbatch_mean its own tokens times the replica's microbatches (the replicas then average).
   virtual double LossDenominator(const LossTokens& tokens) const {
+    if (tokens.mean_over > 0) return static_cast<double>(tokens.microbatch) * static_cast<double>(tokens.mean_over);
     return static_cast<double>(tokens.batch) / tokens.replicas;
   }
   // Before stage `stage` runs its forward over `input` (tokens (b, t) or activations (b, t, h)),

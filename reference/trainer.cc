@@ -79,15 +79,52 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, int64_t norm
   return loss.detach();
 }
 
+torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const torch::Tensor& sequence_weights) {
+  const auto device = config_.device;
+  const HostSyncCheck no_host_syncs(config_.check_host_syncs, device);
+  auto context = MakeAttentionContext(config_.model, batch.lengths, batch.time(), config_.dtype, device);
+  auto logits = model_->forward(ToDevice(batch.tokens, device), context);  // (B, T, vocab)
+  auto per_sequence = TokenLosses(logits, ToDevice(batch.labels, device)).sum(1);
+  auto loss = (per_sequence * ToDevice(sequence_weights, device).to(per_sequence.scalar_type())).sum();
+  loss.backward();
+  return loss.detach();
+}
+
+torch::Tensor MicrobatchMeanWeights(const Batch& batch, int64_t microbatches) {
+  const auto labelled = (batch.labels != kIgnoreIndex).sum(1).to(torch::kFloat64);  // (B,)
+  auto weights = torch::empty({batch.size()}, torch::kFloat64);
+  int64_t first = 0;
+  for (int64_t size : MicrobatchSizes(batch.size(), microbatches)) {
+    const double tokens = labelled.slice(0, first, first + size).sum().item<double>();
+    TORCH_CHECK(tokens > 0, "microbatch_mean: a microbatch of sequences ", first, "..", first + size - 1,
+                " has no labelled token");
+    weights.slice(0, first, first + size).fill_(1.0 / (tokens * static_cast<double>(microbatches)));
+    first += size;
+  }
+  return weights;
+}
+
 StepRecord ReferenceTrainer::ComputeGradients(int64_t step) {
   accumulator_->Begin();
   auto batch = MakeBatch(config_.data, config_.seed, step);
   StepRecord record;
   record.step = step;
   record.tokens = batch.valid_tokens;
+  const bool microbatch_mean = config_.loss_microbatches > 0;
+  const auto weights = microbatch_mean ? MicrobatchMeanWeights(batch, config_.loss_microbatches) : torch::Tensor();
   if (config_.microbatches == 1) {
-    record.loss = ForwardBackward(batch).item<double>();
+    record.loss = (microbatch_mean ? ForwardBackward(batch, weights) : ForwardBackward(batch)).item<double>();
     for (auto& [layer, hidden] : model_->TakeTaps()) record.boundaries[layer] = {hidden.detach(), hidden.grad()};
+  } else if (microbatch_mean) {
+    torch::Tensor loss_sum;
+    int64_t first = 0;
+    for (const auto& part : SplitMicrobatches(batch, config_.microbatches)) {
+      auto term = ForwardBackward(part, weights.slice(0, first, first + part.size())).to(torch::kFloat64);
+      first += part.size();
+      loss_sum = loss_sum.defined() ? loss_sum + term : term;
+      accumulator_->AfterBackward();
+    }
+    record.loss = loss_sum.item<double>();
   } else {
     // The pipeline's arithmetic: microbatches in order, each normalised by the whole batch. The
     // loss is summed on the device and read once (a read per microbatch would wait for the GPU).

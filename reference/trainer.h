@@ -39,6 +39,10 @@ struct TrainConfig {
   // microbatches one after another with gradients accumulated, the arithmetic a pipeline does;
   // used to measure how far rounding alone moves a free-running trajectory.
   int64_t microbatches = 1;
+  // Loss normalisation. 0: the step's summed token cross entropy over its labelled tokens. M > 0
+  // (microbatch_mean): the batch cut into M contiguous microbatches (MicrobatchSizes), each one's
+  // summed cross entropy over its own labelled tokens, averaged over the M.
+  int64_t loss_microbatches = 0;
   // Layers whose incoming hidden state (and its gradient) each whole-batch step keeps in
   // StepRecord::boundaries: a pipeline's stage boundaries, for fingerprint comparisons.
   std::vector<int64_t> boundary_layers;
@@ -87,6 +91,8 @@ class ReferenceTrainer {
   // divided by the whole batch's), 0-dim, detached.
   torch::Tensor ForwardBackward(const Batch& batch);
   torch::Tensor ForwardBackward(const Batch& batch, int64_t normalising_tokens);
+  // microbatch_mean: each sequence's summed cross entropy times its own weight (B,), float64.
+  torch::Tensor ForwardBackward(const Batch& batch, const torch::Tensor& sequence_weights);
 
   // One training step on MakeBatch(seed, step).
   StepRecord Step(int64_t step);
@@ -119,6 +125,10 @@ class ReferenceTrainer {
   std::unique_ptr<GradientAccumulator> accumulator_;
   int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed
 };
+
+// microbatch_mean's weight of each sequence's summed cross entropy (B,), float64: 1 / (its
+// microbatch's labelled tokens x microbatches), the batch cut as MicrobatchSizes cuts it.
+torch::Tensor MicrobatchMeanWeights(const Batch& batch, int64_t microbatches);
 
 // The first step that counts for speed: step 1 when there are several (step 0 warms up), else 0.
 size_t FirstTimedStep(size_t steps);

@@ -26,11 +26,11 @@
 namespace pipecheck::scenarios {
 namespace {
 
-constexpr std::array<const char*, 32> kColumnNames = {
+constexpr std::array<const char*, 33> kColumnNames = {
     "name",        "flavor",       "layers", "hidden",   "heads",          "ffn",   "vocab",
     "tied",        "world_size",   "schedule", "virtual_stages", "transport", "partition", "batch", "microbatches",
     "seq_len",     "seq_len_min",  "dtype",  "steps",    "optimizer",      "lr",    "clip",
-    "recompute",   "data_parallel", "accumulation", "seed",         "device", "tol",      "fault",          "expect",
+    "recompute",   "data_parallel", "accumulation", "loss", "seed",         "device", "tol",      "fault",          "expect",
     "trainer",     "note"};
 constexpr size_t kColumnCount = kColumnNames.size();
 
@@ -38,6 +38,7 @@ const std::vector<std::string> kFlavors = {"llama", "gpt2"};
 const std::vector<std::string> kDtypes = {"float64", "float32", "bfloat16"};
 const std::vector<std::string> kOptimizers = {"sgd", "adamw"};
 const std::vector<std::string> kDevices = {"cpu", "cuda"};
+const std::vector<std::string> kLossModes = {"tokens", "microbatch_mean"};
 const std::vector<std::string> kTransports = {"auto", "gloo", "nccl", "staged"};
 // The schedule and fault names the caller said exist (the lists live where they are
 // implemented, in pipeline/, which this loader may not include), for the parse under way.
@@ -132,7 +133,7 @@ std::string ParseFaultName(const std::string& text) {
   return text;
 }
 
-const std::vector<std::string> kTrainers = {"pipecheck", "torch", "torchtitan", "external:PATH"};
+const std::vector<std::string> kTrainers = {"pipecheck", "torch", "torchtitan", "deepspeed", "megatron", "external:PATH"};
 
 // `expect`: pass, fail, or OUTCOME<MAJOR.MINOR, resolved against the build's PyTorch `torch`:
 // OUTCOME below that version, the other outcome from it on.
@@ -161,7 +162,7 @@ std::string ParseTrainer(const std::string& text) {
     if (text.size() == prefix.size()) throw ValueProblem{"external: needs the trainer program's path, as external:PATH"};
     return text;  // resolved against the suite's folder once the row is read
   }
-  if (text == "pipecheck" || text == "torch" || text == "torchtitan") return text;
+  if (std::find(kTrainers.begin(), kTrainers.end() - 1, text) != kTrainers.end() - 1) return text;
   throw ValueProblem{fmt::format("expected one of: {}", fmt::join(kTrainers, ", "))};
 }
 
@@ -312,6 +313,7 @@ const std::array<Column, kColumnCount>& Columns() {
       FlagColumn(&Scenario::recompute),
       IntegerColumn(&Scenario::data_parallel, 1, kMaxWorldSize),
       IntegerColumn(&Scenario::accumulation, 1, kMaxAccumulation),
+      ChoiceColumn(&Scenario::loss, kLossModes),
       Column{[](Scenario& s, const std::string& v) { s.seed = ParseSeed(v); },
              [](const Scenario& s) { return std::to_string(s.seed); }},
       ChoiceColumn(&Scenario::device, kDevices),
@@ -451,26 +453,68 @@ void CheckTorchTitan(const Scenario& s, unsigned line, const Locator& at) {
   }
 }
 
+// The frameworks judged as whole trainers (their engines, their schedules, their data parallelism).
+bool FrameworkTrainer(const Scenario& s) {
+  return s.trainer == "torchtitan" || s.trainer == "deepspeed" || s.trainer == "megatron";
+}
+
+// What DeepSpeed's pipeline engine and Megatron-Core's schedules can be given, refused before
+// anything runs: both train the llama of their adapters (trainers/deepspeed_adapter.py,
+// megatron_adapter.py) with AdamW; Megatron-Core has no float64 path; DeepSpeed's engine runs
+// 1F1B only (its TrainSchedule), Megatron-Core's its 1F1B, interleaved for several stages a rank.
+void CheckFramework(const Scenario& s, unsigned line, const Locator& at) {
+  if (s.optimizer != "adamw") {
+    throw at.At(line, "optimizer", s.optimizer, fmt::format("trainer {} is judged with its AdamW: optimizer must be adamw", s.trainer));
+  }
+  if (s.flavor != "llama") {
+    throw at.At(line, "flavor", s.flavor, fmt::format("trainer {}'s adapter builds the llama flavour: flavor must be llama", s.trainer));
+  }
+  if (s.trainer == "deepspeed" && s.schedule != "1f1b") {
+    throw at.At(line, "schedule", s.schedule,
+                "trainer deepspeed runs its pipeline engine's one schedule (TrainSchedule, 1F1B): schedule must be 1f1b");
+  }
+  if (s.trainer == "deepspeed" && s.recompute) {
+    throw at.At(line, "recompute", "1", "trainer deepspeed's adapter does not configure activation checkpointing");
+  }
+  if (s.trainer == "megatron") {
+    if (s.dtype == "float64") {
+      throw at.At(line, "dtype", s.dtype, "trainer megatron trains in float32 or bfloat16 (Megatron-Core has no float64 path)");
+    }
+    const bool interleaved = s.schedule == "interleaved" && s.virtual_stages > 1;
+    if (s.schedule != "1f1b" && !interleaved) {
+      throw at.At(line, "schedule", s.schedule,
+                  "trainer megatron runs Megatron-Core's schedules: 1f1b, or interleaved with virtual_stages > 1");
+    }
+    if (s.recompute) throw at.At(line, "recompute", "1", "trainer megatron's adapter does not configure recomputation");
+  }
+  const int64_t pieces = s.StepMicrobatches();
+  if (pieces > 0 && s.batch % pieces != 0) {
+    throw at.At(line, "batch", std::to_string(s.batch),
+                fmt::format("trainer {} splits the batch into microbatches of one size: batch {} must be a "
+                            "multiple of {} (data_parallel x accumulation x microbatches)", s.trainer, s.batch, pieces));
+  }
+}
+
 // Data parallelism, recomputation and accumulation: pipecheck's own trainer runs all three, and
-// TorchTitan's (its data-parallel replicas, its selective activation checkpointing, its gradient
-// accumulation); another trainer is handed none of them, so a row asking for them there is refused,
-// not ignored.
+// the frameworks (TorchTitan, DeepSpeed, Megatron-Core: their data-parallel replicas, their
+// recomputation, their gradient accumulation); another trainer is handed none of them, so a row
+// asking for them there is refused, not ignored.
 void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
-  const bool layouts = !s.ExternalTrainer() || s.trainer == "torchtitan";
+  const bool layouts = !s.ExternalTrainer() || FrameworkTrainer(s);
   if (!layouts && s.data_parallel > 1) {
     throw at.At(line, "data_parallel", std::to_string(s.data_parallel),
                 fmt::format("trainer {} is judged one pipeline at a time: data_parallel needs trainer=pipecheck or "
-                            "torchtitan", s.trainer));
+                            "a framework (torchtitan, deepspeed, megatron)", s.trainer));
   }
   if (!layouts && s.recompute) {
     throw at.At(line, "recompute", "1",
                 fmt::format("trainer {} recomputes as it was written to: recompute needs trainer=pipecheck or "
-                            "torchtitan", s.trainer));
+                            "a framework (torchtitan, deepspeed, megatron)", s.trainer));
   }
   if (!layouts && s.accumulation > 1) {
     throw at.At(line, "accumulation", std::to_string(s.accumulation),
                 fmt::format("trainer {} runs one round of its schedule per step: accumulation needs trainer=pipecheck "
-                            "or torchtitan", s.trainer));
+                            "or a framework (torchtitan, deepspeed, megatron)", s.trainer));
   }
   if (s.world_size * s.data_parallel > kMaxWorldSize) {
     throw at.At(line, "data_parallel", std::to_string(s.data_parallel),
@@ -491,6 +535,17 @@ void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
                             fmt::join(factors, " x "), s.StepMicrobatches(), s.batch));
   }
   if (s.trainer == "torchtitan") CheckTorchTitan(s, line, at);
+  if (s.trainer == "deepspeed" || s.trainer == "megatron") CheckFramework(s, line, at);
+  // microbatch_mean: pipecheck's trainer, the reference and the frameworks whose default it is.
+  if (s.loss == "microbatch_mean" && s.trainer != "pipecheck" && s.trainer != "deepspeed" && s.trainer != "megatron" &&
+      s.trainer.rfind("external:", 0) != 0) {
+    throw at.At(line, "loss", s.loss,
+                fmt::format("trainer {} normalises by the batch's tokens: loss microbatch_mean needs trainer "
+                            "pipecheck, deepspeed, megatron or external:PATH", s.trainer));
+  }
+  if (s.loss == "microbatch_mean" && s.fault == "mean_of_microbatch_means") {
+    throw at.At(line, "fault", s.fault, "mean_of_microbatch_means is loss microbatch_mean's own rule, not a fault under it");
+  }
 }
 
 // Rules that involve several columns; defaults resolved first. One list of independent rules, each
@@ -668,6 +723,7 @@ std::string Configuration(const Scenario& scenario) {
     // Likewise rows of one pipeline keep the fingerprint they had before replicas were a column.
     if (column == "data_parallel" && scenario.data_parallel == 1) continue;
     if (column == "accumulation" && scenario.accumulation == 1) continue;
+    if (column == "loss" && scenario.loss == "tokens") continue;
     std::string shown = value;
     if (column == "schedule" && scenario.schedule.rfind("csv:", 0) == 0) {
       std::ifstream stream(scenario.schedule.substr(4), std::ios::binary);

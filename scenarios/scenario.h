@@ -50,6 +50,10 @@ struct Scenario {
   // The step's global batch splits into data_parallel x accumulation x microbatches microbatches;
   // the gradients of every round add up before the one tied sum, average, clip and update.
   int64_t accumulation = 1;
+  // Loss normalisation: "tokens" (the step's summed token cross entropy over its labelled tokens)
+  // or "microbatch_mean" (each microbatch's token mean, averaged over the step's microbatches of
+  // every replica and round: DeepSpeed's and Megatron's default).
+  std::string loss = "tokens";
   uint64_t seed = 1234;
   std::string device = "cpu";
   double tol = 0.0;  // resolved from dtype when not given

@@ -200,9 +200,9 @@ TEST(ScenarioLoader, TrainersAndTheColumnsThatDependOnThem) {
   EXPECT_NE(scenarios::Configuration(suite[1]).find("trainer=torch"), std::string::npos);
   EXPECT_EQ(scenarios::Configuration(suite[1]).find("note="), std::string::npos);
 
-  EXPECT_EQ(ErrorFor("name,trainer\nx,megatron\n"),
-            "suite.csv:2:2: column 'trainer', value 'megatron': expected one of: pipecheck, torch, torchtitan, "
-            "external:PATH");
+  EXPECT_EQ(ErrorFor("name,trainer\nx,megatrom\n"),
+            "suite.csv:2:2: column 'trainer', value 'megatrom': expected one of: pipecheck, torch, torchtitan, "
+            "deepspeed, megatron, external:PATH");
   EXPECT_EQ(ErrorFor("name,trainer\nx,external:\n"),
             "suite.csv:2:2: column 'trainer', value 'external:': external: needs the trainer program's path, as "
             "external:PATH");
@@ -247,17 +247,17 @@ TEST(ScenarioLoader, RejectsImpossibleCombinations) {
             "microbatches, more than batch 8: every microbatch needs a sequence");
   EXPECT_EQ(ErrorFor("name,trainer,accumulation\nx,torch,2\n"),
             "suite.csv:2:3: column 'accumulation', value '2': trainer torch runs one round of its schedule per step: "
-            "accumulation needs trainer=pipecheck or torchtitan");
+            "accumulation needs trainer=pipecheck or a framework (torchtitan, deepspeed, megatron)");
   EXPECT_EQ(ErrorFor("name,world_size,data_parallel\nx,200,2\n"),
             "suite.csv:2:3: column 'data_parallel', value '2': world_size 200 x data_parallel 2 = 400 processes, more "
             "than 256");
   EXPECT_EQ(ErrorFor("name,data_parallel\nx,0\n").rfind("suite.csv:2:2: column 'data_parallel', value '0'", 0), 0u);
   EXPECT_EQ(ErrorFor("name,trainer,data_parallel\nx,torch,2\n"),
             "suite.csv:2:3: column 'data_parallel', value '2': trainer torch is judged one pipeline at a time: "
-            "data_parallel needs trainer=pipecheck or torchtitan");
+            "data_parallel needs trainer=pipecheck or a framework (torchtitan, deepspeed, megatron)");
   EXPECT_EQ(ErrorFor("name,trainer,recompute\nx,torch,1\n"),
             "suite.csv:2:3: column 'recompute', value '1': trainer torch recomputes as it was written to: recompute "
-            "needs trainer=pipecheck or torchtitan");
+            "needs trainer=pipecheck or a framework (torchtitan, deepspeed, megatron)");
 }
 
 TEST(ScenarioLoader, TorchTitanRowsAskOnlyForWhatTorchTitanCanBeToldToDo) {
@@ -281,6 +281,48 @@ TEST(ScenarioLoader, TorchTitanRowsAskOnlyForWhatTorchTitanCanBeToldToDo) {
   EXPECT_EQ(ErrorFor("name,trainer,dtype,batch,microbatches\nt,torchtitan,float32,8,3\n"),
             "suite.csv:2:4: column 'batch', value '8': trainer torchtitan splits the batch into microbatches of one "
             "size: batch 8 must be a multiple of 3 (data_parallel x accumulation x microbatches)");
+}
+
+TEST(ScenarioLoader, DeepSpeedAndMegatronRowsAskOnlyForWhatTheFrameworksRun) {
+  const auto suite = ParseSuite(
+      "name,trainer,schedule,virtual_stages,dtype,batch,microbatches,data_parallel,loss\n"
+      "d,deepspeed,1f1b,1,float64,16,4,2,microbatch_mean\n"
+      "m,megatron,interleaved,2,float32,8,4,1,tokens\n",
+      "suite.csv");
+  ASSERT_EQ(suite.size(), 2u);
+  EXPECT_EQ(suite[0].Processes(), 4);
+  EXPECT_EQ(suite[0].loss, "microbatch_mean");
+  EXPECT_EQ(ErrorFor("name,trainer,schedule\nd,deepspeed,gpipe\n"),
+            "suite.csv:2:3: column 'schedule', value 'gpipe': trainer deepspeed runs its pipeline engine's one schedule "
+            "(TrainSchedule, 1F1B): schedule must be 1f1b");
+  EXPECT_EQ(ErrorFor("name,trainer\nm,megatron\n"),
+            "suite.csv:2: column 'dtype' (not in file, default 'float64'): trainer megatron trains in float32 or "
+            "bfloat16 (Megatron-Core has no float64 path)");
+  EXPECT_EQ(ErrorFor("name,trainer,dtype,schedule\nm,megatron,float32,zbv\n"),
+            "suite.csv:2:4: column 'schedule', value 'zbv': trainer megatron runs Megatron-Core's schedules: 1f1b, or "
+            "interleaved with virtual_stages > 1");
+  EXPECT_EQ(ErrorFor("name,trainer,flavor\nd,deepspeed,gpt2\n"),
+            "suite.csv:2:3: column 'flavor', value 'gpt2': trainer deepspeed's adapter builds the llama flavour: flavor "
+            "must be llama");
+  EXPECT_EQ(ErrorFor("name,trainer,batch,microbatches\nd,deepspeed,8,3\n"),
+            "suite.csv:2:3: column 'batch', value '8': trainer deepspeed splits the batch into microbatches of one "
+            "size: batch 8 must be a multiple of 3 (data_parallel x accumulation x microbatches)");
+}
+
+TEST(ScenarioLoader, LossNormalisationIsAColumnThatKeepsTokenRowsFingerprints) {
+  const auto tokens = ParseSuite("name,seq_len_min\nx,4\n", "suite.csv")[0];
+  const auto mean = ParseSuite("name,seq_len_min,loss\nx,4,microbatch_mean\n", "suite.csv")[0];
+  EXPECT_EQ(tokens.loss, "tokens");
+  EXPECT_EQ(Configuration(tokens).find("loss="), std::string::npos);  // as before the column existed
+  EXPECT_NE(Configuration(mean).find("loss=microbatch_mean"), std::string::npos);
+  EXPECT_EQ(ErrorFor("name,loss\nx,mean\n"),
+            "suite.csv:2:2: column 'loss', value 'mean': expected one of: tokens, microbatch_mean");
+  EXPECT_EQ(ErrorFor("name,trainer,loss\nx,torch,microbatch_mean\n"),
+            "suite.csv:2:3: column 'loss', value 'microbatch_mean': trainer torch normalises by the batch's tokens: "
+            "loss microbatch_mean needs trainer pipecheck, deepspeed, megatron or external:PATH");
+  EXPECT_EQ(ErrorFor("name,loss,fault\nx,microbatch_mean,mean_of_microbatch_means\n"),
+            "suite.csv:2:3: column 'fault', value 'mean_of_microbatch_means': mean_of_microbatch_means is loss "
+            "microbatch_mean's own rule, not a fault under it");
 }
 
 TEST(ScenarioLoader, DataParallelAndRecomputeKeepOnePipelinesFingerprint) {
