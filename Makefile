@@ -26,13 +26,19 @@ PIPECHECK := $(BUILD_DIR)/pipecheck
 # The Python the build was configured with (its torch is the LibTorch pipecheck links).
 BUILD_PYTHON = $$(sed -n 's/^PIPECHECK_PYTHON:FILEPATH=//p' $(BUILD_DIR)/CMakeCache.txt)
 
-.PHONY: all deps configure build run test test-oldest test-long sanitize mutants bench bench-peer clean
+.PHONY: all deps frameworks configure build run test test-oldest test-long sanitize mutants bench bench-peer clean
 
 all: build
 
 deps:
 	@if [ "$(NO_INSTALL)" = 1 ]; then echo "deps: NO_INSTALL=1, install steps skipped"; \
-	else scripts/install-deps.sh && scripts/torch-python.sh --install $(TORCH) >/dev/null; fi
+	else scripts/install-deps.sh && python="$$(scripts/torch-python.sh --install $(TORCH))" && \
+	  if [ "$$python" = "$(CURDIR)/.venv/bin/python" ]; then scripts/install-frameworks.sh "$$python"; fi; fi
+
+# DeepSpeed and Megatron-Core (requirements-frameworks.txt) into the Python pipecheck builds
+# against, whichever it is: `make deps` does it by itself only for the project's .venv.
+frameworks:
+	@python="$$(scripts/torch-python.sh --install $(TORCH))" && scripts/install-frameworks.sh "$$python"
 
 $(BUILD_DIR)/CMakeCache.txt:
 	@python="$$(scripts/torch-python.sh $(TORCH))" || exit 2; \

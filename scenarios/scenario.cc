@@ -473,6 +473,16 @@ void CheckFramework(const Scenario& s, unsigned line, const Locator& at) {
     throw at.At(line, "schedule", s.schedule,
                 "trainer deepspeed runs its pipeline engine's one schedule (TrainSchedule, 1F1B): schedule must be 1f1b");
   }
+  if (s.accumulation > 1) {
+    throw at.At(line, "accumulation", std::to_string(s.accumulation),
+                fmt::format("trainer {} accumulates over the microbatches of its one schedule run per step (its "
+                            "gradient accumulation steps): set microbatches instead", s.trainer));
+  }
+  if (s.trainer == "deepspeed" && s.dtype == "float64") {
+    throw at.At(line, "dtype", s.dtype,
+                "trainer deepspeed trains in float32 or bfloat16 (its engine's gradient all-reduce refuses float64: "
+                "split_half_float_double_sparse)");
+  }
   if (s.trainer == "deepspeed" && s.recompute) {
     throw at.At(line, "recompute", "1", "trainer deepspeed's adapter does not configure activation checkpointing");
   }

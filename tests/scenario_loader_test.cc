@@ -286,7 +286,7 @@ TEST(ScenarioLoader, TorchTitanRowsAskOnlyForWhatTorchTitanCanBeToldToDo) {
 TEST(ScenarioLoader, DeepSpeedAndMegatronRowsAskOnlyForWhatTheFrameworksRun) {
   const auto suite = ParseSuite(
       "name,trainer,schedule,virtual_stages,dtype,batch,microbatches,data_parallel,loss\n"
-      "d,deepspeed,1f1b,1,float64,16,4,2,microbatch_mean\n"
+      "d,deepspeed,1f1b,1,float32,16,4,2,microbatch_mean\n"
       "m,megatron,interleaved,2,float32,8,4,1,tokens\n",
       "suite.csv");
   ASSERT_EQ(suite.size(), 2u);
@@ -301,11 +301,17 @@ TEST(ScenarioLoader, DeepSpeedAndMegatronRowsAskOnlyForWhatTheFrameworksRun) {
   EXPECT_EQ(ErrorFor("name,trainer,dtype,schedule\nm,megatron,float32,zbv\n"),
             "suite.csv:2:4: column 'schedule', value 'zbv': trainer megatron runs Megatron-Core's schedules: 1f1b, or "
             "interleaved with virtual_stages > 1");
-  EXPECT_EQ(ErrorFor("name,trainer,flavor\nd,deepspeed,gpt2\n"),
-            "suite.csv:2:3: column 'flavor', value 'gpt2': trainer deepspeed's adapter builds the llama flavour: flavor "
+  EXPECT_EQ(ErrorFor("name,trainer,dtype,flavor\nd,deepspeed,float32,gpt2\n"),
+            "suite.csv:2:4: column 'flavor', value 'gpt2': trainer deepspeed's adapter builds the llama flavour: flavor "
             "must be llama");
-  EXPECT_EQ(ErrorFor("name,trainer,batch,microbatches\nd,deepspeed,8,3\n"),
-            "suite.csv:2:3: column 'batch', value '8': trainer deepspeed splits the batch into microbatches of one "
+  EXPECT_EQ(ErrorFor("name,trainer\nd,deepspeed\n"),
+            "suite.csv:2: column 'dtype' (not in file, default 'float64'): trainer deepspeed trains in float32 or "
+            "bfloat16 (its engine's gradient all-reduce refuses float64: split_half_float_double_sparse)");
+  EXPECT_EQ(ErrorFor("name,trainer,dtype,batch,microbatches,accumulation\nd,megatron,float32,8,2,2\n"),
+            "suite.csv:2:6: column 'accumulation', value '2': trainer megatron accumulates over the microbatches of its "
+            "one schedule run per step (its gradient accumulation steps): set microbatches instead");
+  EXPECT_EQ(ErrorFor("name,trainer,dtype,batch,microbatches\nd,deepspeed,float32,8,3\n"),
+            "suite.csv:2:4: column 'batch', value '8': trainer deepspeed splits the batch into microbatches of one "
             "size: batch 8 must be a multiple of 3 (data_parallel x accumulation x microbatches)");
 }
 

@@ -14,9 +14,15 @@ each row's status and the words its message must hold.
     expect=pass row passes with its weights judged every step, and every expect=fail row fails for
     the reason its note gives (a defect found, a combination TorchTitan refuses, the control caught
     naming parameter and step). Skipped (77) where TorchTitan is not installed.
+  --suite deepspeed, --suite megatron: scenarios/deepspeed.csv, megatron.csv, the same way: DeepSpeed's
+    pipeline engine and Megatron-Core's schedules, at least 6 expect=pass rows each, every
+    expect=fail row failing for its reason (a defect found upstream, the framework's default loss
+    under the other normalisation, the adapter's two faults caught naming parameter, stage and
+    step). Skipped (77) where the framework is not installed (requirements-frameworks.txt).
 """
 import argparse
 import csv
+import importlib
 import os
 import subprocess
 import sys
@@ -72,6 +78,35 @@ TITAN_FAILURES = {
 }
 
 
+# scenarios/deepspeed.csv's expect=fail rows.
+DEEPSPEED_FAILURES = {
+    # deepspeedai/DeepSpeed#1839: the clip's norm leaves out every stage but the first.
+    "ds_clip": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank 0 (stage 0): rel err 0.318"]),
+    "ds_clip_microbatch_mean": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank 0 (stage 0): rel err"]),
+    "ds_default_loss_under_tokens": ("FAIL", ["at step 0 on rank", "rel err"]),
+    "ds_fault_skip_tied_reduce": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank 0 (stage 0): rel err"]),
+    "ds_fault_accumulation_scaled_twice": ("FAIL", ["at step 0 on rank 0 (stage 0): rel err 0.75"]),
+}
+
+# scenarios/megatron.csv's expect=fail rows.
+MEGATRON_FAILURES = {
+    "mg_default_loss_under_tokens": ("FAIL", ["at step 0 on rank", "rel err"]),
+    "mg_fault_skip_tied_reduce": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank", "rel err"]),
+    "mg_fault_accumulation_scaled_twice": ("FAIL", ["at step 0 on rank 0 (stage 0): rel err"]),
+}
+
+# --suite NAME: (suite file, the trainer column its rows hold, the import that proves the framework
+# is installed, what installs it, its expect=fail rows and the words each must hold, the fewest
+# expect=pass rows it must have).
+FRAMEWORKS = {
+    "torchtitan": ("scenarios/torchtitan.csv", "torchtitan", "torchtitan.trainer", "requirements.txt", TITAN_FAILURES, 5),
+    "deepspeed": ("scenarios/deepspeed.csv", "deepspeed", "deepspeed.pipe", "requirements-frameworks.txt",
+                  DEEPSPEED_FAILURES, 6),
+    "megatron": ("scenarios/megatron.csv", "megatron", "megatron.core.pipeline_parallel", "requirements-frameworks.txt",
+                 MEGATRON_FAILURES, 6),
+}
+
+
 def torch_version():
     import torch
     major, minor = torch.__version__.split(".")[:2]
@@ -109,13 +144,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pipecheck", required=True)
     parser.add_argument("--source", required=True, help="the source tree")
-    parser.add_argument("--suite", choices=["external", "torch", "torchtitan"], required=True)
+    parser.add_argument("--suite", choices=["external", "torch", *FRAMEWORKS], required=True)
     args = parser.parse_args()
-    if args.suite == "torchtitan":
+    if args.suite in FRAMEWORKS:
+        _, trainer, module, pins, _, _ = FRAMEWORKS[args.suite]
         try:  # this Python is the one pipecheck runs trainers with (the build's)
-            import torchtitan.trainer  # noqa: F401
+            importlib.import_module(module)
         except ImportError as error:
-            print(f"SKIP: trainer=torchtitan needs TorchTitan (requirements.txt pins it) ({error})")
+            print(f"SKIP: trainer={trainer} needs {module} ({pins} pins it) ({error})")
             sys.exit(77)
     try:  # this Python is the one pipecheck runs trainers with (the build's)
         import torch.distributed.pipelining  # noqa: F401
@@ -132,8 +168,9 @@ def main():
                 if row["trainer"] != ("torch" if row["scenario"].startswith("torch_") else
                                       "external:../../examples/plain_trainer.py"):
                     problems.append(f"{row['scenario']}: summary.csv's trainer is {row['trainer']!r}")
-        elif args.suite == "torchtitan":
-            suite = os.path.join(args.source, "scenarios/torchtitan.csv")
+        elif args.suite in FRAMEWORKS:
+            path, trainer, _, _, failures, fewest = FRAMEWORKS[args.suite]
+            suite = os.path.join(args.source, path)
             code, rows = run(args.pipecheck, suite, out, 300)
             with open(suite, newline="") as f:
                 written = {row["name"]: row for row in csv.DictReader(line for line in f if not line.lstrip().startswith("#"))}
@@ -143,17 +180,17 @@ def main():
             for name, row in written.items():
                 if row["expect"] == "pass":
                     expected[name] = ("PASS", ["weights after each step match"])
-                elif name in TITAN_FAILURES:
-                    expected[name] = TITAN_FAILURES[name]
+                elif name in failures:
+                    expected[name] = failures[name]
                 else:
                     sys.exit(f"FAIL: {name} is expect=fail but this test does not say which reason it must give")
             problems = check(rows, expected)
             if code != 0:
                 problems.append(f"pipecheck run exited {code}: every row should have met its expectation")
             passing = [name for name, row in written.items() if row["expect"] == "pass"]
-            if len(passing) < 5:
-                problems.append(f"only {len(passing)} expect=pass rows: TorchTitan must be verified on at least 5")
-            problems += [f"{name}: trainer {row['trainer']!r}" for name, row in rows.items() if row["trainer"] != "torchtitan"]
+            if len(passing) < fewest:
+                problems.append(f"only {len(passing)} expect=pass rows: {trainer} must be verified on at least {fewest}")
+            problems += [f"{name}: trainer {row['trainer']!r}" for name, row in rows.items() if row["trainer"] != trainer]
         else:
             suite = os.path.join(args.source, "scenarios/torch-pipelining.csv")
             code, rows = run(args.pipecheck, suite, out, 300)
