@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """pipecheck's trainer against the production pipeline trainers on identical work: each `NAME_torch`
-(PyTorch's pipelining) and `NAME_torchtitan` (TorchTitan's Trainer) row of the suite against its
+(PyTorch's pipelining), `NAME_torchtitan` (TorchTitan's Trainer), `NAME_deepspeed` (DeepSpeed's
+pipeline engine) and `NAME_megatron` (Megatron-Core's schedules) row of the suite against its
 twin `NAME`, alternated over rounds as shared/MEASURING.md asks (the order of the contenders
 rotates every round), every run judged by pipecheck against the reference (a run that does not
 PASS ends the race). Prints, per twin and rival, the median tokens/s and peak tensor bytes of each
@@ -19,8 +20,8 @@ import subprocess
 import sys
 import tempfile
 
-# The rivals a row NAME can have, as the suffix of their rows: NAME_torch, NAME_torchtitan.
-RIVALS = ("torch", "torchtitan")
+# The rivals a row NAME can have, as the suffix of their rows: NAME_torch, NAME_torchtitan, ...
+RIVALS = ("torch", "torchtitan", "deepspeed", "megatron")
 
 
 def run(pipecheck, suite, name, threads, out, device):
@@ -53,7 +54,7 @@ def main():
               for name in names if not args.only or name in args.only}
     rivals = {name: present for name, present in rivals.items() if present}
     if not rivals:
-        sys.exit(f"race: {args.scenarios} has no NAME / NAME_torch or NAME_torchtitan pair"
+        sys.exit(f"race: {args.scenarios} has no NAME / NAME_RIVAL pair (RIVAL: {', '.join(RIVALS)})"
                  f"{' among --only' if args.only else ''}")
     results = {name: {contender: [] for contender in ["pipecheck"] + present} for name, present in rivals.items()}
     with tempfile.TemporaryDirectory(prefix="pipecheck_race_") as scratch:
