@@ -30,6 +30,8 @@ FAULTS = {
     "no_loss": "leaves the loss out of its step files",
     "crash": "dies at step 1",
     "hang": "stops answering at step 1",
+    "stale_copy": "bfloat16: at step 1 leaves norm.weight's bfloat16 copy of its float32 master weight unrefreshed",
+    "master_lr_bug": "bfloat16: at step 1 steps norm.weight's float32 master weight at twice the learning rate",
 }
 
 # Your trainer's parameter names -> pipecheck's global names (identity here: same model).
@@ -62,7 +64,11 @@ def main():
     model.load_state_dict({name: weights[NAMES.get(name, name)] for name in model.state_dict()})
     named = {NAMES.get(name, name): p for name, p in model.named_parameters()}
     save(folder, "start.pt", {name: p.detach().clone() for name, p in named.items()})
-    optimizer = make_optimizer(config, list(named.values()))
+    # In bfloat16 the optimizer steps float32 master copies of the weights, as production trainers'
+    # mixed-precision optimizers do, and hands them back as "master_weights" every step.
+    master = {name: p.detach().float().clone().requires_grad_(True) for name, p in named.items()} \
+        if dtype == torch.bfloat16 else None
+    optimizer = make_optimizer(config, list((master or named).values()))
 
     for step in range(config["steps"]):
         if step == 1 and fault == "crash":
@@ -73,6 +79,7 @@ def main():
         batch = torch.load(os.path.join(inputs, f"batch_{step}.pt"), weights_only=False)
         total = int((batch["labels"] != -100).sum())
         optimizer.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)  # with master weights the optimizer holds other tensors
         loss = torch.zeros((), dtype=torch.float64)
         first = 0
         for size in config["microbatch_sizes"]:  # accumulate over the scenario's microbatches
@@ -88,7 +95,20 @@ def main():
         factor = clip_factor(float(norm), config["clip"])
         for p in named.values():
             p.grad.mul_(factor)
-        optimizer.step()
+        if master is None:
+            optimizer.step()
+        else:
+            for name, p in named.items():
+                master[name].grad = p.grad.float()
+            before = master["norm.weight"].detach().clone()
+            optimizer.step()
+            if step == 1 and fault == "master_lr_bug":
+                with torch.no_grad():
+                    master["norm.weight"].add_(master["norm.weight"] - before)
+            with torch.no_grad():
+                for name, p in named.items():
+                    if not (step == 1 and fault == "stale_copy" and name == "norm.weight"):
+                        p.copy_(master[name])
         step_ms = (time.perf_counter() - started) * 1000.0
 
         grads = {name: p.grad.detach().clone() for name, p in named.items()}
@@ -98,8 +118,12 @@ def main():
             grads["norm.weight"][0] = float("nan")
         if fault == "bad_name":
             grads["model.norm.weight"] = grads.pop("norm.weight")
+        if master is not None:
+            grads = {name: m.grad.detach().clone() for name, m in master.items()}
         record = {"grads": grads, "weights": {name: p.detach().clone() for name, p in named.items()},
                   "loss": loss, "step_ms": torch.tensor(step_ms, dtype=torch.float64)}
+        if master is not None:
+            record["master_weights"] = {name: m.detach().clone() for name, m in master.items()}
         if fault == "no_loss":
             del record["loss"]
         if fault == "missing_step" and step == config["steps"] - 1:

@@ -272,6 +272,8 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
   const std::string who = fmt::format("rank {}", rank);
   const auto start = ReadDict(folder / "start.pt", who);
   result.weights.push_back(ReadTensors(c10::IValue(start), initial, fmt::format("rank {} start.pt", rank)));
+  NamedTensors initial_float32;  // what master weights are read against
+  for (const auto& item : initial) initial_float32.insert(item.key(), item.value().to(torch::kFloat32));
   for (int64_t step = 0; step < scenario.steps; ++step) {
     const std::string file = fmt::format("step_{}.pt", step);
     const std::string what = fmt::format("rank {} {}", rank, file);
@@ -279,8 +281,23 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
     for (const char* key : {"grads", "weights"}) {
       if (Entry(record, key).isNone()) throw ProtocolError(fmt::format("{}: no \"{}\" (the protocol asks for it every step)", what, key));
     }
-    result.gradients.push_back(ReadTensors(Entry(record, "grads"), initial, what + " grads"));
+    // Master weights: every step or none, and only beside lower-precision parameters. A trainer
+    // that keeps them applies float32 gradients, which are read as they are.
+    const auto master = Entry(record, "master_weights");
+    result.gradients.push_back(ReadTensors(Entry(record, "grads"), master.isNone() ? initial : initial_float32,
+                                           what + " grads"));
     auto after = ReadTensors(Entry(record, "weights"), initial, what + " weights");
+    if (master.isNone() != result.master_weights.empty() && step > 0) {
+      throw ProtocolError(fmt::format("{}: \"master_weights\" {} while step 0's record {} them (every step or none)", what,
+                                      master.isNone() ? "missing" : "given", master.isNone() ? "gave" : "did not give"));
+    }
+    if (!master.isNone()) {
+      if (scenario.dtype != "bfloat16") {
+        throw ProtocolError(fmt::format("{}: \"master_weights\" are for lower-precision parameters, but the scenario's "
+                                        "dtype is {}", what, scenario.dtype));
+      }
+      result.master_weights.push_back(ReadTensors(master, initial_float32, what + " master_weights"));
+    }
     const auto loss = Scalar(record, "loss", what);
     result.losses.push_back(loss.value_or(std::nan("")));
     const auto ms = Scalar(record, "step_ms", what);

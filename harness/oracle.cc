@@ -39,6 +39,19 @@ reference::NamedTensors Oracle::UpdateFrom(const reference::NamedTensors& weight
   return updater_->Weights();
 }
 
+reference::NamedTensors Oracle::UpdateMasterFrom(const reference::NamedTensors& master,
+                                                 const reference::NamedTensors& gradients) {
+  if (!master_updater_) {
+    auto config = config_;
+    config.dtype = torch::kFloat32;
+    config.boundary_layers.clear();
+    master_updater_ = std::make_unique<reference::ReferenceTrainer>(config);
+  }
+  master_updater_->SetWeights(master);
+  master_updater_->ApplyGradients(gradients);
+  return master_updater_->Weights();
+}
+
 const reference::TrainResult& Oracle::FreeRunning() {
   if (!free_running_) {
     auto config = config_;

@@ -43,6 +43,10 @@ class Oracle {
   // Weights after one optimizer step from `weights` applying `gradients`. Optimizer state
   // carries over between calls, so call once per step in order.
   reference::NamedTensors UpdateFrom(const reference::NamedTensors& weights, const reference::NamedTensors& gradients);
+  // The same in float32, from float32 master weights: a trainer that steps float32 copies of
+  // lower-precision parameters (its own optimizer state, kept from call to call).
+  reference::NamedTensors UpdateMasterFrom(const reference::NamedTensors& master,
+                                           const reference::NamedTensors& gradients);
 
   // The free-running reference (computed on first call; timed and metered).
   const reference::TrainResult& FreeRunning();
@@ -55,6 +59,7 @@ class Oracle {
   int64_t microbatches_;
   std::unique_ptr<reference::ReferenceTrainer> evaluator_;  // weights set from outside each step
   std::unique_ptr<reference::ReferenceTrainer> updater_;    // owns the optimizer state of UpdateFrom
+  std::unique_ptr<reference::ReferenceTrainer> master_updater_;  // UpdateMasterFrom's, in float32
   std::unique_ptr<reference::ReferenceTrainer> accumulating_;  // the pipeline's microbatches (made on first use)
   reference::NamedTensors initial_weights_;
   std::optional<reference::TrainResult> free_running_, envelope_;

@@ -331,13 +331,18 @@ void JudgeGradients(size_t step, const std::vector<pipeline::RankResult>& ranks,
 // 2c. The weights after step k against one reference optimizer step from the weights the
 // pipeline started step k with, applying the gradients it applied. Error relative to the
 // update's size (floored like gradients), so a wrong optimizer shows at any learning rate.
+// With `master` the float32 master weights a trainer steps stand in for its weights, judged in
+// float32 at float32's tolerance (the arithmetic is float32's, whatever the parameters' dtype).
 void JudgeUpdate(size_t step, const std::vector<pipeline::RankResult>& ranks, const NamedTensors& before,
                  const NamedTensors& predicted, size_t steps, const std::vector<reference::SliceSpec>& slices,
-                 const scenarios::Scenario& scenario, Verdicts& verdicts) {
-  const double floor = GradientFloorFraction(scenario.dtype) * GlobalDistance(predicted, before);
+                 const scenarios::Scenario& scenario, bool master, Verdicts& verdicts) {
+  const std::string dtype = master ? "float32" : scenario.dtype;
+  const double tol = master ? std::min(scenario.tol, scenarios::DefaultTolerance("float32")) : scenario.tol;
+  const double floor = GradientFloorFraction(dtype) * GlobalDistance(predicted, before);
   for (const auto& rank : ranks) {
-    const NamedTensors* after = WeightsAt(rank, step + 1, steps);
-    if (after == nullptr) continue;  // reported by PipelineWeights
+    const NamedTensors* after = master ? (step < rank.master_weights.size() ? &rank.master_weights[step] : nullptr)
+                                       : WeightsAt(rank, step + 1, steps);
+    if (after == nullptr) continue;  // reported by PipelineWeights or MasterWeights
     for (const auto& item : *after) {
       const std::string name = pipeline::ParameterName(item.key());
       if (!predicted.contains(name)) continue;
@@ -345,11 +350,66 @@ void JudgeUpdate(size_t step, const std::vector<pipeline::RankResult>& ranks, co
       const double update = Norm(expected.to(torch::kFloat64) - before[name].to(torch::kFloat64));
       const auto error = Compare(item.value(), expected, update, floor);
       verdicts.update_max_rel = std::max(verdicts.update_max_rel, error.rel);
-      if (!(error.rel <= scenario.tol)) {
+      if (!(error.rel <= tol)) {
         verdicts.problems.Add(step, Evidence::kUpdate,
-                              fmt::format("update of {} at step {} on {}: rel err {:.3g} > tol {:.3g} against one "
-                                          "reference optimizer step with the same gradients",
-                                          item.key(), step, Where(rank, item.key(), slices), error.rel, scenario.tol));
+                              fmt::format("update of {}{} at step {} on {}: rel err {:.3g} > tol {:.3g} against one "
+                                          "reference optimizer step{} with the same gradients",
+                                          master ? "the float32 master weight of " : "", item.key(), step,
+                                          Where(rank, item.key(), slices), error.rel, tol, master ? " in float32" : ""));
+      }
+    }
+  }
+}
+
+// Whether the trainer handed back float32 master weights (every rank every step, checked here).
+bool HandsBackMasterWeights(const std::vector<pipeline::RankResult>& ranks, size_t steps, Problems& problems) {
+  const bool any = std::any_of(ranks.begin(), ranks.end(), [](const auto& rank) { return !rank.master_weights.empty(); });
+  if (!any) return false;
+  for (const auto& rank : ranks) {
+    if (rank.master_weights.size() != steps) {
+      problems.Add(0, Evidence::kStartWeights,
+                   fmt::format("{} handed back master weights for {} of {} steps while other ranks handed them back",
+                               rank.Who(), rank.master_weights.size(), steps));
+    }
+  }
+  return true;
+}
+
+// Every rank's master weights after `step`, one copy per name.
+NamedTensors MasterWeightsAfter(const std::vector<pipeline::RankResult>& ranks, size_t step) {
+  NamedTensors merged;
+  for (const auto& rank : ranks) {
+    if (step >= rank.master_weights.size()) continue;
+    for (const auto& item : rank.master_weights[step]) {
+      const std::string name = pipeline::ParameterName(item.key());
+      if (!merged.contains(name)) merged.insert(name, item.value());
+    }
+  }
+  return merged;
+}
+
+// 2d. A trainer with master weights holds, after each step, exactly its master weights rounded to
+// the parameters' dtype: a copy-back that skips a parameter or rounds another way shows here.
+void JudgeMasterCopies(size_t step, const std::vector<pipeline::RankResult>& ranks, size_t steps,
+                       const std::vector<reference::SliceSpec>& slices, Verdicts& verdicts) {
+  for (const auto& rank : ranks) {
+    const NamedTensors* weights = WeightsAt(rank, step + 1, steps);
+    if (weights == nullptr || step >= rank.master_weights.size()) continue;
+    const auto& master = rank.master_weights[step];
+    for (const auto& item : *weights) {
+      if (!master.contains(item.key())) {
+        verdicts.problems.Add(step, Evidence::kUpdate,
+                              fmt::format("{} handed back no master weight of {} after step {}", rank.Who(), item.key(), step));
+        continue;
+      }
+      const auto rounded = master[item.key()].to(item.value().scalar_type());
+      if (!torch::equal(rounded, item.value())) {
+        const double most = (rounded.to(torch::kFloat64) - item.value().to(torch::kFloat64)).abs().max().item<double>();
+        verdicts.problems.Add(step, Evidence::kUpdate,
+                              fmt::format("weight {} after step {} on {} is not its float32 master weight rounded to {} "
+                                          "(they differ by up to {:.3g})",
+                                          item.key(), step, Where(rank, item.key(), slices),
+                                          c10::toString(item.value().scalar_type()), most));
       }
     }
   }
@@ -554,6 +614,12 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
   const auto& loss_rank = LossRank(input.ranks);
   NamedTensors start = PipelineWeights(input.ranks, 0, steps, verdicts.problems);
   JudgeInitialWeights(start, input.oracle.InitialWeights(), scenario.tol, verdicts);
+  // A trainer that steps float32 master weights starts them from its weights, widened.
+  const bool master = HandsBackMasterWeights(input.ranks, steps, verdicts.problems);
+  NamedTensors master_start;
+  if (master) {
+    for (const auto& item : start) master_start.insert(item.key(), item.value().to(torch::kFloat32));
+  }
   for (size_t k = 0; k < steps; ++k) {
     const auto at_pipeline = input.oracle.EvaluateAt(start, static_cast<int64_t>(k));
     const std::string diverged = Divergence(at_pipeline, scenario.vocab);
@@ -568,8 +634,15 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
       const auto accumulated = input.oracle.EvaluateAccumulatedAt(start, static_cast<int64_t>(k));
       JudgeAccumulation(k, input.ranks, accumulated.gradients, slices, scenario, verdicts);
     }
-    const auto predicted = input.oracle.UpdateFrom(start, AppliedGradients(input.ranks, k));
-    JudgeUpdate(k, input.ranks, start, predicted, steps, slices, scenario, verdicts);
+    if (master) {
+      const auto predicted = input.oracle.UpdateMasterFrom(master_start, AppliedGradients(input.ranks, k));
+      JudgeUpdate(k, input.ranks, master_start, predicted, steps, slices, scenario, /*master=*/true, verdicts);
+      JudgeMasterCopies(k, input.ranks, steps, slices, verdicts);
+      master_start = MasterWeightsAfter(input.ranks, k);
+    } else {
+      const auto predicted = input.oracle.UpdateFrom(start, AppliedGradients(input.ranks, k));
+      JudgeUpdate(k, input.ranks, start, predicted, steps, slices, scenario, /*master=*/false, verdicts);
+    }
     start = PipelineWeights(input.ranks, k + 1, steps, verdicts.problems);
   }
   return start;

@@ -66,6 +66,9 @@ struct RankResult {
   std::vector<int64_t> peak_bytes; // per step, tensor bytes this rank held at most; -1 unmetered
   std::vector<reference::NamedTensors> gradients;  // per step, as applied (after tied sum and clipping)
   std::vector<reference::NamedTensors> weights;    // per step, the weights the step started from
+  // Per step, the float32 weights the optimizer stepped, after the step: only from a trainer that
+  // keeps them beside lower-precision parameters (its bf16 optimizer's master weights); empty else.
+  std::vector<reference::NamedTensors> master_weights;
   reference::NamedTensors final_weights;
   std::vector<ActionTiming> timeline;
   std::vector<BoundaryRecord> boundaries;  // every step's, in the order the rank met them

@@ -460,12 +460,9 @@ bool FrameworkTrainer(const Scenario& s) {
 
 // What DeepSpeed's pipeline engine and Megatron-Core's schedules can be given, refused before
 // anything runs: both train the llama of their adapters (trainers/deepspeed_adapter.py,
-// megatron_adapter.py) with AdamW; Megatron-Core has no float64 path; DeepSpeed's engine runs
+// megatron_adapter.py); neither has a float64 path; DeepSpeed's engine runs
 // 1F1B only (its TrainSchedule), Megatron-Core's its 1F1B, interleaved for several stages a rank.
 void CheckFramework(const Scenario& s, unsigned line, const Locator& at) {
-  if (s.optimizer != "adamw") {
-    throw at.At(line, "optimizer", s.optimizer, fmt::format("trainer {} is judged with its AdamW: optimizer must be adamw", s.trainer));
-  }
   if (s.flavor != "llama") {
     throw at.At(line, "flavor", s.flavor, fmt::format("trainer {}'s adapter builds the llama flavour: flavor must be llama", s.trainer));
   }

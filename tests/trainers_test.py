@@ -35,6 +35,11 @@ EXTERNAL = {
     "plain_right_clipped": ("PASS", ["weights after each step match"]),
     "plain_grad_bug": ("FAIL", ["gradient of layers.0.feed_forward.w2.weight at step 1", "rel err 0.5"]),
     "plain_missing_step": ("ERROR", ["broke the protocol", "rank 0 handed back no step_2.pt"]),
+    "plain_bf16_master": ("PASS", ["weights after each step match"]),
+    "plain_bf16_stale_copy": ("FAIL", ["weight norm.weight after step 1 on rank 0 (stage 0) is not its float32 master "
+                                       "weight rounded to BFloat16"]),
+    "plain_bf16_master_lr_bug": ("FAIL", ["update of the float32 master weight of norm.weight at step 1 on rank 0 "
+                                          "(stage 0): rel err 1 > tol 0.0001"]),
     "plain_wrong_shape": ("ERROR", ["broke the protocol", "rank 0 step_0.pt grads", "layers.0.attention.wq.weight",
                                     "shape [64, 63], the model's is [64, 64]"]),
     "plain_nan": ("ERROR", ["broke the protocol", "rank 0 step_0.pt grads: norm.weight holds NaN"]),
@@ -84,16 +89,21 @@ DEEPSPEED_FAILURES = {
     # deepspeedai/DeepSpeed#1839: the clip's norm leaves out every stage but the first.
     "ds_clip": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank 0 (stage 0): rel err 0.318"]),
     "ds_clip_microbatch_mean": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank 0 (stage 0): rel err"]),
-    "ds_default_loss_under_tokens": ("FAIL", ["at step 0 on rank", "rel err"]),
+    "ds_default_loss_under_tokens": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank 0 (stage 0): rel err"]),
     "ds_fault_skip_tied_reduce": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank 0 (stage 0): rel err"]),
     "ds_fault_accumulation_scaled_twice": ("FAIL", ["at step 0 on rank 0 (stage 0): rel err 0.75"]),
 }
 
 # scenarios/megatron.csv's expect=fail rows.
 MEGATRON_FAILURES = {
-    "mg_default_loss_under_tokens": ("FAIL", ["at step 0 on rank", "rel err"]),
-    "mg_fault_skip_tied_reduce": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank", "rel err"]),
-    "mg_fault_accumulation_scaled_twice": ("FAIL", ["at step 0 on rank 0 (stage 0): rel err"]),
+    "mg_default_loss_under_tokens": ("FAIL", ["loss at step 0: pipeline", "worst gradient"]),
+    "mg_fault_skip_tied_reduce": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank 0 (stage 0): rel err 0.716"]),
+    "mg_fault_accumulation_scaled_twice": ("FAIL", ["gradient of tok_embeddings.weight at step 0 on rank 0 (stage 0): "
+                                                    "rel err 0.75"]),
+    # NVIDIA/Megatron-LM#750, #1450: batched p2p to the one peer pairs sends and receives crosswise.
+    "mg_interleaved_core_p2p_defaults": ("FAIL", ["loss at step 0: pipeline", "rel err"]),
+    # NVIDIA/Megatron-LM#5100: the same defaults at pipeline size 4 hang.
+    "mg_interleaved_pp4_core_p2p_defaults": ("TIMEOUT", ["still running after the", "deadline"]),
 }
 
 # --suite NAME: (suite file, the trainer column its rows hold, the import that proves the framework

@@ -255,7 +255,8 @@ def main():
     # The gradients the optimizer applies, read just before its step (after DeepSpeed's tied sum,
     # data-parallel average and clip): through safe_get_full_grad, which under bf16 reads the
     # float32 accumulation its BF16_Optimizer steps with, not the bfloat16 staging gradient.
-    from deepspeed.utils import safe_get_full_grad
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
+    bf16 = config["dtype"] == "bfloat16"
     observed = {}
 
     def applied(*args):
@@ -285,9 +286,11 @@ def main():
         # The weights the model holds after the step (under bf16, copied back from the float32
         # master weights once the optimizer has stepped).
         observed["weights"] = {name: p.detach().clone() for name, p in named.items()}
+        # Under bf16 the float32 master weights its BF16_Optimizer stepped, for the update judge.
+        master = {name: safe_get_full_fp32_param(p) for name, p in named.items()} if bf16 else None
         holds_loss = engine.is_last_stage() and replica == 0
         exchange.save_step(step, observed["grads"], observed["weights"], loss=float(loss) if holds_loss else None,
-                           step_ms=step_ms, peak_bytes=peak)
+                           step_ms=step_ms, peak_bytes=peak, master_weights=master)
         if holds_loss:
             print(f"pipecheck progress: step {step + 1}/{config['steps']} loss {float(loss):.6g}", flush=True)
     dist.barrier()

@@ -19,6 +19,9 @@ What a rank hands back, all by pipecheck's global parameter names:
                       "loss": 0-dim tensor, step K's loss (only the rank that computes it),
                       "step_ms": 0-dim tensor, this rank's step wall time (optional),
                       "peak_bytes": 0-dim tensor, tensor bytes held at most in the step (optional),
+                      "master_weights": {name: float32 tensor}, the float32 weights the optimizer
+                                stepped, after step K: only a trainer that keeps them beside
+                                bfloat16 parameters, every step (optional),
                       "boundaries": {"activation/S/M" or "gradient/S/M": tensor}, the hidden
                                 state entering stage S for microbatch M, or the gradient of stage
                                 S's output, cut to the microbatch's longest sequence (optional)}
@@ -101,9 +104,12 @@ class Exchange:
     def save_start(self, weights):
         self.save("start.pt", {name: t.detach().cpu().clone() for name, t in weights.items()})
 
-    def save_step(self, step, grads, weights, loss=None, step_ms=None, peak_bytes=None, boundaries=None):
+    def save_step(self, step, grads, weights, loss=None, step_ms=None, peak_bytes=None, boundaries=None,
+                  master_weights=None):
         record = {"grads": {name: g.detach().cpu().clone() for name, g in grads.items()},
                   "weights": {name: w.detach().cpu().clone() for name, w in weights.items()}}
+        if master_weights is not None:
+            record["master_weights"] = {name: w.detach().float().cpu().clone() for name, w in master_weights.items()}
         if boundaries:
             record["boundaries"] = boundaries
         if loss is not None:
