@@ -92,6 +92,47 @@ bool WritableOut(const std::string& out, const char* command) {
   }
 }
 
+// `path` as an absolute, normal path without a trailing separator, symbolic links resolved as far
+// as it exists.
+std::filesystem::path Resolved(const std::string& path) {
+  std::error_code error;
+  auto resolved = std::filesystem::weakly_canonical(std::filesystem::absolute(path), error);
+  if (error) resolved = std::filesystem::absolute(path);
+  resolved = resolved.lexically_normal();
+  if (resolved.filename().empty() && resolved.has_parent_path()) resolved = resolved.parent_path();
+  return resolved;
+}
+
+// Whether `inner` is `outer` or lies inside it.
+bool Within(const std::string& inner, const std::string& outer) {
+  if (inner.empty() || outer.empty()) return false;
+  const auto a = Resolved(inner), b = Resolved(outer);
+  return std::mismatch(b.begin(), b.end(), a.begin(), a.end()).first == b.end();
+}
+
+// A command that would write into `out` where baselines live (`baseline_dir`, or `baseline`, the
+// one it reads), or over them (`out` holding one), would destroy what it is held to: refused
+// before anything is written, naming both. `what` names the option ("--out").
+bool WritesOverABaseline(const std::string& out, const std::string& baseline_dir, const std::string& baseline,
+                         const char* command, const char* what) {
+  for (const auto& [protected_path, kind] : {std::pair{baseline_dir, "the baselines' directory (--baseline-dir)"},
+                                             std::pair{baseline, "the baseline it compares with"}}) {
+    if (protected_path.empty()) continue;
+    const auto kept = std::filesystem::path(protected_path);
+    const std::string folder = kept.filename() == "summary.csv" ? kept.parent_path().string() : protected_path;
+    std::error_code error;
+    if (!std::filesystem::is_directory(folder, error)) continue;  // nothing there to destroy
+    if (Within(out, folder) || Within(folder, out)) {
+      fmt::print(stderr,
+                 "pipecheck {}: {} {} would write {} {} {}: a run written there replaces the baseline it is "
+                 "held to; write it elsewhere and promote it with `pipecheck baseline update`\n",
+                 command, what, out, Within(out, folder) ? "inside" : "over", kind, folder);
+      return true;
+    }
+  }
+  return false;
+}
+
 // A file a command will write once its work is done (--junit, --markdown, --csv), checked before
 // any work: its folder is made if missing, and a file that cannot be written there is bad input
 // now, not an exit 1 after the whole suite.
@@ -384,9 +425,12 @@ Command AddRun(CLI::App& app) {
             }
             // An unwritable --out, --junit or --markdown, or a missing baseline, is bad input, found
             // before anything runs; so is an --out another run is writing into.
+            // So is an --out inside the baselines (or holding them): it would replace what it is held to.
+            const std::string baseline = ResolveBaseline(options->gate, "");
+            if (WritesOverABaseline(run.out, options->gate.baseline_dir, baseline, "run", "--out")) return kExitBadInput;
             if (!WritableOut(run.out, "run") || !CiFilesWritable(run.junit, run.markdown, "run")) return kExitBadInput;
             const pipecheck::harness::RunDirectory directory(run.out, {"views", "work", "compare.csv"});
-            run.baseline = ResolveBaseline(options->gate, "");
+            run.baseline = baseline;
             run.limits = options->gate.Limits();
             return pipecheck::harness::RunSuite(selected, run, std::cout);
           }};
@@ -636,6 +680,11 @@ int Compare(const CompareCommandOptions& options) {
   std::string out_directory =
       options.out.empty() ? std::filesystem::path(SummaryPath(current)).parent_path().string() : options.out;
   if (out_directory.empty()) out_directory = ".";
+  if (!options.out.empty() &&
+      WritesOverABaseline(options.out, options.gate.runner.empty() ? "" : options.gate.baseline_dir, baseline,
+                          "compare", "--out")) {
+    return kExitBadInput;
+  }
   if (!WritableOut(out_directory, "compare") || !CiFilesWritable(options.junit, options.markdown, "compare")) {
     return kExitBadInput;
   }
@@ -685,6 +734,15 @@ int UpdateBaseline(const BaselineUpdateOptions& options) {
   if (to.empty()) {
     fmt::print(stderr, "pipecheck baseline update: name the baseline: --to DIR, or --runner NAME [--baseline-dir DIR]\n");
     return kExitBadInput;
+  }
+  for (const auto& from : options.from) {
+    const auto run = std::filesystem::path(from).filename() == "summary.csv" ? std::filesystem::path(from).parent_path().string()
+                                                                             : from;
+    if (Within(run, to) || Within(to, run)) {
+      fmt::print(stderr, "pipecheck baseline update: --from {} and the baseline {} are one folder or nested: a "
+                         "baseline is promoted from a run written elsewhere\n", from, to);
+      return kExitBadInput;
+    }
   }
   if (!WritableOut(to, "baseline update")) return kExitBadInput;
   const auto written = pipecheck::reports::PromoteToBaseline(options.from, to, options.allow_failures);

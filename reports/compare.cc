@@ -389,7 +389,7 @@ void JudgeStatus(const SummaryRow& base, const SummaryRow& now, Findings& found)
 void JudgeThroughput(const SummaryEntry& base, const SummaryEntry& now, const Sources& files,
                      const CompareOptions& options, ComparisonRow& row, Findings& found) {
   const double base_rate = MeasuredOfPass(base, base.row.pp_tokens_per_s, "pp_tokens_per_s", files.baseline);
-  const double now_rate = Measured(now.row.pp_tokens_per_s);
+  const double now_rate = MeasuredOfPass(now, now.row.pp_tokens_per_s, "pp_tokens_per_s", files.current);
   const double rate_change = base_rate > 0 ? now_rate / base_rate - 1.0 : std::nan("");
   row.throughput_change = Percent(rate_change);
   const double spread = Measured(base.row.pp_tokens_per_s_spread);
@@ -423,7 +423,7 @@ void JudgeThroughput(const SummaryEntry& base, const SummaryEntry& now, const So
 void JudgeMemory(const SummaryEntry& base, const SummaryEntry& now, const Sources& files, const CompareOptions& options,
                  ComparisonRow& row, Findings& found) {
   const double base_bytes = MeasuredOfPass(base, base.row.pp_peak_bytes_max, "pp_peak_bytes_max", files.baseline);
-  const double now_bytes = Measured(now.row.pp_peak_bytes_max);
+  const double now_bytes = MeasuredOfPass(now, now.row.pp_peak_bytes_max, "pp_peak_bytes_max", files.current);
   const double memory_change = base_bytes > 0 ? now_bytes / base_bytes - 1.0 : std::nan("");
   row.memory_change = Percent(memory_change);
   if (memory_change > options.max_memory_growth) {

@@ -166,6 +166,15 @@ expect 0 "baseline $work/bl/here now holds the run of" "$pipecheck" baseline upd
 expect 0 "0 regression\(s\)" "$pipecheck" compare --baseline-dir "$work/bl" --runner here "$work/r"
 expect 0 "merged: per scenario the median tokens/s of the 2 runs" "$pipecheck" baseline update --from "$work/r" --from "$work/r" --to "$work/bl/twice"
 expect 0 "^pp2,.*,2,[0-9a-f]{16},flavor=" tail -n 1 "$work/bl/twice/summary.csv"
+# Nothing writes into the baselines it is held to: a run or comparison whose --out lies inside (or
+# holds) them, and a promotion from a baseline into itself, are refused before anything is written.
+cp "$work/bl/here/summary.csv" "$work/here-before.csv"
+expect 2 "^pipecheck run: --out $work/bl/here would write inside the baselines' directory \(--baseline-dir\) $work/bl" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/bl/here" --baseline-dir "$work/bl" --runner here
+expect 2 "^pipecheck run: --out $work would write over the baselines' directory" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work" --baseline-dir "$work/bl"
+expect 2 "^pipecheck compare: --out $work/bl/here/x would write inside the baselines' directory" "$pipecheck" compare --baseline-dir "$work/bl" --runner here "$work/r" --out "$work/bl/here/x"
+expect 2 "^pipecheck compare: --out $work/bl1 would write inside the baseline it compares with" "$pipecheck" compare "$work/bl1" "$work/r" --out "$work/bl1"
+expect 2 "^pipecheck baseline update: --from $work/bl/here and the baseline $work/bl/here are one folder or nested" "$pipecheck" baseline update --from "$work/bl/here" --baseline-dir "$work/bl" --runner here
+expect 0 "^$" cmp "$work/here-before.csv" "$work/bl/here/summary.csv"
 expect 2 "max-slowdown" "$pipecheck" compare "$work/r" "$work/r" --max-slowdown 2
 expect 2 "--max-slowdown: value 'nan' is not allowed: expected a fraction from 0 to 1" "$pipecheck" compare "$work/r" "$work/r" --max-slowdown nan
 for bad in inf -5 0x10; do

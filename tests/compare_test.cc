@@ -179,6 +179,26 @@ TEST(CompareBadInput, APassBaselineRowWithoutItsMeasurementIsRefused) {
   }
 }
 
+// The same holds for the current run: a PASS row without its tokens/s or peak would pass ungated.
+TEST(CompareBadInput, APassCurrentRowWithoutItsMeasurementIsRefused) {
+  const auto directory = testing::ScratchDirectory("compare_nan_current");
+  for (const std::string column : {"pp_tokens_per_s", "pp_peak_bytes_max"}) {
+    auto now = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
+    if (column == "pp_tokens_per_s") now.summary.pp_tokens_per_s = std::nullopt;
+    if (column == "pp_peak_bytes_max") now.summary.pp_peak_bytes_max = std::nullopt;
+    reports::WriteReports(directory + "/baseline", {Row("s", "PASS", "pass", 1000, 5e6, 1e-15)});
+    reports::WriteReports(directory + "/current", {now});
+    try {
+      reports::CompareSummaries(directory + "/baseline", directory + "/current", {});
+      ADD_FAILURE() << "accepted an empty " << column << " in a PASS current row";
+    } catch (const reports::CompareError& error) {
+      EXPECT_NE(std::string(error.what()).find("current/summary.csv:2: column '" + column +
+                                               "', value '': a PASS row must hold its measured number"),
+                std::string::npos) << error.what();
+    }
+  }
+}
+
 // A baseline that recorded no spread (one run of too few timed steps) knows nothing of the
 // runner's noise: its tokens/s is not gated, and a drop past the limit is a warning saying why.
 TEST(NoiseAwareBaseline, WithoutASpreadThroughputIsNotGated) {
