@@ -272,8 +272,13 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
   const std::string who = fmt::format("rank {}", rank);
   const auto start = ReadDict(folder / "start.pt", who);
   result.weights.push_back(ReadTensors(c10::IValue(start), initial, fmt::format("rank {} start.pt", rank)));
-  NamedTensors initial_float32;  // what master weights are read against
-  for (const auto& item : initial) initial_float32.insert(item.key(), item.value().to(torch::kFloat32));
+  NamedTensors initial_float32;  // what master weights are read against: made at the first
+  const auto float32_initial = [&]() -> const NamedTensors& {
+    if (initial_float32.is_empty()) {
+      for (const auto& item : initial) initial_float32.insert(item.key(), item.value().to(torch::kFloat32));
+    }
+    return initial_float32;
+  };
   for (int64_t step = 0; step < scenario.steps; ++step) {
     const std::string file = fmt::format("step_{}.pt", step);
     const std::string what = fmt::format("rank {} {}", rank, file);
@@ -284,7 +289,7 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
     // Master weights: every step or none, and only beside lower-precision parameters. A trainer
     // that keeps them applies float32 gradients, which are read as they are.
     const auto master = Entry(record, "master_weights");
-    result.gradients.push_back(ReadTensors(Entry(record, "grads"), master.isNone() ? initial : initial_float32,
+    result.gradients.push_back(ReadTensors(Entry(record, "grads"), master.isNone() ? initial : float32_initial(),
                                            what + " grads"));
     auto after = ReadTensors(Entry(record, "weights"), initial, what + " weights");
     if (master.isNone() != result.master_weights.empty() && step > 0) {
@@ -296,7 +301,7 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
         throw ProtocolError(fmt::format("{}: \"master_weights\" are for lower-precision parameters, but the scenario's "
                                         "dtype is {}", what, scenario.dtype));
       }
-      result.master_weights.push_back(ReadTensors(master, initial_float32, what + " master_weights"));
+      result.master_weights.push_back(ReadTensors(master, float32_initial(), what + " master_weights"));
     }
     const auto loss = Scalar(record, "loss", what);
     result.losses.push_back(loss.value_or(std::nan("")));

@@ -240,17 +240,24 @@ NamedTensors PipelineWeights(const std::vector<pipeline::RankResult>& ranks, siz
   return merged;
 }
 
-// The gradients the pipeline applied at `step`, one copy per name.
-NamedTensors AppliedGradients(const std::vector<pipeline::RankResult>& ranks, size_t step) {
+// What the ranks recorded at `step` in `per_step` (gradients, master weights), one copy per name.
+NamedTensors FirstCopies(const std::vector<pipeline::RankResult>& ranks, size_t step,
+                         std::vector<NamedTensors> pipeline::RankResult::*per_step) {
   NamedTensors merged;
   for (const auto& rank : ranks) {
-    if (step >= rank.gradients.size()) continue;
-    for (const auto& item : rank.gradients[step]) {
+    const auto& steps = rank.*per_step;
+    if (step >= steps.size()) continue;
+    for (const auto& item : steps[step]) {
       const std::string name = pipeline::ParameterName(item.key());
       if (!merged.contains(name)) merged.insert(name, item.value());
     }
   }
   return merged;
+}
+
+// The gradients the pipeline applied at `step`, one copy per name.
+NamedTensors AppliedGradients(const std::vector<pipeline::RankResult>& ranks, size_t step) {
+  return FirstCopies(ranks, step, &pipeline::RankResult::gradients);
 }
 
 // 1. The pipeline starts from the reference's initial weights.
@@ -373,19 +380,6 @@ bool HandsBackMasterWeights(const std::vector<pipeline::RankResult>& ranks, size
     }
   }
   return true;
-}
-
-// Every rank's master weights after `step`, one copy per name.
-NamedTensors MasterWeightsAfter(const std::vector<pipeline::RankResult>& ranks, size_t step) {
-  NamedTensors merged;
-  for (const auto& rank : ranks) {
-    if (step >= rank.master_weights.size()) continue;
-    for (const auto& item : rank.master_weights[step]) {
-      const std::string name = pipeline::ParameterName(item.key());
-      if (!merged.contains(name)) merged.insert(name, item.value());
-    }
-  }
-  return merged;
 }
 
 // 2d. A trainer with master weights holds, after each step, exactly its master weights rounded to
@@ -638,7 +632,7 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
       const auto predicted = input.oracle.UpdateMasterFrom(master_start, AppliedGradients(input.ranks, k));
       JudgeUpdate(k, input.ranks, master_start, predicted, steps, slices, scenario, /*master=*/true, verdicts);
       JudgeMasterCopies(k, input.ranks, steps, slices, verdicts);
-      master_start = MasterWeightsAfter(input.ranks, k);
+      master_start = FirstCopies(input.ranks, k, &pipeline::RankResult::master_weights);
     } else {
       const auto predicted = input.oracle.UpdateFrom(start, AppliedGradients(input.ranks, k));
       JudgeUpdate(k, input.ranks, start, predicted, steps, slices, scenario, /*master=*/false, verdicts);

@@ -236,9 +236,9 @@ def main():
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, model_parameters=None, config=ds_config)
     # The engine runs each schedule instruction through its class's _INSTRUCTION_MAP: a fault
     # replaces an entry in this engine's own copy of it.
+    from deepspeed.runtime.pipe import schedule
     instructions = engine._INSTRUCTION_MAP = dict(engine._INSTRUCTION_MAP)
     if exchange.fault == "skip_tied_reduce":
-        from deepspeed.runtime.pipe import schedule
         instructions[schedule.ReduceTiedGrads] = lambda self, **kwargs: None
     if exchange.fault == "accumulation_scaled_twice":
         backward = engine._exec_backward_pass
@@ -250,7 +250,6 @@ def main():
                                      else handed / gas)
             backward(buffer_id)
 
-        from deepspeed.runtime.pipe import schedule
         instructions[schedule.BackwardPass] = lambda self, buffer_id: scaled_again(buffer_id)
     # The gradients the optimizer applies, read just before its step (after DeepSpeed's tied sum,
     # data-parallel average and clip): through safe_get_full_grad, which under bf16 reads the
