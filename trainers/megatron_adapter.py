@@ -16,9 +16,15 @@ step's labelled tokens) and `get_forward_backward_func()`'s schedule: 1F1B
 training.py's train_step: zero the grad buffers, run the schedule, `optimizer.step()`, the
 scheduler's step, the logged loss reduced over the microbatches and replicas. Where
 TransformerConfig's defaults differ from what Megatron-LM's arguments.py configures for training,
-the adapter takes Megatron-LM's: pipeline outputs freed once sent, and the interleaved schedule's
-p2p communication overlapped and unbatched (Megatron-LM refuses TransformerConfig's batched
-default there at pipeline size 2; fault core_p2p_defaults runs it).
+the adapter takes Megatron-LM's: the interleaved schedule's p2p communication overlapped and
+unbatched (Megatron-LM refuses TransformerConfig's batched default there at pipeline size 2; fault
+core_p2p_defaults runs it), and 1F1B's pipeline outputs freed once sent. One setting departs from
+Megatron-LM's: under the interleaved schedule the outputs are kept (`deallocate_pipeline_outputs`
+off, TransformerConfig's own default), because Megatron-Core 0.16.1 frees an output while its
+overlapped send is still in flight (NVIDIA/Megatron-LM#4047, fixed after 0.16.1); whether the
+freed memory is reused before the send reads it depends on timing, so the released setting
+trains on another microbatch's activations now and then, on a loaded machine: over Gloo a send
+whose receive is not yet posted reads its memory only when the receive arrives.
 
 The scenario's columns map onto that configuration: schedule (1f1b; interleaved with
 virtual_stages > 1), world_size (pipeline_model_parallel_size), partition (the layout below),
@@ -175,6 +181,10 @@ def transformer_config(config, loss_mode, core_p2p_defaults=False):
     virtual = config["virtual_stages"]
     overlap_p2p = virtual > 1
     p2p = {} if core_p2p_defaults else {"overlap_p2p_comm": overlap_p2p, "batch_p2p_comm": not overlap_p2p}
+    # Megatron-LM frees each pipeline output once it is sent. With overlapped sends Megatron-Core
+    # 0.16.1 frees it before the send completes (NVIDIA/Megatron-LM#4047), so there the outputs are
+    # kept; batched sends (1F1B, and core_p2p_defaults) are waited on before the free.
+    deallocate = not overlap_p2p or core_p2p_defaults
     return TransformerConfig(
         num_layers=model["layers"], hidden_size=hidden, ffn_hidden_size=model["ffn"],
         num_attention_heads=heads, num_query_groups=model.get("kv_heads", heads), kv_channels=hidden // heads,
@@ -189,9 +199,9 @@ def transformer_config(config, loss_mode, core_p2p_defaults=False):
         # so the dispatcher is named; no layer here uses it.
         variable_seq_lengths=True, moe_token_dispatcher_type="alltoall",
         calculate_per_token_loss=loss_mode != "microbatch_mean",
-        # Megatron-LM's training settings (arguments.py): pipeline outputs freed once sent; the
-        # interleaved schedule overlaps its p2p communication, unbatched, and 1F1B batches it.
-        deallocate_pipeline_outputs=True, **p2p,
+        # Megatron-LM's training settings (arguments.py): the interleaved schedule overlaps its p2p
+        # communication, unbatched, and 1F1B batches it; pipeline outputs freed once sent (above).
+        deallocate_pipeline_outputs=deallocate, **p2p,
         use_cpu_initialization=config["device"] == "cpu")
 
 
