@@ -225,7 +225,13 @@ struct GateOptions {
   double max_memory_growth = 0.10;
   double noise_factor = 2.0;
 
-  pipecheck::reports::CompareOptions Limits() const { return {max_slowdown, max_memory_growth, noise_factor}; }
+  pipecheck::reports::CompareOptions Limits() const {
+    pipecheck::reports::CompareOptions limits;
+    limits.max_slowdown = max_slowdown;
+    limits.max_memory_growth = max_memory_growth;
+    limits.noise_factor = noise_factor;
+    return limits;
+  }
 };
 
 // With `optional` (run), the limits apply only with --runner, and their help says so.
@@ -432,6 +438,11 @@ Command AddRun(CLI::App& app) {
             const pipecheck::harness::RunDirectory directory(run.out, {"views", "work", "compare.csv"});
             run.baseline = baseline;
             run.limits = options->gate.Limits();
+            // A run of some rows is compared on the rows it ran: the baseline's others are left out.
+            if (!options->only.empty()) {
+              for (const auto& scenario : selected) run.limits.ran.push_back(scenario.name);
+              run.limits.only_as_given = fmt::format("{}", fmt::join(options->only, ","));
+            }
             return pipecheck::harness::RunSuite(selected, run, std::cout);
           }};
 }
@@ -664,6 +675,7 @@ struct CompareCommandOptions {
   GateOptions gate;
   std::string junit, markdown;
   std::string out;  // where compare.csv goes ("" beside the current summary)
+  std::string only;  // --only globs, comma-separated: compare only these rows
 };
 
 int Compare(const CompareCommandOptions& options) {
@@ -688,7 +700,8 @@ int Compare(const CompareCommandOptions& options) {
   if (!WritableOut(out_directory, "compare") || !CiFilesWritable(options.junit, options.markdown, "compare")) {
     return kExitBadInput;
   }
-  const CompareOptions limits = options.gate.Limits();
+  CompareOptions limits = options.gate.Limits();
+  limits.only = options.only;
   const Comparison comparison = CompareSummaries(baseline, current, limits);
   fmt::print("{}", FormatComparison(comparison, limits));
   const auto out = std::filesystem::path(out_directory) / "compare.csv";
@@ -717,6 +730,10 @@ Command AddCompare(CLI::App& app) {
   AddCiFiles(command, options->junit, options->markdown,
              "Also write JUnit XML: a testcase per scenario, a failure per regression");
   command->add_option("--out", options->out, "Directory for compare.csv (default: the current summary's)");
+  // One comma-separated list: a list option would take BASELINE and CURRENT after it as globs.
+  command->add_option("--only", options->only,
+                      "Compare only the scenarios these shell globs name (separate with commas); the baseline's "
+                      "others are left out, not missing");
   return {command, "compare", [options] { return Compare(*options); }};
 }
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fnmatch.h>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -310,6 +311,11 @@ std::vector<std::string> PromoteToBaseline(const std::vector<std::string>& run_p
   return written;
 }
 
+std::string LeftOutNote(const Comparison& comparison) {
+  return fmt::format("{} baseline scenario(s) left out: not selected by --only '{}'", comparison.left_out,
+                     comparison.only);
+}
+
 std::string FormatComparison(const Comparison& comparison, const CompareOptions& options) {
   size_t width = 8;
   for (const auto& row : comparison.rows) width = std::max(width, row.scenario.size());
@@ -326,6 +332,7 @@ std::string FormatComparison(const Comparison& comparison, const CompareOptions&
                       comparison.changed ? fmt::format(" ({} of them a changed configuration)", comparison.changed) : "",
                       comparison.warnings, 100 * options.max_slowdown, options.noise_factor,
                       100 * options.max_memory_growth);
+  if (comparison.left_out > 0) text += LeftOutNote(comparison) + "\n";
   if (comparison.unfingerprinted > 0) {
     text += fmt::format("note: the baseline records no configuration for {} scenario(s), so a changed configuration "
                         "under the same name cannot be seen there; re-record it with `pipecheck baseline update`\n",
@@ -490,9 +497,51 @@ ComparisonRow CompareRow(const SummaryEntry& base, const SummaryEntry* now, cons
 
 namespace {
 
-Comparison Compare(const std::map<std::string, SummaryEntry>& baseline, const std::map<std::string, SummaryEntry>& current,
-                   const Sources& files, const CompareOptions& options) {
+std::vector<std::string> Globs(const std::string& only) {
+  std::vector<std::string> globs;
+  std::stringstream stream(only);
+  std::string glob;
+  while (std::getline(stream, glob, ',')) {
+    if (!glob.empty()) globs.push_back(glob);
+  }
+  return globs;
+}
+
+// The rows of `entries` that --only's globs select (all of them without globs); `used[i]` is set
+// for each glob that selected one.
+std::map<std::string, SummaryEntry> Selected(const std::map<std::string, SummaryEntry>& entries,
+                                             const std::vector<std::string>& globs,
+                                             const std::vector<std::string>& names, std::vector<bool>& used) {
+  if (globs.empty() && names.empty()) return entries;
+  std::map<std::string, SummaryEntry> selected;
+  for (const auto& [name, entry] : entries) {
+    if (std::find(names.begin(), names.end(), name) != names.end()) selected.emplace(name, entry);
+    for (size_t i = 0; i < globs.size(); ++i) {
+      if (fnmatch(globs[i].c_str(), name.c_str(), 0) == 0) {
+        used[i] = true;
+        selected.emplace(name, entry);
+      }
+    }
+  }
+  return selected;
+}
+
+Comparison Compare(const std::map<std::string, SummaryEntry>& all_baseline,
+                   const std::map<std::string, SummaryEntry>& all_current, const Sources& files,
+                   const CompareOptions& options) {
   Comparison comparison;
+  const auto globs = Globs(options.only);
+  std::vector<bool> used(globs.size(), false);
+  const auto baseline = Selected(all_baseline, globs, options.ran, used);
+  const auto current = Selected(all_current, globs, options.ran, used);
+  for (size_t i = 0; i < globs.size(); ++i) {
+    if (!used[i]) {
+      throw CompareError(fmt::format("--only '{}': no scenario of {} or {} matches it", globs[i], files.baseline,
+                                     files.current));
+    }
+  }
+  comparison.only = options.only_as_given.empty() ? options.only : options.only_as_given;
+  comparison.left_out = static_cast<int>(all_baseline.size() - baseline.size());
   // Rows in suite order: the baseline's, then scenarios new in the current run in its order.
   for (const auto* base : InFileOrder(baseline)) {
     const auto found = current.find(base->row.scenario);

@@ -30,6 +30,14 @@ struct CompareOptions {
   // max(max_slowdown, noise_factor x s) of its tokens/s. A baseline row without a spread (one run,
   // fewer than two timed steps) does not gate tokens/s: a drop past max_slowdown is a warning.
   double noise_factor = 2.0;
+  // Shell globs on scenario names (`--only`, comma-separated): only the rows they select, on
+  // either side, are compared; the baseline's others are left out (counted), not missing. A glob
+  // that selects no row on either side is bad input. Empty: every row.
+  std::string only;
+  // `run --only GLOBS`: the scenarios the run selected, by name (they are compared, the baseline's
+  // others left out), and the globs as given, for messages.
+  std::vector<std::string> ran;
+  std::string only_as_given;
 };
 
 struct ComparisonRow {
@@ -54,6 +62,8 @@ struct Comparison {
   int changed = 0;          // of those, CHANGED: the scenario's configuration differs from the baseline's
   int warnings = 0;
   int unfingerprinted = 0;  // baseline rows without a configuration fingerprint (older baselines)
+  int left_out = 0;         // baseline rows --only did not select: not compared
+  std::string only;         // the --only globs, "" for every row
 };
 
 // A row that fails the comparison: a regression, or a changed configuration.
@@ -92,6 +102,9 @@ std::vector<std::string> PromoteToBaseline(const std::vector<std::string>& run_p
 // `directory/runner`, the baseline of one runner; throws CompareError for a runner name that is
 // not a plain folder name ([A-Za-z0-9._-], not starting with a dot).
 std::string RunnerBaseline(const std::string& directory, const std::string& runner);
+
+// "N baseline scenario(s) left out: not selected by --only 'GLOBS'".
+std::string LeftOutNote(const Comparison& comparison);
 
 // The comparison as `compare` prints it: a table, then a line of totals and limits.
 std::string FormatComparison(const Comparison& comparison, const CompareOptions& options);

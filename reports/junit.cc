@@ -98,6 +98,8 @@ JUnitCase RunCase(const ScenarioReport& report, const std::string& suite, const 
     AddProperty(c, "throughput_limit", comparison->throughput_limit);
     AddProperty(c, "memory_change", comparison->memory_change);
     AddProperty(c, "baseline_verdict", comparison->verdict);
+    // What the comparison said: a warning's reason is not a failure, but CI must be able to read it.
+    AddProperty(c, "baseline_notes", comparison->notes);
   }
   return c;
 }

@@ -47,7 +47,8 @@ std::string Bytes(const std::optional<int64_t>& value) {
   return fmt::format("{:.1f} KiB", bytes / 1024.0);
 }
 
-const char* Mark(bool ok) { return ok ? "✅" : "❌"; }
+// A headline's or row's mark: a failure, else a warning, else a tick.
+const char* Mark(bool failed, bool warned) { return failed ? "❌" : (warned ? "⚠️" : "✅"); }
 
 }  // namespace
 
@@ -69,11 +70,17 @@ std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioRepo
     for (const auto& row : comparison->rows) compared[row.scenario] = &row;
   }
   int not_ok = 0, regressions = comparison ? comparison->regressions : 0;
+  const int warnings = comparison ? comparison->warnings : 0;
   for (const auto& report : reports) not_ok += !report.summary.ok;
-  std::string text = fmt::format("### {} pipecheck run `{}`: {} of {} scenarios met their expectation", Mark(not_ok == 0 && regressions == 0),
-                                 Cell(suite), reports.size() - not_ok, reports.size());
-  if (comparison) text += fmt::format(", {} regression(s) against `{}`", regressions, Cell(baseline));
+  const bool failed = not_ok > 0 || regressions > 0;
+  std::string text = fmt::format("### {} pipecheck run `{}`: {} of {} scenarios met their expectation",
+                                 Mark(failed, warnings > 0), Cell(suite), reports.size() - not_ok,
+                                 reports.size());
+  if (comparison) {
+    text += fmt::format(", {} regression(s), {} warning(s) against `{}`", regressions, warnings, Cell(baseline));
+  }
   text += "\n\n";
+  if (comparison && comparison->left_out > 0) text += Cell(LeftOutNote(*comparison), 600) + "\n\n";
   // The failures first, each with its message.
   for (const auto& report : reports) {
     const SummaryRow& r = report.summary;
@@ -85,32 +92,50 @@ std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioRepo
     if (regressed) text += fmt::format("{}regression: {}", r.ok ? ": " : "; ", Cell(found->second->notes, 600));
     text += "\n";
   }
-  if (not_ok > 0 || regressions > 0) text += "\n";
-  text += "| | scenario | status | loss diff | grad rel err | tokens/s | vs baseline | peak memory | vs baseline |\n";
-  text += "|---|---|---|---:|---:|---:|---|---:|---|\n";
+  // Then the comparison's warnings (a drop that could not be gated, a parity error that grew).
+  for (const auto& report : reports) {
+    const auto found = compared.find(report.summary.scenario);
+    if (found == compared.end() || found->second->verdict != "warning") continue;
+    text += fmt::format("- ⚠️ **{}**: {}\n", Cell(report.summary.scenario), Cell(found->second->notes, 600));
+  }
+  if (failed || warnings > 0) text += "\n";
+  if (comparison) {
+    text += "| | scenario | status | loss diff | grad rel err | tokens/s | vs baseline | limit | peak memory | vs baseline |\n";
+    text += "|---|---|---|---:|---:|---:|---|---:|---:|---|\n";
+  } else {
+    text += "| | scenario | status | loss diff | grad rel err | tokens/s | peak memory |\n";
+    text += "|---|---|---|---:|---:|---:|---:|\n";
+  }
   for (const auto& report : reports) {
     const SummaryRow& r = report.summary;
     const auto found = compared.find(r.scenario);
     const ComparisonRow* row = found == compared.end() ? nullptr : found->second;
-    const bool ok = r.ok && !(row && Fails(*row));
+    const char* mark = Mark(!r.ok || (row && Fails(*row)), row && row->verdict == "warning");
     // Another trainer's row says whose it is, beside pipecheck's rows on the same work.
     std::string who = r.trainer == "pipecheck" ? "" : fmt::format(" ({})", Cell(r.trainer));
     // The layout beside the name: replicas and recomputation change what the row measures.
     if (r.data_parallel > 1) who += fmt::format(" ×{} replicas", r.data_parallel);
     if (r.recompute) who += " (recompute)";
     if (r.accumulation > 1) who += fmt::format(" ×{} rounds", r.accumulation);
-    text += fmt::format("| {} | {}{} | {} | {} | {} | {} | {} | {} | {} |\n", Mark(ok), Cell(r.scenario), who,
-                        StatusName(r.status), Number(r.loss_max_abs_diff, "{:.1e}"), Number(r.grad_max_rel_err, "{:.1e}"),
-                        Number(r.pp_tokens_per_s, "{:.0f}"), row ? Arrow(row->throughput_change) : "",
-                        Bytes(r.pp_peak_bytes_max), row ? Arrow(row->memory_change) : "");
+    text += fmt::format("| {} | {}{} | {} | {} | {} | {} ", mark, Cell(r.scenario), who, StatusName(r.status),
+                        Number(r.loss_max_abs_diff, "{:.1e}"), Number(r.grad_max_rel_err, "{:.1e}"),
+                        Number(r.pp_tokens_per_s, "{:.0f}"));
+    if (comparison) {
+      text += fmt::format("| {} | {} | {} | {} |\n", row ? Arrow(row->throughput_change) : "",
+                          row ? Cell(row->throughput_limit) : "", Bytes(r.pp_peak_bytes_max),
+                          row ? Arrow(row->memory_change) : "");
+    } else {
+      text += fmt::format("| {} |\n", Bytes(r.pp_peak_bytes_max));
+    }
   }
   return text;
 }
 
 std::string CompareMarkdown(const Comparison& comparison, const std::string& baseline, const std::string& current) {
   std::string text = fmt::format("### {} pipecheck compare: {} scenarios, {} regression(s), {} warning(s)\n\n`{}` → `{}`\n\n",
-                                 Mark(comparison.regressions == 0), comparison.rows.size(), comparison.regressions,
+                                 Mark(comparison.regressions > 0, comparison.warnings > 0), comparison.rows.size(), comparison.regressions,
                                  comparison.warnings, Cell(baseline), Cell(current));
+  if (comparison.left_out > 0) text += Cell(LeftOutNote(comparison), 600) + "\n\n";
   for (const auto& row : comparison.rows) {
     if (Fails(row)) text += fmt::format("- ❌ **{}**: {}\n", Cell(row.scenario), Cell(row.notes, 600));
   }
@@ -123,7 +148,7 @@ std::string CompareMarkdown(const Comparison& comparison, const std::string& bas
                                    ? (row.current_status.empty() ? row.baseline_status + " → missing" : row.current_status)
                                    : row.baseline_status + " → " + row.current_status;
     text += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                        Fails(row) ? "❌" : (row.verdict == "warning" ? "⚠️" : "✅"), Cell(row.scenario),
+                        Mark(Fails(row), row.verdict == "warning"), Cell(row.scenario),
                         row.verdict, status, Number(row.current_tokens_per_s, "{:.0f}"), Arrow(row.throughput_change),
                         row.throughput_limit, Bytes(row.current_peak_bytes), Arrow(row.memory_change), Cell(row.notes));
   }

@@ -2,6 +2,7 @@
 // expectation) and the Markdown summary, from summary rows as a run writes them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "reports/compare.h"
@@ -60,6 +61,52 @@ TEST(JUnit, EachStatusIsItsOutcomeAndTheCountsAgree) {
   EXPECT_NE(xml.find("killed by signal 6 &lt;Aborted&gt; &amp; &quot;more&quot;"), std::string::npos) << xml;
   EXPECT_EQ(xml.find("<Aborted>"), std::string::npos);
   EXPECT_EQ(reports::XmlEscape("a\nb\x01"), "a&#10;b?");
+}
+
+// What `compare` says of a row, `run --runner`'s Markdown and JUnit say too: a warning's text, the
+// limit, the headline's mark, the rows --only left out.
+TEST(Markdown, RunCarriesTheComparisonsWarningsLimitsAndLeftOutRows) {
+  const auto ok = Row("steady", "PASS", "pass", 1000, 5e6, 1e-15);
+  const auto drifting = Row("drifting", "PASS", "pass", 500, 5e6, 1e-15);
+  reports::Comparison comparison;
+  reports::ComparisonRow steady;
+  steady.scenario = "steady";
+  steady.verdict = "ok";
+  steady.throughput_change = "+1.0%";
+  steady.throughput_limit = "-16.0%";
+  reports::ComparisonRow warned;
+  warned.scenario = "drifting";
+  warned.verdict = "warning";
+  warned.throughput_change = "-50.0%";
+  warned.throughput_limit = "not gated";
+  warned.notes = "tokens/s -50.0%, not gated: the baseline recorded no spread";
+  comparison.rows = {steady, warned};
+  comparison.warnings = 1;
+  comparison.left_out = 3;
+  comparison.only = "s*,d*";
+  const std::string text = reports::RunMarkdown("suite.csv", {ok, drifting}, &comparison, "BL/box");
+  EXPECT_EQ(text.rfind("### ⚠️ pipecheck run `suite.csv`: 2 of 2 scenarios met their expectation, 0 regression(s), "
+                       "1 warning(s) against `BL/box`", 0), 0u) << text;
+  EXPECT_NE(text.find("- ⚠️ **drifting**: tokens/s -50.0%, not gated"), std::string::npos) << text;
+  EXPECT_NE(text.find("| limit |"), std::string::npos) << text;
+  EXPECT_NE(text.find("| -16.0% |"), std::string::npos) << text;
+  EXPECT_NE(text.find("| not gated |"), std::string::npos) << text;
+  EXPECT_NE(text.find("3 baseline scenario(s) left out: not selected by --only 's*,d*'"), std::string::npos) << text;
+  const auto compare_text = reports::CompareMarkdown(comparison, "BL/box", "latest");
+  EXPECT_EQ(compare_text.rfind("### ⚠️ pipecheck compare", 0), 0u) << compare_text;
+  EXPECT_NE(compare_text.find("3 baseline scenario(s) left out"), std::string::npos) << compare_text;
+  // Without warnings the headline is a tick; without a comparison there is no limit column.
+  comparison.rows = {steady};
+  comparison.warnings = 0;
+  EXPECT_EQ(reports::RunMarkdown("suite.csv", {ok}, &comparison, "BL/box").rfind("### ✅", 0), 0u);
+  EXPECT_EQ(reports::RunMarkdown("suite.csv", {ok}, nullptr, "").find("limit"), std::string::npos);
+
+  const auto junit = reports::RunCase(drifting, "suite.csv", &warned);
+  EXPECT_EQ(junit.outcome, reports::JUnitCase::Outcome::kPass);
+  const auto notes = std::find_if(junit.properties.begin(), junit.properties.end(),
+                                  [](const auto& p) { return p.first == "baseline_notes"; });
+  ASSERT_NE(notes, junit.properties.end());
+  EXPECT_EQ(notes->second, warned.notes);
 }
 
 TEST(Markdown, ArrowsShowTheDirection) {

@@ -164,6 +164,23 @@ expect 2 "with --runner, give only CURRENT" "$pipecheck" compare --runner x "$wo
 expect 2 "name the baseline: --to DIR, or --runner NAME" "$pipecheck" baseline update --from "$work/r"
 expect 0 "baseline $work/bl/here now holds the run of" "$pipecheck" baseline update --from "$work/r" --baseline-dir "$work/bl" --runner here
 expect 0 "0 regression\(s\)" "$pipecheck" compare --baseline-dir "$work/bl" --runner here "$work/r"
+# A run of some rows against a full baseline: without --only every row not run is missing; with
+# compare --only or run --only, only the rows run are compared and the others are counted.
+mkdir -p "$work/bl/two"
+/usr/bin/python3 - "$work/r/summary.csv" "$work/bl/two/summary.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+rows.append(dict(rows[0], scenario="pp2_other"))
+with open(sys.argv[2], "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=rows[0].keys())
+    writer.writeheader()
+    writer.writerows(rows)
+PY
+expect 1 "pp2_other +REGRESSION .*missing from the current run" "$pipecheck" compare "$work/bl/two" "$work/r"
+expect 0 "1 baseline scenario\(s\) left out: not selected by --only 'pp2'" "$pipecheck" compare --only pp2 "$work/bl/two" "$work/r"
+expect 2 "--only 'nope\*': no scenario of" "$pipecheck" compare --only 'pp2,nope*' "$work/bl/two" "$work/r"
+expect 0 "1 baseline scenario\(s\) left out" "$pipecheck" run --scenarios "$work/pp.csv" --only 'pp*' --out "$work/sub" --baseline-dir "$work/bl" --runner two --markdown "$work/sub.md"
+expect 0 "\| limit \|" cat "$work/sub.md"
 expect 0 "merged: per scenario the median tokens/s of the 2 runs" "$pipecheck" baseline update --from "$work/r" --from "$work/r" --to "$work/bl/twice"
 expect 0 "^pp2,.*,2,[0-9a-f]{16},flavor=" tail -n 1 "$work/bl/twice/summary.csv"
 # Nothing writes into the baselines it is held to: a run or comparison whose --out lies inside (or

@@ -94,6 +94,35 @@ TEST_F(Compare, MissingScenarioIsARegressionAndANewOneIsNot) {
   EXPECT_EQ(RowOf(comparison, "c").verdict, "new");
 }
 
+// A run of some rows (run --only, compare --only) is compared on those rows: the baseline's
+// others are left out and counted, not missing; a glob that selects nothing is bad input.
+TEST_F(Compare, OnlyComparesTheSelectedRowsAndCountsTheOthersLeftOut) {
+  reports::WriteReports(directory_ + "/current", {baseline_[0]});
+  reports::CompareOptions options;
+  options.only = "a,fau*";
+  const auto comparison = reports::CompareSummaries(directory_ + "/baseline", directory_ + "/current", options);
+  EXPECT_EQ(comparison.regressions, 1);  // "fault" is selected and did not run: still missing
+  EXPECT_EQ(RowOf(comparison, "fault").notes, "missing from the current run");
+  EXPECT_EQ(comparison.left_out, 1);     // "b"
+  EXPECT_EQ(comparison.rows.size(), 2u);
+  EXPECT_NE(reports::FormatComparison(comparison, options)
+                .find("1 baseline scenario(s) left out: not selected by --only 'a,fau*'"),
+            std::string::npos);
+  options.only = "a";
+  const auto only_a = reports::CompareSummaries(directory_ + "/baseline", directory_ + "/current", options);
+  EXPECT_EQ(only_a.regressions, 0);
+  EXPECT_EQ(only_a.left_out, 2);
+  // Without --only, the same subset fails: every row not run is missing.
+  EXPECT_EQ(reports::CompareSummaries(directory_ + "/baseline", directory_ + "/current", {}).regressions, 2);
+  options.only = "a,typo*";
+  try {
+    reports::CompareSummaries(directory_ + "/baseline", directory_ + "/current", options);
+    FAIL() << "a glob that selects nothing was accepted";
+  } catch (const reports::CompareError& error) {
+    EXPECT_NE(std::string(error.what()).find("--only 'typo*': no scenario of"), std::string::npos) << error.what();
+  }
+}
+
 TEST_F(Compare, ParityErrorGrowingTenfoldWhilePassingIsAWarning) {
   auto current = baseline_;
   current[0] = Row("a", "PASS", "pass", 1000, 5e6, 2e-14);
