@@ -15,7 +15,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +103,20 @@ std::vector<int> AllowedCpus() {
     if (CPU_ISSET(cpu, &set)) allowed.push_back(cpu);
   }
   return allowed;
+}
+
+int UsableCores() {
+  const auto allowed = AllowedCpus();
+  int cores = allowed.empty() ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
+                              : static_cast<int>(allowed.size());
+  // A cgroup v2 CPU quota ("QUOTA PERIOD", or "max" for none), as containers and CI runners set it.
+  std::ifstream quota_file("/sys/fs/cgroup/cpu.max");
+  std::string quota, period;
+  if (quota_file >> quota >> period && quota != "max") {
+    const double q = std::strtod(quota.c_str(), nullptr), p = std::strtod(period.c_str(), nullptr);
+    if (q > 0 && p > 0) cores = std::min(cores, std::max(1, static_cast<int>(std::ceil(q / p))));
+  }
+  return std::max(1, cores);
 }
 
 std::vector<int> CpusOfRank(const std::vector<int>& allowed, int rank, int ranks) {
@@ -256,6 +272,33 @@ std::string ProcessName(const scenarios::Scenario& scenario, int process) {
                      process % scenario.world_size);
 }
 
+DeadlineVerdict JudgeDeadline(double elapsed_seconds, double since_progress_seconds, double deadline_seconds) {
+  if (elapsed_seconds <= deadline_seconds) return DeadlineVerdict::kRunning;
+  if (elapsed_seconds > kDeadlineCap * deadline_seconds) return DeadlineVerdict::kOverCap;
+  const double stall = std::min(kStallSeconds, deadline_seconds / 2);
+  return since_progress_seconds >= stall ? DeadlineVerdict::kStalled : DeadlineVerdict::kRunning;
+}
+
+std::optional<double> CpuSeconds(pid_t pid) {
+  std::ifstream stream(fmt::format("/proc/{}/stat", pid));
+  std::string text;
+  if (!std::getline(stream, text)) return std::nullopt;
+  // Fields after the command (which may hold spaces and parentheses): state is field 3, utime
+  // and stime fields 14 and 15.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(text.substr(close + 1));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int index = 3; index <= 15 && fields >> field; ++index) {
+    if (index == 14) utime = std::strtod(field.c_str(), nullptr);
+    if (index == 15) stime = std::strtod(field.c_str(), nullptr);
+  }
+  if (!fields) return std::nullopt;
+  const long ticks = sysconf(_SC_CLK_TCK);
+  return ticks > 0 ? std::optional<double>((utime + stime) / static_cast<double>(ticks)) : std::nullopt;
+}
+
 double DefaultDeadlineSeconds(const scenarios::Scenario& scenario) {
   const auto model = ToModelConfig(scenario);
   const double parameters = static_cast<double>(model.ParameterCount());
@@ -349,10 +392,67 @@ reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std
                   others.empty() ? "" : fmt::format(" (then rank(s) {} failed too)", fmt::join(others, ", "))));
 }
 
+// What shows a phase's processes are alive and working: CPU time used, flight records and logs
+// grown. Sampled every kSampleSeconds; `computing[r]` says whether rank r used CPU time in the
+// last sample (a rank blocked in a receive uses none).
+class ProgressWatch {
+ public:
+  static constexpr double kSampleSeconds = 0.5;
+  // A rank using at least this share of one core over a sample is computing.
+  static constexpr double kComputingShare = 0.05;
+
+  ProgressWatch(const fs::path& directory, size_t ranks, bool flight_records)
+      : directory_(directory), flight_records_(flight_records), cpu_(ranks, -1.0), record_(ranks, 0),
+        log_(ranks, 0), computing_(ranks, false), last_progress_(std::chrono::steady_clock::now()),
+        last_sample_(last_progress_) {}
+
+  // Samples when a sample is due; returns the seconds since any rank last made progress.
+  double SinceProgress(const std::vector<Rank>& ranks) {
+    const auto now = std::chrono::steady_clock::now();
+    const double interval = std::chrono::duration<double>(now - last_sample_).count();
+    if (interval >= kSampleSeconds) {
+      last_sample_ = now;
+      bool progressed = false;
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        computing_[r] = false;
+        if (!ranks[r].running) continue;
+        if (const auto cpu = CpuSeconds(ranks[r].pid)) {
+          computing_[r] = cpu_[r] >= 0 && *cpu - cpu_[r] >= kComputingShare * interval;
+          progressed = progressed || computing_[r];
+          cpu_[r] = *cpu;
+        }
+        progressed = Grew(ranks[r].log, log_[r]) || progressed;
+        if (flight_records_) progressed = Grew(FlightRecordPath(directory_.string(), ranks[r].rank), record_[r]) || progressed;
+      }
+      if (progressed) last_progress_ = now;
+    }
+    return std::chrono::duration<double>(now - last_progress_).count();
+  }
+
+  bool Computing(size_t rank) const { return rank < computing_.size() && computing_[rank]; }
+
+ private:
+  static bool Grew(const std::string& path, uintmax_t& size) {
+    std::error_code error;
+    const uintmax_t now = fs::file_size(path, error);
+    if (error || now == size) return false;
+    size = now;
+    return true;
+  }
+
+  fs::path directory_;
+  bool flight_records_;
+  std::vector<double> cpu_;
+  std::vector<uintmax_t> record_, log_;
+  std::vector<bool> computing_;
+  std::chrono::steady_clock::time_point last_progress_, last_sample_;
+};
+
 // The TIMEOUT row of ranks still running at the deadline (ended here): what each was doing, from
 // its flight record (pipecheck's own ranks keep one), then what it last said.
 reports::ScenarioReport TimedOut(const scenarios::Scenario& scenario, const LaunchOptions& options,
-                                 const fs::path& directory, const std::vector<Rank>& ranks, bool flight_records) {
+                                 const fs::path& directory, const std::vector<Rank>& ranks, bool flight_records,
+                                 DeadlineVerdict verdict, double since_progress, const ProgressWatch& progress) {
   const auto records = flight_records ? FlightRecords(directory, ranks.size())
                                       : std::vector<std::vector<pipeline::FlightEntry>>(ranks.size());
   std::vector<std::string> stuck, doing, outputs;
@@ -360,15 +460,20 @@ reports::ScenarioReport TimedOut(const scenarios::Scenario& scenario, const Laun
     if (!rank.killed_here) continue;
     stuck.push_back(std::to_string(rank.rank));
     if (flight_records) {
-      doing.push_back(fmt::format("{} {}", ProcessName(scenario, rank.rank), pipeline::DescribeLastEntry(records[rank.rank])));
+      doing.push_back(fmt::format("{} {}", ProcessName(scenario, rank.rank),
+                                  pipeline::DescribeLastEntry(records[rank.rank], progress.Computing(rank.rank))));
     }
     outputs.push_back(fmt::format("rank {}: {}", rank.rank, Tail(rank.log, 1)));
   }
   const std::string who = flight_records ? "" : fmt::format("trainer {}: ", scenario.trainer);
   auto report = FailedScenarioReport(
       scenario, reports::Status::kTimeout,
-      fmt::format("{}rank(s) {} still running after the {:g} s deadline{}{}; last output: {}", who, fmt::join(stuck, ", "),
-                  options.timeout_seconds, doing.empty() ? "" : ": ", fmt::join(doing, "; "), fmt::join(outputs, " || ")));
+      fmt::format("{}rank(s) {} still running after the {:g} s deadline, {}{}{}; last output: {}", who,
+                  fmt::join(stuck, ", "), options.timeout_seconds,
+                  verdict == DeadlineVerdict::kOverCap
+                      ? fmt::format("still making progress at {:g} times it (too slow, not hung)", kDeadlineCap)
+                      : fmt::format("none of them making progress for {:.1f} s (hung)", since_progress),
+                  doing.empty() ? "" : ": ", fmt::join(doing, "; "), fmt::join(outputs, " || ")));
   if (flight_records) AttachPartialTimeline(report, scenario.name, records);
   return report;
 }
@@ -394,7 +499,7 @@ struct Group {
   fs::path directory;
   fs::path result_path;  // the file rank 0 writes its verdict to; empty when none of them does
   bool flight_records = true;  // pipecheck's own ranks: their timelines tell where they stopped
-  std::chrono::time_point<std::chrono::steady_clock, std::chrono::duration<double>> deadline;
+  std::chrono::steady_clock::time_point start;  // the scenario's: its deadline counts from here
 };
 
 std::optional<reports::ScenarioReport> Watch(const Group& group, std::vector<Rank>& ranks, bool& port_busy) {
@@ -402,6 +507,7 @@ std::optional<reports::ScenarioReport> Watch(const Group& group, std::vector<Ran
   const auto& options = group.options;
   auto next_progress = std::chrono::steady_clock::now() + std::chrono::duration<double>(options.progress_seconds);
   std::string last_progress;
+  ProgressWatch progress(group.directory, ranks.size(), group.flight_records);
   while (true) {
     if (g_interrupt_signal != 0) {
       KillAndReap(ranks);
@@ -430,9 +536,17 @@ std::optional<reports::ScenarioReport> Watch(const Group& group, std::vector<Ran
       if (!line.empty() && line != last_progress) options.progress(line);
       last_progress = line;
     }
-    if (std::chrono::steady_clock::now() > group.deadline) {
-      KillAndReap(ranks);
-      return TimedOut(scenario, options, group.directory, ranks, group.flight_records);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - group.start).count();
+    if (elapsed > options.timeout_seconds) {
+      const double since_progress = progress.SinceProgress(ranks);
+      const auto verdict = JudgeDeadline(elapsed, since_progress, options.timeout_seconds);
+      if (verdict != DeadlineVerdict::kRunning) {
+        KillAndReap(ranks);
+        return TimedOut(scenario, options, group.directory, ranks, group.flight_records, verdict, since_progress,
+                        progress);
+      }
+    } else {
+      progress.SinceProgress(ranks);  // kept sampled, so that the deadline finds a recent picture
     }
     // Not faster: on a machine with as many cores as ranks every wakeup takes a core from a rank.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -494,8 +608,7 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
   const fs::path result_path = directory / kResultFile;
   fs::remove(result_path);
   for (int r = 0; r < scenario.Processes(); ++r) fs::remove(FlightRecordPath(directory.string(), r));
-  const Group group{scenario, options, directory, result_path, true,
-                    std::chrono::steady_clock::now() + std::chrono::duration<double>(options.timeout_seconds)};
+  const Group group{scenario, options, directory, result_path, true, std::chrono::steady_clock::now()};
   if (scenario.ExternalTrainer()) return AttemptExternal(group, port, port_busy);
   auto ranks = Spawn(scenario, options, static_cast<int>(scenario.Processes()), port,
                      [&](int) { return WorkerCommand(scenario, options, directory.string()); },

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <sys/types.h>
 #include <vector>
 
 #include "reports/report.h"
@@ -34,6 +36,18 @@ struct LaunchOptions {
   bool bind_cpus = false;
 };
 
+// Deadlines follow progress, not the wall clock. A scenario is ended as hung once its deadline has
+// passed and none of its processes made progress (used CPU time, finished an action, wrote a
+// line) for the stall window: min(kStallSeconds, deadline / 2). One that is still progressing
+// runs on, up to kDeadlineCap times its deadline: slow under load is not hung.
+constexpr double kStallSeconds = 10.0;
+constexpr double kDeadlineCap = 10.0;
+enum class DeadlineVerdict { kRunning, kStalled, kOverCap };
+DeadlineVerdict JudgeDeadline(double elapsed_seconds, double since_progress_seconds, double deadline_seconds);
+
+// The CPU seconds (user + system) process `pid` has used so far; nullopt when it cannot be read.
+std::optional<double> CpuSeconds(pid_t pid);
+
 // The CPUs rank `rank` of `ranks` on one host is bound to: a contiguous share of `allowed`, in
 // its order, shares differing by at most one CPU; all of `allowed` when it holds fewer CPUs than
 // there are ranks (they share cores whatever is done, and binding would only stop the kernel
@@ -42,6 +56,10 @@ std::vector<int> CpusOfRank(const std::vector<int>& allowed, int rank, int ranks
 
 // The CPUs this process may run on (its affinity mask), ascending; empty when it cannot be read.
 std::vector<int> AllowedCpus();
+
+// The cores this process may use: its affinity mask's CPUs, fewer under a cgroup CPU quota
+// (containers, CI runners); at least 1.
+int UsableCores();
 
 // Thrown when SIGINT or SIGTERM arrived (see InstallInterruptHandlers) while a scenario ran:
 // its ranks have been killed and reaped.

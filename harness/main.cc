@@ -416,7 +416,8 @@ Command AddRun(CLI::App& app) {
   command->add_flag("--list", options->list, "List the selected scenarios and exit; nothing runs");
   AddDevice(command, run.device, "Override every scenario's device");
   AddTimeout(command, run.timeout_seconds,
-             "Deadline per scenario in seconds (default: sized to each scenario, 30 s and up)");
+             "Deadline per scenario in seconds (default: sized to each scenario, 30 s and up); past it a "
+             "scenario still making progress runs on, up to 10 times it");
   AddThreads(command, run.threads_per_rank, "Intra-op threads per rank (0: cores / world_size)");
   command->add_flag("--bind-cpus", run.bind_cpus,
                     "Bind each CPU rank to its own contiguous share of this process's CPUs (not with runs side by side)");

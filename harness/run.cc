@@ -110,7 +110,8 @@ LaunchOptions SuiteLaunchOptions(const RunOptions& options) {
 reports::ScenarioReport RunScenario(const scenarios::Scenario& scenario, const RunOptions& options,
                                     LaunchOptions& launch, const std::string& position, size_t name_width,
                                     std::ostream& out) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Threads per rank so that the ranks together use the cores this process may use, no more.
+  const int cores = UsableCores();
   launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : DefaultDeadlineSeconds(scenario);
   launch.threads_per_rank = options.threads_per_rank > 0 ? options.threads_per_rank
                                                          : std::max(1, cores / static_cast<int>(scenario.Processes()));

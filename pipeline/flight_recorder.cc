@@ -59,13 +59,21 @@ std::vector<FlightEntry> ReadFlightRecord(const std::string& path) {
   return entries;
 }
 
-std::string DescribeLastEntry(const std::vector<FlightEntry>& entries) {
-  if (entries.empty()) return "recorded nothing (it had not reached its first action)";
+std::string DescribeLastEntry(const std::vector<FlightEntry>& entries, std::optional<bool> computing) {
+  const std::string busy = computing && *computing ? ", computing" : "";
+  if (entries.empty()) return "recorded nothing (it had not reached its first action)" + busy;
   const FlightEntry& last = entries.back();
   std::string peer;
   const bool receives = last.what.find("RECV") != std::string::npos;
   const bool sends = last.what.find("SEND") != std::string::npos;
   if (last.peer >= 0) peer = fmt::format(" {} rank {}", receives ? "from" : (sends ? "to" : "with"), last.peer);
+  if (!last.end_us && computing) {
+    if (*computing) return fmt::format("computing {} (step {})", last.what, last.step);
+    if (last.peer >= 0 && !receives && !sends) {
+      return fmt::format("waiting in {} (step {}) for its input from rank {}", last.what, last.step, last.peer);
+    }
+    return fmt::format("waiting in {}{} (step {})", last.what, peer, last.step);
+  }
   if (!last.end_us) {
     if (last.peer >= 0 && !receives && !sends) {
       // A compute action first takes its input: it may be waiting for it, or computing.
@@ -74,8 +82,8 @@ std::string DescribeLastEntry(const std::vector<FlightEntry>& entries) {
     }
     return fmt::format("blocked in {}{} (step {})", last.what, peer, last.step);
   }
-  return fmt::format("last finished {}{} (step {}); nothing started since", last.what, receives || sends ? peer : "",
-                     last.step);
+  return fmt::format("last finished {}{} (step {}); nothing started since{}", last.what, receives || sends ? peer : "",
+                     last.step, busy);
 }
 
 }  // namespace pipecheck::pipeline

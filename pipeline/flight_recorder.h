@@ -43,7 +43,9 @@ struct FlightEntry {
 std::vector<FlightEntry> ReadFlightRecord(const std::string& path);
 
 // "blocked in 1RECV_B2 from rank 2 (step 1)", "last finished 0F3 (step 0); nothing started
-// since", or "recorded nothing (it had not reached its first action)".
-std::string DescribeLastEntry(const std::vector<FlightEntry>& entries);
+// since", or "recorded nothing (it had not reached its first action)". Where the caller knows
+// whether the rank was using CPU time (`computing`), an unfinished action reads "computing 0B3
+// (step 1)" or "waiting in 1RECV_B2 for rank 2 (step 1)" instead of "blocked in".
+std::string DescribeLastEntry(const std::vector<FlightEntry>& entries, std::optional<bool> computing = std::nullopt);
 
 }  // namespace pipecheck::pipeline

@@ -258,7 +258,11 @@ expect 2 "SLURM_NTASKS is 3 but the scenario needs world_size 2" env -u RANK -u 
 # A fractional deadline is shown as given; a TIMEOUT names what each rank was blocked on.
 printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,fault,expect\nstuck,2,2,16,4,2,8,hang_rank,fail\n' >"$work/hang.csv"
 expect 0 "1 met their expectation" "$pipecheck" run --scenarios "$work/hang.csv" --out "$work/hang" --timeout 4.5
-expect 0 "still running after the 4.5 s deadline: rank 0 " cat "$work/hang/summary.csv"
+expect 0 "still running after the 4.5 s deadline, none of them making progress for [0-9.]+ s \\(hung\\): rank 0 " cat "$work/hang/summary.csv"
+# Deadlines follow progress: a scenario still computing when its deadline passes runs on (up to
+# ten times the deadline), and passes; only one that stops making progress is a TIMEOUT.
+printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,steps\nslow,2,4,64,8,4,64,15\n' >"$work/slow.csv"
+expect 0 "slow +PASS" "$pipecheck" run --scenarios "$work/slow.csv" --out "$work/slowrun" --timeout 1
 expect 0 "rank 1 last finished 1[A-Z_]+[0-9]+.* \(step 1\); nothing started since" cat "$work/hang/summary.csv"
 expect 0 "" test -s "$work/hang/views/stuck/trace.json"
 # --only: a glob that matches nothing is a typo to report, not a smaller run.

@@ -59,8 +59,9 @@ const std::map<std::string, std::string> kExpectedMessage = {
     {"send_before_recv", "invalid when sends wait for receives: deadlock"},
     {"crash_rank", "^rank 2 was killed by signal 6 \\(Aborted\\); its last output: fault crash_rank: rank 2 aborts in step 1"},
     {"killed_rank", "^rank 1 was killed by signal 9 \\(Killed\\) from outside pipecheck: the kernel's OOM killer"},
-    {"hang_rank", "^rank\\(s\\) 0, 1 still running after the 8 s deadline: rank 0 blocked in 0[BF][0-9] \\(step 1\\): awaiting "
-                  "its input from rank 1, or computing; rank 1 last finished 1[A-Z_]+[0-9]+.*\\(step 1\\); nothing "
+    {"hang_rank", "^rank\\(s\\) 0, 1 still running after the 8 s deadline, none of them making progress for [0-9.]+ s "
+                  "\\(hung\\): rank 0 waiting in 0[BF][0-9] \\(step 1\\) for its input from rank 1; rank 1 last "
+                  "finished 1[A-Z_]+[0-9]+.*\\(step 1\\); nothing "
                   "started since; last output: .*rank 1: fault hang_rank: rank 1 stops"},
     // Data parallelism: the replica, stage and parameter where the gradients went wrong.
     {"dp_sum_not_average", "^gradient of .* at step 0 on replica [01] rank [01] \\(stage [01]\\): rel err 1 > tol"},

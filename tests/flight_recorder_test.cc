@@ -33,6 +33,13 @@ TEST(FlightRecorder, TheLastEntryTellsWhatARankWasDoing) {
   computing.Started(1, "0B1", 1, 3.0);
   EXPECT_EQ(pipeline::DescribeLastEntry(pipeline::ReadFlightRecord(path)),
             "blocked in 0B1 (step 1): awaiting its input from rank 1, or computing");
+  // Where the launcher saw whether the rank used CPU time, it says which of the two it was.
+  EXPECT_EQ(pipeline::DescribeLastEntry(pipeline::ReadFlightRecord(path), true), "computing 0B1 (step 1)");
+  EXPECT_EQ(pipeline::DescribeLastEntry(pipeline::ReadFlightRecord(path), false),
+            "waiting in 0B1 (step 1) for its input from rank 1");
+  EXPECT_EQ(pipeline::DescribeLastEntry(entries, false), "waiting in 1RECV_B2 from rank 2 (step 1)");
+  EXPECT_EQ(pipeline::DescribeLastEntry(after, true),
+            "last finished 1RECV_B2 from rank 2 (step 1); nothing started since, computing");
   EXPECT_EQ(pipeline::DescribeLastEntry({}), "recorded nothing (it had not reached its first action)");
   EXPECT_TRUE(pipeline::ReadFlightRecord(path + ".missing").empty());
 }

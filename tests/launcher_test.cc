@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -22,6 +23,56 @@
 
 namespace pipecheck {
 namespace {
+// Deadlines follow progress: before the deadline nothing is ended; after it, a scenario is hung
+// once nothing progressed for the stall window (half the deadline, at most 10 s), and one that
+// keeps progressing runs on up to ten times its deadline.
+TEST(Deadline, FollowsProgressNotTheWallClock) {
+  using harness::DeadlineVerdict;
+  using harness::JudgeDeadline;
+  EXPECT_EQ(JudgeDeadline(7.9, 100.0, 8.0), DeadlineVerdict::kRunning);
+  EXPECT_EQ(JudgeDeadline(8.1, 4.0, 8.0), DeadlineVerdict::kStalled);   // nothing for half of 8 s
+  EXPECT_EQ(JudgeDeadline(8.1, 3.9, 8.0), DeadlineVerdict::kRunning);   // still computing, slowly
+  EXPECT_EQ(JudgeDeadline(79.0, 0.1, 8.0), DeadlineVerdict::kRunning);
+  EXPECT_EQ(JudgeDeadline(80.5, 0.1, 8.0), DeadlineVerdict::kOverCap);  // ten times the deadline
+  EXPECT_EQ(JudgeDeadline(301.0, 9.9, 300.0), DeadlineVerdict::kRunning);
+  EXPECT_EQ(JudgeDeadline(301.0, 10.0, 300.0), DeadlineVerdict::kStalled);  // the window stops at 10 s
+}
+
+// Threads per rank are sized from the cores this process may use: restricted to one CPU (as
+// taskset or a CI runner's cpuset does), it may use one.
+TEST(Launcher, UsableCoresFollowTheAffinityMask) {
+  const auto allowed = harness::AllowedCpus();
+  ASSERT_FALSE(allowed.empty());
+  EXPECT_GE(harness::UsableCores(), 1);
+  EXPECT_LE(harness::UsableCores(), static_cast<int>(allowed.size()));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(allowed.front(), &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0) _exit(2);
+    _exit(harness::UsableCores() == 1 ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// A process's CPU time: this one's grows while it computes; a process that does not exist has none.
+TEST(Deadline, CpuSecondsOfAProcess) {
+  const auto before = harness::CpuSeconds(getpid());
+  ASSERT_TRUE(before.has_value());
+  volatile double x = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(300)) x = x + 1;
+  const auto after = harness::CpuSeconds(getpid());
+  ASSERT_TRUE(after.has_value());
+  EXPECT_GT(*after - *before, 0.05);
+  EXPECT_FALSE(harness::CpuSeconds(-5).has_value());
+}
+
 TEST(Launcher, ABusyPortIsReplacedByAFreeOne) {
   const int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
