@@ -15,6 +15,7 @@
 #include <memory>
 #include <iostream>
 #include <numeric>
+#include <sstream>
 #include <thread>
 
 #include "harness/dump.h"
@@ -64,14 +65,66 @@ CLI::Validator FiniteIn(double min, double max, const std::string& allowed) {
 
 // Intra-op threads per process: 0 (automatic) up to the machine's cores; more only
 // oversubscribes and turns seconds into timeouts.
+// A whole number from min to max, one message for every way it is not ("abc", "", "1.5", "99").
+CLI::Validator WholeIn(int64_t min, int64_t max, const std::string& what) {
+  const std::string allowed = fmt::format("a whole number of {} from {} to {}", what, min, max);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        int64_t value = 0;
+        const char* end = text.data() + text.size();
+        auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ec != std::errc() || ptr != end || value < min || value > max) {
+          return "value '" + text + "' is not allowed: expected " + allowed;
+        }
+        return "";
+      },
+      allowed);
+}
+
+// A comma-separated list of whole numbers from min to max into `values`; an empty entry ("1,,2")
+// or a bad one is refused naming it (CLI11's own splitting drops empty entries silently).
+CLI::Option* AddWholeList(CLI::App* command, const std::string& name, std::vector<int64_t>& values, int64_t min,
+                          int64_t max, const std::string& what, const std::string& help) {
+  const auto check = WholeIn(min, max, what);
+  return command->add_option_function<std::string>(
+      name,
+      [&values, check, name](const std::string& text) {
+        values.clear();
+        std::stringstream stream(text);
+        std::string entry;
+        size_t index = 0;
+        while (std::getline(stream, entry, ',')) {
+          ++index;
+          if (entry.empty()) {
+            throw CLI::ValidationError(name, fmt::format("entry {} of '{}' is empty", index, text));
+          }
+          const std::string problem = check(entry);
+          if (!problem.empty()) throw CLI::ValidationError(name, problem);
+          values.push_back(std::stoll(entry));
+        }
+        if (values.empty() || text.back() == ',') {
+          throw CLI::ValidationError(name, fmt::format("entry {} of '{}' is empty", index + 1, text));
+        }
+      },
+      help);
+}
+
+// One check, one message (two validators joined by & print both failures).
 CLI::Validator ThreadCount() {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return FiniteIn(0, cores, fmt::format("a whole number of threads from 0 (automatic) to {} (this machine's cores)", cores))
-      & CLI::Validator(
-            [](std::string& text) -> std::string {
-              return text.find_first_not_of("0123456789") == std::string::npos ? "" : "expected a whole number";
-            },
-            "");
+  const std::string allowed =
+      fmt::format("a whole number of threads from 0 (automatic) to {} (this machine's cores)", cores);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        int value = -1;
+        const char* end = text.data() + text.size();
+        auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ec != std::errc() || ptr != end || value < 0 || value > cores) {
+          return "value '" + text + "' is not allowed: expected " + allowed;
+        }
+        return "";
+      },
+      allowed);
 }
 
 // An --out directory that can be written, checked before any work: bad input otherwise.
@@ -139,8 +192,17 @@ bool WritesOverABaseline(const std::string& out, const std::string& baseline_dir
 bool WritableFile(const std::string& path, const char* command, const char* option) {
   if (path.empty()) return true;
   try {
+    // The file's own folder is made when missing (a run's --out is, and CI files often go there);
+    // a path missing more than that is a typo, not a place to build.
     const auto parent = std::filesystem::path(path).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
+    if (!parent.empty() && !std::filesystem::exists(parent)) {
+      const auto grandparent = std::filesystem::absolute(parent).parent_path();
+      if (!std::filesystem::is_directory(grandparent)) {
+        throw std::runtime_error(fmt::format("no directory {} to make its folder {} in", grandparent.string(),
+                                             parent.string()));
+      }
+      std::filesystem::create_directory(parent);
+    }
     if (std::filesystem::is_directory(path)) throw std::runtime_error("it is a directory");
     const auto probe = path + ".pipecheck-write-test";
     pipecheck::reports::WriteFileAtomically(probe, "");
@@ -490,15 +552,12 @@ Command AddInvariance(CLI::App& app) {
   command->add_option("--out", options->out, "Output directory (default reports/invariance)");
   command->add_flag("--full", invariance.full,
                     "Every world size x schedule x partition (default: one axis at a time from the scenario)");
-  command->add_option("--world-sizes", invariance.world_sizes, "World sizes to try (default 1 up to max(4, the "
-                                                               "scenario's))")
-      ->delimiter(',')->check(CLI::Range(1, 64));
-  command->add_option("--microbatches", invariance.microbatches,
-                      "Further microbatch counts to try (each changes the arithmetic)")
-      ->delimiter(',')->check(CLI::Range(1, 65535));
-  command->add_option("--data-parallel", invariance.data_parallel,
-                      "Replica counts to try (default 1,2; each count changes the order of the gradient sum)")
-      ->delimiter(',')->check(CLI::Range(1, 64));
+  AddWholeList(command, "--world-sizes", invariance.world_sizes, 1, 64, "ranks",
+               "World sizes to try, comma-separated (default 1 up to max(4, the scenario's))");
+  AddWholeList(command, "--microbatches", invariance.microbatches, 1, 65535, "microbatches",
+               "Further microbatch counts to try, comma-separated (each changes the arithmetic)");
+  AddWholeList(command, "--data-parallel", invariance.data_parallel, 1, 64, "replicas",
+               "Replica counts to try, comma-separated (default 1,2; each count changes the order of the gradient sum)");
   AddDevice(command, options->device, "Override the scenario's device");
   command->add_option("--threads", invariance.threads, "Intra-op threads per rank, the same in every variant")
       ->check(ThreadCount())->capture_default_str();
@@ -833,6 +892,16 @@ int main(int argc, char** argv) {
   const std::vector<Command> commands = {AddValidate(app),   AddReference(app), AddDump(app),
                                          AddRun(app),        AddWorker(app),    AddInvariance(app),
                                          AddSchedule(app),   AddCompare(app),   AddBaselineUpdate(app)};
+  // A word that names no command is a typo to name, not a missing subcommand.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      fmt::print(stderr, "pipecheck: unknown command '{}'; the commands are {} (pipecheck --help)\n", argv[1],
+                 fmt::join(names, ", "));
+      return kExitBadInput;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

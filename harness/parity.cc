@@ -728,6 +728,10 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
                                          : std::string(),
                                      verdicts.update_max_rel, verdicts.trajectory_note)
                        : failures.front() + MoreFailures(failures.size() - 1, verdicts, scenario.tol);
+  // A row that should have failed and passed must not read as a success in summary.csv.
+  if (status == reports::Status::kPass && scenario.expect == "fail") {
+    row.message = "no failure found where one was expected (expect=fail): " + row.message;
+  }
   return report;
 }
 

@@ -121,6 +121,18 @@ printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,optimizer,lr\nd
 expect 1 "diverge +ERROR .*reference diverged at step 1: loss" "$pipecheck" run --scenarios "$work/diverge.csv" --out "$work/dv"
 expect 2 "--timeout: value '0' is not allowed: expected seconds from 0.001 to 86400" "$pipecheck" run --scenarios "$work/pp.csv" --timeout 0
 expect 2 "--threads: value '999' is not allowed: expected a whole number of threads from 0" "$pipecheck" run --scenarios "$work/pp.csv" --threads 999
+expect 2 "^pipecheck: unknown command 'frobnicate'; the commands are validate, reference, .*compare, baseline" "$pipecheck" frobnicate
+# An expect=fail row that passes says so in summary.csv, not only on the console.
+printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,expect\nmissed,2,2,16,4,2,8,fail\n' >"$work/missed.csv"
+expect 1 "missed +PASS" "$pipecheck" run --scenarios "$work/missed.csv" --out "$work/missed"
+expect 0 "^missed,PASS,fail,0,.*no failure found where one was expected \\(expect=fail\\): worst gradient" cat "$work/missed/summary.csv"
+# Lists of whole numbers: each bad or empty entry is named.
+expect 2 "^--world-sizes: value 'abc' is not allowed: expected a whole number of ranks from 1 to 64" "$pipecheck" invariance --scenario pp2 --scenarios "$work/pp.csv" --world-sizes abc
+expect 2 "^--world-sizes: entry 2 of '1,,2' is empty" "$pipecheck" invariance --scenario pp2 --scenarios "$work/pp.csv" --world-sizes 1,,2
+expect 2 "^--microbatches: value '0' is not allowed" "$pipecheck" invariance --scenario pp2 --scenarios "$work/pp.csv" --microbatches 2,0
+# One message, said once (not "(...) AND (...)").
+expect 2 "^--threads: value '-1' is not allowed: expected a whole number of threads from 0 \\(automatic\\) to [0-9]+ \\(this machine's cores\\)$" "$pipecheck" run --scenarios "$work/pp.csv" --threads -1
+expect 2 "^--threads: value '1.5' is not allowed" "$pipecheck" run --scenarios "$work/pp.csv" --threads 1.5
 expect 2 "--out is empty" "$pipecheck" run --scenarios "$work/pp.csv" --out ''
 expect 2 "--backward-cost: value '1e-300' is not allowed" "$pipecheck" schedule --schedule 1f1b --backward-cost 1e-300
 expect 2 "--backward-cost: value 'nan' is not allowed" "$pipecheck" schedule --schedule 1f1b --backward-cost nan
@@ -250,7 +262,7 @@ expect 2 "pipecheck run: --junit /proc/pipecheck/j.xml cannot be written" "$pipe
 expect 1 "" test -e "$work/j/summary.csv"
 expect 2 "pipecheck run: --markdown /proc/pipecheck.md cannot be written" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/j" --markdown /proc/pipecheck.md
 expect 2 "pipecheck schedule: --csv /proc/pipecheck.csv cannot be written" "$pipecheck" schedule --schedule 1f1b --csv /proc/pipecheck.csv
-expect 0 "wrote $work/new/folder/j.xml" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/j" --junit "$work/new/folder/j.xml"
+expect 0 "wrote $work/new/j.xml" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/j" --junit "$work/new/j.xml"
 # A worker with no rank 0 to meet says so and exits 2 when its rendezvous deadline passes.
 expect 2 "rendezvous failed after [0-9]+ s: no rank 0 answered at 127.0.0.1:1" env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w" --rendezvous-timeout 2
 # Under SLURM the message names the variable that was read.
@@ -265,6 +277,10 @@ printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,steps\nslow,2,4
 expect 0 "slow +PASS" "$pipecheck" run --scenarios "$work/slow.csv" --out "$work/slowrun" --timeout 1
 expect 0 "rank 1 last finished 1[A-Z_]+[0-9]+.* \(step 1\); nothing started since" cat "$work/hang/summary.csv"
 expect 0 "" test -s "$work/hang/views/stuck/trace.json"
+# A CI file's folder is made when missing, not a whole missing path (a typo's).
+expect 2 "--junit $work/no/such/j.xml cannot be written: no directory $work/no to make its folder" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/jx" --junit "$work/no/such/j.xml"
+expect 1 "" test -e "$work/no"
+expect 0 "wrote $work/jx2/j.xml" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/jx2" --junit "$work/jx2/j.xml"
 # --only: a glob that matches nothing is a typo to report, not a smaller run.
 expect 2 "no scenario matches --only 'typo'" "$pipecheck" run --scenarios "$work/pp.csv" --only 'pp2,typo' --out "$work/o"
 # validate, run --list and run refuse what this machine cannot run: no CUDA device, or too little memory.
