@@ -50,7 +50,9 @@ configure: deps $(BUILD_DIR)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-run: build
+# The suite needs the binary (and the meter library it depends on), not the test binaries.
+run: configure
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target pipecheck
 	$(PIPECHECK) run --scenarios scenarios/core.csv $(RUN_ARGS)
 
 test: build

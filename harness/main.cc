@@ -593,6 +593,7 @@ struct ScheduleOptions {
   int microbatches = 4;
   int virtual_stages = 1;
   bool virtual_given = false;
+  bool stages_given = false, microbatches_given = false;  // else the defaults, said in the header
   double backward_cost = 2.0;
   bool recompute = false;     // every B and I runs its stage's forward again first
   int data_parallel = 1;      // replicas, each rank's gradients averaged after its last backward
@@ -609,8 +610,9 @@ int PrintSchedule(ScheduleOptions options) {
   const PipelineShape shape{options.stages, options.virtual_stages, options.microbatches};
   const Schedule compute = RepeatRounds(ScheduleByName(options.schedule, shape), options.accumulation);
   // Said first: lowering and simulating thousands of actions per rank takes seconds.
-  fmt::print("schedule {}: {} ranks, {} microbatches ({} stages){}\n\n", options.schedule, shape.ranks,
-             shape.microbatches, shape.stages(),
+  fmt::print("schedule {}: {} ranks{}, {} microbatches{} ({} stages){}\n\n", options.schedule, shape.ranks,
+             options.stages_given ? "" : " (the default: --stages)", shape.microbatches,
+             options.microbatches_given ? "" : " (the default: --microbatches)", shape.stages(),
              options.accumulation > 1
                  ? fmt::format("; accumulation: {} rounds per optimizer step, one step's schedule of {} microbatches "
                                "(round k is microbatches k x {} .. k x {} + {})",
@@ -702,8 +704,10 @@ Command AddSchedule(CLI::App& app) {
                       "compute_only (F, B, I, W) or compute_comms (also each send and receive where pipecheck's "
                       "lowering places them)")
       ->check(CLI::IsMember({"compute_only", "compute_comms"}))->capture_default_str();
-  command->add_option("--stages", options->stages, "Pipeline ranks")->check(CLI::Range(1, 1024))->capture_default_str();
-  command->add_option("--microbatches", options->microbatches, "Microbatches")->check(CLI::Range(1, 65535))
+  auto* stages = command->add_option("--stages", options->stages, "Pipeline ranks")
+                     ->check(CLI::Range(1, 1024))->capture_default_str();
+  auto* microbatches = command->add_option("--microbatches", options->microbatches, "Microbatches")
+                           ->check(CLI::Range(1, 65535))
       ->capture_default_str();
   auto* virtual_stages = command->add_option("--virtual", options->virtual_stages,
                                              "Stages per rank (default: the schedule's own, 2 for interleaved, zbv "
@@ -723,9 +727,11 @@ Command AddSchedule(CLI::App& app) {
   command->add_option("--allreduce-cost", options->allreduce_cost,
                       "The gradient all-reduce's duration relative to a forward (with --data-parallel)")
       ->check(FiniteIn(0.0, 1000, "an all-reduce/forward cost ratio from 0 to 1000"))->capture_default_str();
-  return {command, "schedule", [options, virtual_stages] {
+  return {command, "schedule", [options, virtual_stages, stages, microbatches] {
             ScheduleOptions given = *options;
             given.virtual_given = virtual_stages->count() > 0;
+            given.stages_given = stages->count() > 0;
+            given.microbatches_given = microbatches->count() > 0;
             return PrintSchedule(given);
           }};
 }

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
@@ -269,10 +270,25 @@ void CheckTransportKind(const std::string& kind, torch::Device device) {
               "): use staged or nccl");
 }
 
+// c10's log threshold raised to FATAL while it lives. The TCPStore logs every failed connection
+// attempt with its C++ stack (about 20 lines a try) before it throws; the rendezvous reports a
+// failure itself, in one line that names what never answered, so those logs are only noise.
+class QuietC10Logs {
+ public:
+  QuietC10Logs() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = 3; }  // FATAL
+  ~QuietC10Logs() { FLAGS_caffe2_log_level = saved_; }
+  QuietC10Logs(const QuietC10Logs&) = delete;
+  QuietC10Logs& operator=(const QuietC10Logs&) = delete;
+
+ private:
+  int saved_;
+};
+
 // The run's TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves it unless a launcher's agent does).
 c10::intrusive_ptr<c10d::Store> RendezvousStore(const RendezvousOptions& options) {
   TORCH_CHECK(options.master_port > 0 && options.master_port < 65536, "MASTER_PORT ", options.master_port,
               " is not a port");
+  const QuietC10Logs quiet;
   return compat::MakeTcpStore(options.master_addr, static_cast<uint16_t>(options.master_port),
                               options.rank == 0 && options.serve_store, options.world_size, options.timeout);
 }

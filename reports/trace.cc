@@ -136,8 +136,34 @@ std::string TimelineSvg(const ScenarioReport& report) {
     last = std::max(last, e.end);
   }
   const double span = std::max(last - first, 1.0);
-  constexpr double kLeft = 70, kWidth = 1100, kTop = 40, kRow = 34, kBar = 24;
-  const double height = kTop + ranks * kRow + 70;
+  constexpr double kLeft = 70, kWidth = 1100, kTop = 40, kRow = 34, kBar = 24, kLegendRow = 20;
+  // The legend, laid out first: its entries wrap onto further rows rather than run off the
+  // picture's right edge, and the picture grows to hold them.
+  std::vector<std::pair<std::string, std::string>> legend = {
+      {"F forward", FillOf("F")}, {"B backward", FillOf("B")}, {"I input gradient", FillOf("I")},
+      {"W weight gradient", FillOf("W")}, {"send/receive", FillOf("SEND_F")}, {"waiting for a message", "url(#wait)"}};
+  if (std::any_of(events.begin(), events.end(), [](const Event& e) { return e.kind == "ALLREDUCE"; })) {
+    legend.emplace_back("all-reduce across replicas", FillOf("ALLREDUCE"));
+  }
+  legend.emplace_back("blank: idle (bubble)", "");
+  std::vector<std::pair<double, int>> legend_at;  // x and row of each entry
+  double legend_x = kLeft;
+  int legend_rows = 1;
+  for (const auto& [label, fill] : legend) {
+    const double width = (fill.empty() ? 0 : 18) + 22 + 7.0 * static_cast<double>(label.size());
+    if (legend_x > kLeft && legend_x + width > kLeft + kWidth) {
+      legend_x = kLeft;
+      ++legend_rows;
+    }
+    legend_at.emplace_back(legend_x, legend_rows - 1);
+    legend_x += width;
+  }
+  const double height = kTop + ranks * kRow + 70 + kLegendRow * (legend_rows - 1);
+  // What the picture shows: its ranks, and with replicas, which one (each runs the same list).
+  const int64_t replicas = report.summary.data_parallel;
+  const std::string shows =
+      fmt::format("{} rank{}{}", ranks, ranks == 1 ? "" : "s",
+                  replicas > 1 ? fmt::format(", replica 0 of {} (every replica runs the same actions)", replicas) : "");
   auto x = [&](double us) { return kLeft + (us - first) / span * kWidth; };
   std::string svg = fmt::format(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -147,8 +173,8 @@ std::string TimelineSvg(const ScenarioReport& report) {
       "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#eeeeee\"/>"
       "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#bbbbbb\" stroke-width=\"2\"/></pattern></defs>\n"
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"{:.0f}\" y=\"20\" font-size=\"14\">{} — {:.1f} ms, {} ranks</text>\n",
-      kLeft + kWidth + 20, height, kLeft, Escape(report.summary.scenario), span / 1000.0, ranks);
+      "<text x=\"{:.0f}\" y=\"20\" font-size=\"14\">{} — {:.1f} ms, {}</text>\n",
+      kLeft + kWidth + 20, height, kLeft, Escape(report.summary.scenario), span / 1000.0, Escape(shows));
   for (int r = 0; r < ranks; ++r) {
     const double y = kTop + r * kRow;
     svg += fmt::format("<text x=\"8\" y=\"{:.1f}\">rank {}</text>\n", y + kBar * 0.7, r);
@@ -184,21 +210,19 @@ std::string TimelineSvg(const ScenarioReport& report) {
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"middle\">{:.1f} ms</text>\n",
                        at, axis_y + 10, span / 1000.0 * tick / 10.0);
   }
-  double legend_x = kLeft;
-  std::vector<std::pair<std::string, std::string>> legend = {
-      {"F forward", FillOf("F")}, {"B backward", FillOf("B")}, {"I input gradient", FillOf("I")},
-      {"W weight gradient", FillOf("W")}, {"send/receive", FillOf("SEND_F")}, {"waiting for a message", "url(#wait)"}};
-  if (std::any_of(events.begin(), events.end(), [](const Event& e) { return e.kind == "ALLREDUCE"; })) {
-    legend.emplace_back("all-reduce across replicas", FillOf("ALLREDUCE"));
+  for (size_t i = 0; i < legend.size(); ++i) {
+    const auto& [label, fill] = legend[i];
+    const auto [at_x, row] = legend_at[i];
+    const double y = axis_y + kLegendRow * row;
+    if (fill.empty()) {
+      svg += fmt::format("<text class=\"legend\" x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" fill=\"#555555\">{}</text>\n",
+                         at_x, y + 35, label);
+      continue;
+    }
+    svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"14\" height=\"14\" fill=\"{}\"/><text class=\"legend\" "
+                       "x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n",
+                       at_x, y + 24, fill, at_x + 18, y + 35, label);
   }
-  for (const auto& [label, fill] : legend) {
-    svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"14\" height=\"14\" fill=\"{}\"/><text x=\"{:.1f}\" "
-                       "y=\"{:.1f}\">{}</text>\n",
-                       legend_x, axis_y + 24, fill, legend_x + 18, axis_y + 35, label);
-    legend_x += 40 + 7.0 * static_cast<double>(label.size());
-  }
-  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" fill=\"#555555\">blank: idle (bubble)</text>\n",
-                     legend_x, axis_y + 35);
   svg += "</svg>\n";
   return svg;
 }

@@ -9,6 +9,7 @@
 #include "reports/junit.h"
 #include "reports/markdown.h"
 #include "reports/report.h"
+#include "reports/trace.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -107,6 +108,42 @@ TEST(Markdown, RunCarriesTheComparisonsWarningsLimitsAndLeftOutRows) {
                                   [](const auto& p) { return p.first == "baseline_notes"; });
   ASSERT_NE(notes, junit.properties.end());
   EXPECT_EQ(notes->second, warned.notes);
+}
+
+// The timeline picture says what it shows ("1 rank", and which replica of several) and keeps its
+// legend inside the picture when the all-reduce entry makes it longer than one row.
+TEST(TimelineSvg, TitleSaysRanksAndReplicaAndTheLegendStaysInside) {
+  reports::ScenarioReport report;
+  report.summary.scenario = "dp";
+  report.summary.data_parallel = 2;
+  for (const char* action : {"F", "B", "ALLREDUCE"}) {
+    reports::TimelineRow row;
+    row.scenario = "dp";
+    row.action = action;
+    row.stage = std::string(action) == "ALLREDUCE" ? -1 : 0;
+    row.start_us = 100.0 * static_cast<double>(report.timeline.size());
+    row.end_us = row.start_us + 90;
+    row.wait_start_us = row.start_us;
+    row.step_start_us = 0.0;
+    report.timeline.push_back(row);
+  }
+  const std::string svg = reports::TimelineSvg(report);
+  EXPECT_NE(svg.find("dp — 0.3 ms, 1 rank, replica 0 of 2 (every replica runs the same actions)</text>"),
+            std::string::npos) << svg;
+  EXPECT_EQ(svg.find("1 ranks"), std::string::npos);
+  const auto width_at = svg.find("width=\"");
+  const double width = std::stod(svg.substr(width_at + 7));
+  const std::string opening = "<text class=\"legend\" x=\"";
+  size_t at = 0, entries = 0;
+  while ((at = svg.find(opening, at)) != std::string::npos) {
+    at += opening.size();
+    const double x = std::stod(svg.substr(at));
+    const size_t open = svg.find('>', at) + 1, close = svg.find("</text>", open);
+    const double text_width = 7.0 * static_cast<double>(close - open);
+    EXPECT_LE(x + text_width, width) << svg.substr(open, close - open) << " runs past the picture (" << width << ")";
+    ++entries;
+  }
+  EXPECT_EQ(entries, 8u);  // six kinds, the all-reduce, the blank's meaning
 }
 
 TEST(Markdown, ArrowsShowTheDirection) {

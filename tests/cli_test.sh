@@ -126,6 +126,9 @@ expect 2 "^pipecheck: unknown command 'frobnicate'; the commands are validate, r
 printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,expect\nmissed,2,2,16,4,2,8,fail\n' >"$work/missed.csv"
 expect 1 "missed +PASS" "$pipecheck" run --scenarios "$work/missed.csv" --out "$work/missed"
 expect 0 "^missed,PASS,fail,0,.*no failure found where one was expected \\(expect=fail\\): worst gradient" cat "$work/missed/summary.csv"
+# schedule says which sizes it took by default.
+expect 0 "^schedule 1f1b: 2 ranks \\(the default: --stages\\), 4 microbatches \\(the default: --microbatches\\)" "$pipecheck" schedule --schedule 1f1b
+expect 0 "^schedule 1f1b: 3 ranks, 4 microbatches \\(the default: --microbatches\\)" "$pipecheck" schedule --schedule 1f1b --stages 3
 # Lists of whole numbers: each bad or empty entry is named.
 expect 2 "^--world-sizes: value 'abc' is not allowed: expected a whole number of ranks from 1 to 64" "$pipecheck" invariance --scenario pp2 --scenarios "$work/pp.csv" --world-sizes abc
 expect 2 "^--world-sizes: entry 2 of '1,,2' is empty" "$pipecheck" invariance --scenario pp2 --scenarios "$work/pp.csv" --world-sizes 1,,2
@@ -265,6 +268,9 @@ expect 2 "pipecheck schedule: --csv /proc/pipecheck.csv cannot be written" "$pip
 expect 0 "wrote $work/new/j.xml" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/j" --junit "$work/new/j.xml"
 # A worker with no rank 0 to meet says so and exits 2 when its rendezvous deadline passes.
 expect 2 "rendezvous failed after [0-9]+ s: no rank 0 answered at 127.0.0.1:1" env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w" --rendezvous-timeout 2
+# ... and says only that: no c10d log lines or C++ stack frames before it.
+lines=$(env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w" --rendezvous-timeout 2 2>&1 | grep -cE "^frame #|\[c10d\]")
+expect 0 "^0$" echo "$lines"
 # Under SLURM the message names the variable that was read.
 expect 2 "SLURM_NTASKS is 3 but the scenario needs world_size 2" env -u RANK -u WORLD_SIZE SLURM_PROCID=0 SLURM_NTASKS=3 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
 # A fractional deadline is shown as given; a TIMEOUT names what each rank was blocked on.
