@@ -536,17 +536,14 @@ std::optional<reports::ScenarioReport> Watch(const Group& group, std::vector<Ran
       if (!line.empty() && line != last_progress) options.progress(line);
       last_progress = line;
     }
+    // Sampled from the start, so that the deadline finds a recent picture.
+    const double since_progress = progress.SinceProgress(ranks);
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - group.start).count();
-    if (elapsed > options.timeout_seconds) {
-      const double since_progress = progress.SinceProgress(ranks);
-      const auto verdict = JudgeDeadline(elapsed, since_progress, options.timeout_seconds);
-      if (verdict != DeadlineVerdict::kRunning) {
-        KillAndReap(ranks);
-        return TimedOut(scenario, options, group.directory, ranks, group.flight_records, verdict, since_progress,
-                        progress);
-      }
-    } else {
-      progress.SinceProgress(ranks);  // kept sampled, so that the deadline finds a recent picture
+    const auto verdict = JudgeDeadline(elapsed, since_progress, options.timeout_seconds);
+    if (verdict != DeadlineVerdict::kRunning) {
+      KillAndReap(ranks);
+      return TimedOut(scenario, options, group.directory, ranks, group.flight_records, verdict, since_progress,
+                      progress);
     }
     // Not faster: on a machine with as many cores as ranks every wakeup takes a core from a rank.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -65,9 +65,9 @@ CLI::Validator FiniteIn(double min, double max, const std::string& allowed) {
 
 // Intra-op threads per process: 0 (automatic) up to the machine's cores; more only
 // oversubscribes and turns seconds into timeouts.
-// A whole number from min to max, one message for every way it is not ("abc", "", "1.5", "99").
-CLI::Validator WholeIn(int64_t min, int64_t max, const std::string& what) {
-  const std::string allowed = fmt::format("a whole number of {} from {} to {}", what, min, max);
+// A whole number from min to max, one message for every way it is not ("abc", "", "1.5", "99"):
+// "value 'TEXT' is not allowed: expected ALLOWED".
+CLI::Validator WholeIn(int64_t min, int64_t max, const std::string& allowed) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         int64_t value = 0;
@@ -85,7 +85,7 @@ CLI::Validator WholeIn(int64_t min, int64_t max, const std::string& what) {
 // or a bad one is refused naming it (CLI11's own splitting drops empty entries silently).
 CLI::Option* AddWholeList(CLI::App* command, const std::string& name, std::vector<int64_t>& values, int64_t min,
                           int64_t max, const std::string& what, const std::string& help) {
-  const auto check = WholeIn(min, max, what);
+  const auto check = WholeIn(min, max, fmt::format("a whole number of {} from {} to {}", what, min, max));
   return command->add_option_function<std::string>(
       name,
       [&values, check, name](const std::string& text) {
@@ -112,19 +112,8 @@ CLI::Option* AddWholeList(CLI::App* command, const std::string& name, std::vecto
 // One check, one message (two validators joined by & print both failures).
 CLI::Validator ThreadCount() {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const std::string allowed =
-      fmt::format("a whole number of threads from 0 (automatic) to {} (this machine's cores)", cores);
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        int value = -1;
-        const char* end = text.data() + text.size();
-        auto [ptr, ec] = std::from_chars(text.data(), end, value);
-        if (text.empty() || ec != std::errc() || ptr != end || value < 0 || value > cores) {
-          return "value '" + text + "' is not allowed: expected " + allowed;
-        }
-        return "";
-      },
-      allowed);
+  return WholeIn(0, cores, fmt::format("a whole number of threads from 0 (automatic) to {} (this machine's cores)",
+                                       cores));
 }
 
 // An --out directory that can be written, checked before any work: bad input otherwise.
