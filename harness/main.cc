@@ -43,6 +43,9 @@
 namespace {
 
 constexpr int kExitBadInput = 2;
+// A well-formed suite with a row this build or machine cannot run (no CUDA device or nccl, too
+// little memory): not the suite's fault, so CI can tell it from a typo.
+constexpr int kExitCannotRunHere = 3;
 constexpr const char* kDefaultSuite = "scenarios/core.csv";
 
 constexpr const char* kDefaultOut = "reports/latest";
@@ -210,40 +213,52 @@ void ApplyThreads(int threads) {
   }
 }
 
-// A device=cuda scenario on a build or machine without CUDA is bad input, said before anything runs.
+// Why this build or machine cannot run a well-formed scenario at all (a CUDA device or an nccl
+// transport it lacks, more memory than it has, by the memory model's prediction); "" if it can.
+std::string WhyNotHere(const pipecheck::scenarios::Scenario& scenario) {
+  if (scenario.device == "cuda" && !torch::cuda::is_available()) {
+    return fmt::format("scenario '{}' needs device cuda, but this build or machine has no CUDA device; run it with "
+                       "--device cpu or on a GPU machine", scenario.name);
+  }
+  if (scenario.device == "cuda" && scenario.transport == "nccl" && scenario.world_size > 1 &&
+      !pipecheck::pipeline::NcclAvailable()) {
+    return fmt::format("scenario '{}' asks for transport nccl, but this build has none (its LibTorch has no c10d NCCL "
+                       "backend or nccl.h was not found); use staged or auto", scenario.name);
+  }
+  const std::string trainer = pipecheck::harness::TrainerProblem(scenario);
+  if (!trainer.empty()) return fmt::format("scenario '{}': {}", scenario.name, trainer);
+  // The memory model predicts pipecheck's own trainer; another trainer's memory is its own.
+  return scenario.ExternalTrainer() ? "" : pipecheck::harness::MemoryProblem(scenario);
+}
+
+// A device=cuda scenario on a build or machine without CUDA, said before anything runs.
 bool CudaPresentFor(const pipecheck::scenarios::Scenario& scenario, const char* command) {
   if (scenario.device != "cuda" || torch::cuda::is_available()) return true;
-  fmt::print(stderr, "pipecheck{}: {}: scenario '{}' needs device cuda, but this build or machine has no CUDA device; "
-                     "run it with --device cpu or on a GPU machine\n", command, scenario.source, scenario.name);
+  fmt::print(stderr, "pipecheck{}: {}: {}\n", command, scenario.source, WhyNotHere(scenario));
   return false;
 }
 
-// What `run` refuses before any rank starts, said the same way by `validate` and `run --list`: a
-// scenario this build or machine cannot run at all (a CUDA device or an nccl transport it lacks,
-// more memory than it has, by the memory model's prediction).
-bool RunnableHere(const std::vector<pipecheck::scenarios::Scenario>& scenarios, const char* command) {
+// What `run` refuses before any rank starts, said the same way by `validate` and `run --list`:
+// a trainer program the suite names that is not there or cannot run is bad input (exit 2);
+// else every scenario this machine cannot run, each on its own line (exit 3). 0 when all can run.
+int CheckRunnableHere(const std::vector<pipecheck::scenarios::Scenario>& scenarios, const char* command,
+                      int* cannot = nullptr) {
   for (const auto& scenario : scenarios) {
-    if (!CudaPresentFor(scenario, command)) return false;
-    if (scenario.device == "cuda" && scenario.transport == "nccl" && scenario.world_size > 1 &&
-        !pipecheck::pipeline::NcclAvailable()) {
-      fmt::print(stderr, "pipecheck{}: {}: scenario '{}' asks for transport nccl, but this build has none (its LibTorch "
-                         "has no c10d NCCL backend or nccl.h was not found); use staged or auto\n",
-                 command, scenario.source, scenario.name);
-      return false;
-    }
-    const std::string trainer = pipecheck::harness::TrainerProblem(scenario);
-    if (!trainer.empty()) {
-      fmt::print(stderr, "pipecheck{}: {}: scenario '{}': {}\n", command, scenario.source, scenario.name, trainer);
-      return false;
-    }
-    // The memory model predicts pipecheck's own trainer; another trainer's memory is its own.
-    const std::string memory = scenario.ExternalTrainer() ? "" : pipecheck::harness::MemoryProblem(scenario);
-    if (!memory.empty()) {
-      fmt::print(stderr, "pipecheck{}: {}: {}\n", command, scenario.source, memory);
-      return false;
-    }
+    if (scenario.trainer.rfind("external:", 0) != 0) continue;
+    const std::string program = pipecheck::harness::TrainerProblem(scenario);
+    if (program.empty()) continue;
+    fmt::print(stderr, "pipecheck{}: {}: scenario '{}': {}\n", command, scenario.source, scenario.name, program);
+    return kExitBadInput;
   }
-  return true;
+  int count = 0;
+  for (const auto& scenario : scenarios) {
+    const std::string why = WhyNotHere(scenario);
+    if (why.empty()) continue;
+    fmt::print(stderr, "pipecheck{}: {}: {}\n", command, scenario.source, why);
+    ++count;
+  }
+  if (cannot != nullptr) *cannot = count;
+  return count == 0 ? 0 : kExitCannotRunHere;
 }
 
 // ---- Option groups several subcommands share.
@@ -337,14 +352,11 @@ std::string ResolveBaseline(const GateOptions& gate, const std::string& given) {
 std::vector<pipecheck::scenarios::Scenario> SelectedScenarios(const std::string& path,
                                                               const std::vector<std::string>& only,
                                                               const std::string& device) {
-  const auto suite = pipecheck::harness::LoadSuite(path);
+  const auto suite = pipecheck::harness::LoadSuite(path, device);
   auto selected = pipecheck::scenarios::SelectScenarios(suite, fmt::format("{}", fmt::join(only, ",")), path);
   if (selected.empty()) {
     throw pipecheck::scenarios::ScenarioError(fmt::format("no scenario of {} matches --only '{}'", path,
                                                           fmt::join(only, ",")));
-  }
-  if (!device.empty()) {
-    for (auto& scenario : selected) scenario.device = device;
   }
   return selected;
 }
@@ -364,16 +376,20 @@ Command AddValidate(CLI::App& app) {
     std::string device;
   };
   auto options = std::make_shared<Options>();
-  auto* command = app.add_subcommand("validate", "Load a scenario suite and report the first error, or the first "
-                                                 "row this machine cannot run (exit 2)");
+  auto* command = app.add_subcommand("validate", "Load a scenario suite and report its first error (exit 2), else "
+                                                 "every row this machine cannot run (exit 3)");
   AddScenarios(command, options->scenarios);
   AddDevice(command, options->device, "Check every scenario as if it ran on this device");
   return {command, "validate", [options] {
-            auto suite = pipecheck::harness::LoadSuite(options->scenarios);
-            if (!options->device.empty()) {
-              for (auto& scenario : suite) scenario.device = options->device;
+            const auto suite = pipecheck::harness::LoadSuite(options->scenarios, options->device);
+            int cannot = 0;
+            if (const int code = CheckRunnableHere(suite, " validate", &cannot)) {
+              if (code == kExitCannotRunHere) {
+                fmt::print("{}: {} scenarios, all well formed; {} cannot run here\n", options->scenarios, suite.size(),
+                           cannot);
+              }
+              return code;
             }
-            if (!RunnableHere(suite, " validate")) return kExitBadInput;
             fmt::print("{}: {} scenarios, all valid and runnable here\n", options->scenarios, suite.size());
             return 0;
           }};
@@ -434,9 +450,9 @@ void ListScenarios(const std::vector<pipecheck::scenarios::Scenario>& selected) 
     if (s.ExternalTrainer()) {
       needs = "trainer " + s.trainer;
     } else {
-      int64_t needed = 0;
+      double needed = 0;
       for (const auto& need : pipecheck::harness::MemoryNeeds(s)) needed += need.needed;
-      needs = "needs at least " + pipecheck::harness::HumanBytes(static_cast<double>(needed));
+      needs = "needs at least " + pipecheck::harness::HumanBytes(needed);
     }
     const std::string replicas = s.data_parallel > 1 ? fmt::format(" x data_parallel {}", s.data_parallel) : "";
     fmt::print("{}  world_size {}{} {}{} m={} {} {} {} steps, {}  ({})\n", s.name, s.world_size, replicas,
@@ -476,7 +492,7 @@ Command AddRun(CLI::App& app) {
             auto run = options->run;
             const auto selected = SelectedScenarios(run.scenarios_path, options->only, run.device);
             // A scenario this build or machine cannot run at all is bad input, found before anything runs.
-            if (!RunnableHere(selected, options->list ? " run --list" : " run")) return kExitBadInput;
+            if (const int code = CheckRunnableHere(selected, options->list ? " run --list" : " run")) return code;
             if (options->list) {
               ListScenarios(selected);
               return 0;
@@ -552,10 +568,9 @@ Command AddInvariance(CLI::App& app) {
       ->check(ThreadCount())->capture_default_str();
   AddTimeout(command, invariance.timeout_seconds, "Deadline per variant in seconds (default: sized to each)");
   return {command, "invariance", [options] {
-            const auto suite = pipecheck::harness::LoadSuite(options->scenarios);
+            const auto suite = pipecheck::harness::LoadSuite(options->scenarios, options->device);
             auto scenario = pipecheck::scenarios::FindScenario(suite, options->scenario, options->scenarios);
-            if (!options->device.empty()) scenario.device = options->device;
-            if (!CudaPresentFor(scenario, " invariance")) return kExitBadInput;
+            if (!CudaPresentFor(scenario, " invariance")) return kExitCannotRunHere;
             if (scenario.ExternalTrainer()) {
               // The matrix is of pipecheck's own pipelines: its variants are its schedules and
               // partitions, and its bitwise pairs come from what its ranks record.

@@ -27,19 +27,37 @@ std::optional<int64_t> NumberIn(const std::string& path) {
 
 // The reference: the whole model on one device, the whole batch at once (world size 1, one
 // microbatch): the memory model's figure for exactly that pipeline.
-int64_t ReferencePeak(const pipeline::PipelineConfig& config) {
+pipeline::PipelineConfig ReferenceConfig(const pipeline::PipelineConfig& config) {
   pipeline::PipelineConfig whole = config;
   whole.world_size = 1;
   whole.virtual_stages = 1;
   whole.microbatches = 1;
   whole.accumulation = 1;
   whole.data_parallel = 1;
+  whole.replica = 0;
   whole.recompute = false;
   whole.schedule = "gpipe";
   whole.partition = "uniform";
   whole.fault = "none";
-  return pipeline::PredictMemory(whole, pipeline::BuildSchedule(whole)).peak_bytes.at(0);
+  return whole;
 }
+
+// The actions of one step of a replica's schedule, without building it: each stage's forward
+// and backward of every microbatch (three actions for a split backward) and a send and a
+// receive each way between stages: at most 7 per stage and microbatch.
+int64_t ActionsPerStep(const pipeline::PipelineConfig& config) {
+  return int64_t{7} * config.world_size * config.virtual_stages * config.microbatches;
+}
+
+// What one place needs, part by part, in the order they were added.
+struct Tally {
+  double needed = 0;
+  std::vector<std::string> parts;
+  void Add(double bytes, const std::string& what, const std::string& after = "") {
+    needed += bytes;
+    parts.push_back(fmt::format("{} {}{}", what, HumanBytes(bytes), after));
+  }
+};
 
 }  // namespace
 
@@ -73,50 +91,104 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
   // schedule that deadlocks, which the run itself must show, not this check.
   auto config = ToPipelineConfig(scenario);
   config.fault = "none";
-  const auto prediction = pipeline::PredictMemory(config, pipeline::BuildSchedule(config));
-  const int64_t reference = ReferencePeak(config);
-  // Rank 0 keeps every rank's weights and gradients of every step for parity, in the model dtype.
   const auto& model = config.train.model;
-  const double parameters = static_cast<double>(model.ParameterCount());
-  const int64_t element = static_cast<int64_t>(c10::elementSize(config.train.dtype));
-  const int64_t copies = static_cast<int64_t>(parameters) * element * (2 * scenario.steps + 1) * scenario.data_parallel;
-
-  std::map<std::string, MemoryNeed> needs;  // by place
-  std::map<std::string, std::vector<std::string>> parts;
+  const double element = static_cast<double>(c10::elementSize(config.train.dtype));
+  const double weights = static_cast<double>(model.ParameterCount()) * element;
   const int gpus = scenario.device == "cuda" ? std::max(1, reference::CudaDeviceCount()) : 0;
-  auto place_of = [&](int rank) { return gpus == 0 ? std::string("host memory") : fmt::format("cuda:{}", rank % gpus); };
+  auto place_of = [&](int64_t rank) {
+    return gpus == 0 ? std::string("host memory") : fmt::format("cuda:{}", rank % gpus);
+  };
+  std::map<std::string, Tally> tallies;
+  auto result = [&](const std::string& floor_note) {
+    std::vector<MemoryNeed> needs;
+    for (auto& [place, tally] : tallies) {
+      MemoryNeed need;
+      need.where = place;
+      need.needed = tally.needed;
+      need.detail = fmt::format("{}{}", fmt::join(tally.parts, " + "), floor_note);
+      need.available = place == "host memory" ? AvailableHostBytes() : reference::DeviceTotalBytes(std::stoi(place.substr(5)));
+      needs.push_back(need);
+    }
+    return needs;
+  };
+  auto fits = [&] {
+    for (const auto& need : result("")) {
+      if (need.needed > static_cast<double>(need.available)) return false;
+    }
+    return true;
+  };
+  // What every run of the row holds whatever its schedule: its processes, and rank 0's copies of
+  // every rank's weights and gradients of every step for parity, in the model dtype.
+  const int64_t processes = scenario.Processes();
+  tallies["host memory"].Add(static_cast<double>(processes) * kProcessOverheadBytes,
+                             fmt::format("{} process{}", processes, processes == 1 ? "" : "es"),
+                             processes == 1 ? "" : fmt::format(" ({} each)", HumanBytes(kProcessOverheadBytes)));
+  tallies["host memory"].Add(weights * static_cast<double>(2 * scenario.steps + 1) * static_cast<double>(scenario.data_parallel),
+                             "rank 0's recorded weights and gradients");
+
+  // First a floor in floating point: the pipeline's weights and the reference's weights and
+  // whole-batch activations. Too big already, the row is refused on it; else every figure the
+  // exact model sums stays far inside int64.
+  std::map<std::string, Tally> exact = tallies;
+  if (gpus == 0) {
+    tallies["host memory"].Add(weights * static_cast<double>(scenario.data_parallel),
+                               config.data_parallel > 1 ? "the replicas' weights" : "the pipeline's weights");
+  }
+  tallies[place_of(0)].Add(pipeline::ReferenceFloorBytes(config),
+                           "the reference's weights and whole-batch activations");
+  constexpr const char* kFloor = "; a floor from the memory model's terms";
+  if (!fits()) return result(kFloor);
+  const int64_t per_step = ActionsPerStep(config);
+  if (2 * per_step > kSizingActions) {
+    return result(fmt::format("{}, the schedule's {} actions a step being too many to walk here", kFloor, per_step));
+  }
+
+  // The memory model, over as many steps as kSizingActions allows (2 at least: the first step
+  // creates the optimizer state), each rank's peak and the reference's.
+  config.train.steps = std::min<int64_t>(config.train.steps, std::max<int64_t>(2, kSizingActions / per_step));
+  const auto schedule = pipeline::LoweredScheduleWithin(config, kLoweringBudget);
+  if (!schedule) return result(fmt::format("{}, the schedule's lowering being too long a search here", kFloor));
+  const auto prediction = pipeline::PredictMemory(config, *schedule);
+  auto whole = ReferenceConfig(config);
+  const int64_t reference = pipeline::PredictMemory(whole, *pipeline::LoweredScheduleWithin(whole, -1)).peak_bytes.at(0);
+  tallies = exact;
   // Every replica holds what replica 0 does (give or take a sequence of its shard).
   const int ranks = static_cast<int>(prediction.peak_bytes.size());
-  for (int replica = 0; replica < config.data_parallel; ++replica) {
-    for (int rank = 0; rank < ranks; ++rank) {
-      const std::string place = place_of(replica * ranks + rank);
-      needs[place].needed += prediction.peak_bytes[rank];
-      parts[place].push_back(fmt::format("{}rank {} {}", config.data_parallel > 1 ? fmt::format("replica {} ", replica) : "",
-                                         rank, HumanBytes(static_cast<double>(prediction.peak_bytes[rank]))));
+  const int64_t all = static_cast<int64_t>(ranks) * config.data_parallel;
+  if (all <= 4) {
+    for (int replica = 0; replica < config.data_parallel; ++replica) {
+      for (int rank = 0; rank < ranks; ++rank) {
+        tallies[place_of(int64_t{replica} * ranks + rank)].Add(
+            static_cast<double>(prediction.peak_bytes[rank]),
+            fmt::format("{}rank {}", config.data_parallel > 1 ? fmt::format("replica {} ", replica) : "", rank));
+      }
+    }
+  } else {
+    // Many ranks: a sum per place, and the rank that needs the most.
+    std::map<std::string, std::pair<double, int64_t>> per_place;  // bytes, ranks
+    for (int64_t index = 0; index < all; ++index) {
+      auto& [bytes, count] = per_place[place_of(index)];
+      bytes += static_cast<double>(prediction.peak_bytes[index % ranks]);
+      ++count;
+    }
+    const auto most = std::max_element(prediction.peak_bytes.begin(), prediction.peak_bytes.end());
+    for (const auto& [place, sum] : per_place) {
+      tallies[place].Add(sum.first, fmt::format("{} ranks (the most: rank {}, {})", sum.second,
+                                                most - prediction.peak_bytes.begin(),
+                                                HumanBytes(static_cast<double>(*most))));
     }
   }
   // The reference trains on rank 0's device after the pipeline, beside the pipeline's stages.
-  needs[place_of(0)].needed += reference;
-  parts[place_of(0)].push_back(fmt::format("the reference {}", HumanBytes(static_cast<double>(reference))));
-  needs["host memory"].needed += copies;
-  parts["host memory"].push_back(fmt::format("rank 0's recorded weights and gradients {}",
-                                             HumanBytes(static_cast<double>(copies))));
-  std::vector<MemoryNeed> result;
-  for (auto& [place, need] : needs) {
-    need.where = place;
-    need.detail = fmt::format("{}", fmt::join(parts[place], " + "));
-    need.available = place == "host memory" ? AvailableHostBytes() : reference::DeviceTotalBytes(std::stoi(place.substr(5)));
-    result.push_back(need);
-  }
-  return result;
+  tallies[place_of(0)].Add(static_cast<double>(reference), "the reference");
+  return result(", predicted by the memory model");
 }
 
 std::string MemoryProblem(const scenarios::Scenario& scenario) {
   for (const auto& need : MemoryNeeds(scenario)) {
-    if (need.needed <= need.available) continue;
-    return fmt::format("scenario '{}' needs at least {} of {} ({}, predicted by the memory model), but {} {} "
+    if (need.needed <= static_cast<double>(need.available)) continue;
+    return fmt::format("scenario '{}' needs at least {} of {} ({}), but {} {} "
                        "available: it cannot run here; make it smaller, or run it on a larger machine",
-                       scenario.name, HumanBytes(static_cast<double>(need.needed)), need.where,
+                       scenario.name, HumanBytes(need.needed), need.where,
                        need.detail, HumanBytes(static_cast<double>(need.available)),
                        need.where == "host memory" ? "are" : "is all that device has");
   }

@@ -11,8 +11,9 @@ namespace pipecheck::harness {
 // The schedule and fault names the pipeline implements, for the scenario loader.
 const scenarios::Vocabulary& PipelineVocabulary();
 
-// A suite loaded (from a file) or parsed (from text) against PipelineVocabulary().
-std::vector<scenarios::Scenario> LoadSuite(const std::string& path);
+// A suite loaded (from a file) or parsed (from text) against PipelineVocabulary(); with
+// `device`, every row on that device (`--device`), checked as such.
+std::vector<scenarios::Scenario> LoadSuite(const std::string& path, const std::string& device = "");
 std::vector<scenarios::Scenario> ParseSuite(const std::string& text, const std::string& display_name);
 
 torch::Dtype ParseDtype(const std::string& dtype);

@@ -175,9 +175,8 @@ int RunWorker(const WorkerOptions& options) {
   const char* rank_text = std::getenv("RANK") ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
   std::string rank = rank_text ? rank_text : "?";
   try {
-    const auto suite = harness::LoadSuite(options.scenarios_path);
+    const auto suite = harness::LoadSuite(options.scenarios_path, options.device);
     auto scenario = scenarios::FindScenario(suite, options.scenario, options.scenarios_path);
-    if (!options.device.empty()) scenario.device = options.device;
     if (!options.phase.empty()) {
       rank = options.phase;
       if (options.threads > 0) at::set_num_threads(options.threads);

@@ -42,14 +42,23 @@ Schedule AddCommunication(const Schedule& schedule, bool post_receives_first) {
   return lowered;
 }
 
-Schedule PostReceivesWhereNeeded(Schedule lowered) {
+namespace {
+
+// PostReceivesWhereNeeded, giving up (false) once its simulations have walked more than
+// `budget` actions in all (a negative budget: no limit).
+bool PostReceivesWithin(Schedule& lowered, int64_t budget) {
+  int64_t actions = 0;
+  for (const auto& list : lowered.ranks) actions += static_cast<int64_t>(list.size());
   size_t receives = 0;
   for (const auto& actions : lowered.ranks) receives += std::count_if(actions.begin(), actions.end(),
                                                                        [](const Action& a) { return a.IsRecv(); });
   // Each round posts at least one receive earlier, so there are at most `receives` rounds.
+  int64_t walked = 0;
   for (size_t round = 0; round <= receives; ++round) {
+    walked += actions;
+    if (budget >= 0 && walked > budget) return false;
     const SimulationResult result = Simulate(lowered, SendSemantics::kRendezvous);
-    if (result.ok || result.stuck_at.empty()) return lowered;
+    if (result.ok || result.stuck_at.empty()) return true;
     bool moved = false;
     for (int r = 0; r < lowered.shape.ranks; ++r) {
       const size_t at = result.stuck_at[r];
@@ -70,8 +79,15 @@ Schedule PostReceivesWhereNeeded(Schedule lowered) {
       moved = true;
       break;  // one at a time: the peer's position has changed
     }
-    if (!moved) return lowered;
+    if (!moved) return true;
   }
+  return true;
+}
+
+}  // namespace
+
+Schedule PostReceivesWhereNeeded(Schedule lowered) {
+  PostReceivesWithin(lowered, -1);
   return lowered;
 }
 
@@ -117,6 +133,13 @@ Schedule OrderReceivesAsSent(Schedule lowered) {
 Schedule LowerSchedule(const Schedule& compute, bool post_receives_first) {
   Schedule lowered = AddCommunication(compute, post_receives_first);
   return post_receives_first ? OrderReceivesAsSent(PostReceivesWhereNeeded(std::move(lowered))) : lowered;
+}
+
+std::optional<Schedule> LowerScheduleWithin(const Schedule& compute, int64_t budget, bool post_receives_first) {
+  Schedule lowered = AddCommunication(compute, post_receives_first);
+  if (!post_receives_first) return lowered;
+  if (!PostReceivesWithin(lowered, budget)) return std::nullopt;
+  return OrderReceivesAsSent(std::move(lowered));
 }
 
 }  // namespace pipecheck::pipeline

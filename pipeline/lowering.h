@@ -4,6 +4,9 @@
 // simulator's to say (simulator.h).
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
 #include "pipeline/schedule.h"
 
 namespace pipecheck::pipeline {
@@ -33,5 +36,12 @@ Schedule OrderReceivesAsSent(Schedule lowered);
 // OrderReceivesAsSent (only AddCommunication when the send_before_recv fault asks for sends
 // ahead of receives, a bug the others must not repair).
 Schedule LowerSchedule(const Schedule& compute, bool post_receives_first = true);
+
+// LowerSchedule, or none once its deadlock search has simulated more than `budget` actions in
+// all: a bound on the work, the same on every machine, for checks that must answer at once
+// (validation, the memory pre-check) and may leave a long search to the ranks that run it.
+// Schedules that post their receives in order need one simulation; zero-bubble V shapes need
+// one for each receive they hoist, so their search grows as the square of their length.
+std::optional<Schedule> LowerScheduleWithin(const Schedule& compute, int64_t budget, bool post_receives_first = true);
 
 }  // namespace pipecheck::pipeline

@@ -235,26 +235,13 @@ int64_t LargestParameter(const reference::ModelConfig& model, const reference::S
   return largest;
 }
 
-// Distinct storage bytes of the batch and its microbatches (some microbatch tensors are views).
-int64_t BatchBytes(const reference::Batch& batch, const std::vector<reference::Batch>& parts) {
-  std::set<const void*> seen;
-  int64_t bytes = 0;
-  auto add = [&](const torch::Tensor& tensor) {
-    const void* data = tensor.storage().data();
-    if (seen.insert(data).second) bytes += static_cast<int64_t>(tensor.storage().nbytes());
-  };
-  add(batch.tokens), add(batch.labels), add(batch.lengths);
-  for (const auto& part : parts) add(part.tokens), add(part.labels), add(part.lengths);
-  return bytes;
-}
-
 // One rank's step through its action list, mirroring the executor: one method per action kind,
 // each moving `held` as the executor's tensors come and go, and noting the most held during the
 // action (its transients on top).
 class RankWalk {
  public:
   RankWalk(const Sizes& z, const std::vector<reference::SliceSpec>& slices, const PipelineShape& shape,
-           const std::vector<reference::Batch>& parts, int64_t held, bool recompute)
+           const std::vector<MicrobatchShape>& parts, int64_t held, bool recompute)
       : z_(z), slices_(slices), shape_(shape), parts_(parts), held_(held), recompute_(recompute) {}
 
   // Walks `actions`, appending the bytes held after each and the most held during it.
@@ -287,7 +274,7 @@ class RankWalk {
 
   void Reach(int64_t bytes) { action_peak_ = std::max(action_peak_, bytes); }
   // One boundary message of microbatch `mb`: (b, t, hidden).
-  int64_t MessageBytes(int mb) const { return parts_[mb].tokens.size(0) * parts_[mb].time() * z_.model.hidden * z_.e; }
+  int64_t MessageBytes(int mb) const { return parts_[mb].sequences * parts_[mb].time * z_.model.hidden * z_.e; }
   bool Passthrough(const reference::SliceSpec& slice) const {
     return slice.end_layer == slice.first_layer && !slice.has_embedding && !slice.has_head;
   }
@@ -302,7 +289,7 @@ class RankWalk {
   void Forward(const Action& a) {
     const auto& slice = slices_[a.stage];
     const int mb = a.microbatch;
-    const int64_t b = parts_[mb].tokens.size(0), t = parts_[mb].time();
+    const int64_t b = parts_[mb].sequences, t = parts_[mb].time;
     const bool remote_input = InputMessage(shape_, a).has_value();
     const Input input = a.stage == 0 ? Input::kTokens : remote_input ? Input::kReceived : Input::kLocal;
     // Recomputation keeps the input alone (a received one; the tokens and a local input are held
@@ -320,7 +307,7 @@ class RankWalk {
   void Recompute(const Action& a) {
     const auto& slice = slices_[a.stage];
     const int mb = a.microbatch;
-    const int64_t b = parts_[mb].tokens.size(0), t = parts_[mb].time();
+    const int64_t b = parts_[mb].sequences, t = parts_[mb].time;
     const bool remote_input = InputMessage(shape_, {ActionKind::kForward, a.stage, mb}).has_value();
     const Input input = a.stage == 0 ? Input::kTokens : remote_input ? Input::kReceived : Input::kLocal;
     const int64_t saved = Retained(z_, slice, input, b, t) - (input == Input::kReceived ? MessageBytes(mb) : 0);
@@ -360,7 +347,7 @@ class RankWalk {
   void Backward(const Action& a) {
     const auto& slice = slices_[a.stage];
     const int mb = a.microbatch;
-    const int64_t b = parts_[mb].tokens.size(0), t = parts_[mb].time();
+    const int64_t b = parts_[mb].sequences, t = parts_[mb].time;
     const bool passthrough = Passthrough(slice);
     const bool input_part = a.kind != ActionKind::kBackwardWeight;
     const bool weight_part = a.kind != ActionKind::kBackwardInput;
@@ -443,7 +430,7 @@ class RankWalk {
   const Sizes& z_;
   const std::vector<reference::SliceSpec>& slices_;
   const PipelineShape& shape_;
-  const std::vector<reference::Batch>& parts_;
+  const std::vector<MicrobatchShape>& parts_;
   int64_t held_ = 0;
   bool recompute_ = false;
   int64_t peak_ = 0;
@@ -480,6 +467,46 @@ int64_t StepEndPeak(const Sizes& z, const PipelineShape& shape, int rank, int64_
 
 }  // namespace
 
+StepShapes StepShapesOf(const PipelineConfig& config, int64_t step) {
+  const auto& data = config.train.data;
+  const auto drawn = reference::MakeLengths(data, config.train.seed, step);
+  const int64_t* lengths = drawn.data_ptr<int64_t>();
+  const int64_t batch = data.batch;
+  const int64_t longest = *std::max_element(lengths, lengths + batch);
+  constexpr int64_t kIndex = sizeof(int64_t);
+  StepShapes shapes;
+  // The batch: tokens and labels (B, T), lengths (B). A microbatch's lengths are a view of the
+  // batch's; its tokens and labels are too where narrowing keeps them contiguous (every position
+  // kept, or a single sequence), and copies (b, t) otherwise.
+  shapes.batch_bytes = 2 * batch * longest * kIndex + batch * kIndex;
+  const auto sizes = reference::MicrobatchSizes(batch, static_cast<int64_t>(config.data_parallel) * config.microbatches);
+  const size_t first = static_cast<size_t>(config.replica) * static_cast<size_t>(config.microbatches);
+  int64_t start = 0;
+  for (size_t part = 0; part < sizes.size(); ++part) {
+    const int64_t size = sizes[part];
+    const int64_t time = *std::max_element(lengths + start, lengths + start + size);
+    start += size;
+    if (config.data_parallel > 1 && (part < first || part >= first + static_cast<size_t>(config.microbatches))) continue;
+    shapes.microbatches.push_back({size, time});
+    if (time != longest && size != 1) shapes.batch_bytes += 2 * size * time * kIndex;
+  }
+  return shapes;
+}
+
+double ReferenceFloorBytes(const PipelineConfig& config) {
+  const Sizes z = SizesOf(config);
+  const auto& model = z.model;
+  const auto drawn = reference::MakeLengths(config.train.data, config.train.seed, 0);
+  const double b = static_cast<double>(config.train.data.batch);
+  const double t = static_cast<double>(drawn.max().item<int64_t>());
+  const double n = b * t, h = static_cast<double>(model.hidden), e = static_cast<double>(z.e),
+               s = static_cast<double>(z.s);
+  const double layer = (8 * e + 2 * s) * n * h + (IsLlama(z) ? 4 : 2) * e * n * static_cast<double>(model.FfnSize()) +
+                       e * b * static_cast<double>(model.heads) * t * t + b * t * t + 2 * s * n;
+  const double head = (2 * e + s) * n * h + static_cast<double>(z.loss) * n * static_cast<double>(model.vocab) + s * n;
+  return static_cast<double>(model.ParameterCount()) * e + static_cast<double>(model.layers) * layer + head;
+}
+
 MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& schedule) {
   const Sizes z = SizesOf(config);
   const auto& shape = schedule.shape;
@@ -497,9 +524,9 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
     largest_clipped[r] = std::max(largest_clipped[r], LargestParameter(z.model, slices[s], /*clipped=*/true));
   }
   for (int64_t step = 0; step < config.train.steps; ++step) {
-    const auto batch = reference::MakeBatch(config.train.data, config.train.seed, step);
-    const auto parts = ReplicaMicrobatches(config, batch);
-    const int64_t batch_bytes = BatchBytes(batch, parts);
+    const StepShapes data = StepShapesOf(config, step);
+    const auto& parts = data.microbatches;
+    const int64_t batch_bytes = data.batch_bytes;
     prediction.held_after[step].resize(shape.ranks);
     prediction.peak_during[step].resize(shape.ranks);
     for (int rank = 0; rank < shape.ranks; ++rank) {

@@ -41,4 +41,25 @@ struct MemoryPrediction {
 // `schedule` is the lowered schedule the ranks run (BuildSchedule).
 MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& schedule);
 
+// One microbatch as the memory model sees it: its sequences and its padded positions.
+struct MicrobatchShape {
+  int64_t sequences = 0;
+  int64_t time = 0;
+};
+
+// A step's data for this replica (config.replica): its microbatches' shapes and the bytes the
+// batch and its microbatches hold, worked out from the sequence lengths alone (no tokens made):
+// the same storage as ReplicaMicrobatches(MakeBatch(...)) keeps.
+struct StepShapes {
+  std::vector<MicrobatchShape> microbatches;
+  int64_t batch_bytes = 0;
+};
+StepShapes StepShapesOf(const PipelineConfig& config, int64_t step);
+
+// A floor on the reference's peak, in double so that no size can overflow it: its parameters,
+// and what every layer and the head keep for the backward of step 0's whole batch at once
+// (the terms above, transients and optimizer state left out). Cheap whatever the sizes: for
+// refusing a scenario before the exact model, whose int64 sums it keeps within range.
+double ReferenceFloorBytes(const PipelineConfig& config);
+
 }  // namespace pipecheck::pipeline

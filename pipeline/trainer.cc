@@ -22,13 +22,17 @@ FaultContext FaultContextOf(const PipelineConfig& config, int rank) {
   return {config.microbatches, rank, config.world_size, config.train.steps, config.data_parallel, config.accumulation};
 }
 
-Schedule BuildSchedule(const PipelineConfig& config) {
+std::optional<Schedule> LoweredScheduleWithin(const PipelineConfig& config, int64_t budget) {
   TORCH_CHECK(config.accumulation >= 1 && config.microbatches % config.accumulation == 0, "microbatches ",
               config.microbatches, " are not ", config.accumulation, " rounds of the same count");
   const PipelineShape round{config.world_size, config.virtual_stages, config.microbatches / config.accumulation};
   const auto fault = MakeFault(config.fault, FaultContextOf(config, 0));
-  Schedule lowered =
-      LowerSchedule(RepeatRounds(ScheduleByName(config.schedule, round), config.accumulation), fault->PostReceivesFirst());
+  return LowerScheduleWithin(RepeatRounds(ScheduleByName(config.schedule, round), config.accumulation), budget,
+                             fault->PostReceivesFirst());
+}
+
+Schedule BuildSchedule(const PipelineConfig& config) {
+  Schedule lowered = *LoweredScheduleWithin(config, -1);
   ValidateSchedule(lowered, {}, config.communication);
   return lowered;
 }

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ namespace pipecheck::pipeline {
 // The validated, lowered schedule every rank of this configuration runs: its accumulation
 // rounds of the named schedule, one after another.
 Schedule BuildSchedule(const PipelineConfig& config);
+
+// The same schedule lowered but not validated, or none where lowering would simulate more than
+// `budget` actions (LowerScheduleWithin; negative: no limit): for sizing a configuration (the
+// memory model) whose schedule has been validated already, or will be by the ranks that run it.
+std::optional<Schedule> LoweredScheduleWithin(const PipelineConfig& config, int64_t budget);
 
 // What the fault injected on `rank` knows of the run.
 FaultContext FaultContextOf(const PipelineConfig& config, int rank);

@@ -28,10 +28,27 @@ Batch MakeBatchFromSequences(const torch::Tensor& tokens, const torch::Tensor& l
   return batch;
 }
 
+namespace {
+
+// A step's data stream; the lengths are its first draw, the tokens its second.
+at::Generator DataGenerator(uint64_t seed, int64_t step) {
+  return compat::MakeCpuGenerator(StreamSeed(seed, "data", static_cast<uint64_t>(step)));
+}
+
+torch::Tensor DrawLengths(const DataConfig& config, at::Generator& generator) {
+  return torch::randint(config.seq_len_min, config.seq_len + 1, {config.batch}, generator, torch::kInt64);  // (B)
+}
+
+}  // namespace
+
+torch::Tensor MakeLengths(const DataConfig& config, uint64_t seed, int64_t step) {
+  auto generator = DataGenerator(seed, step);
+  return DrawLengths(config, generator);
+}
+
 Batch MakeBatch(const DataConfig& config, uint64_t seed, int64_t step) {
-  auto generator = compat::MakeCpuGenerator(StreamSeed(seed, "data", static_cast<uint64_t>(step)));
-  auto lengths = torch::randint(config.seq_len_min, config.seq_len + 1, {config.batch}, generator,
-                                torch::kInt64);                                    // (B)
+  auto generator = DataGenerator(seed, step);
+  auto lengths = DrawLengths(config, generator);                                   // (B)
   auto tokens = torch::randint(0, config.vocab, {config.batch, config.seq_len}, generator,
                                torch::kInt64);                                     // (B, seq_len)
   return MakeBatchFromSequences(tokens, lengths, lengths.max().item<int64_t>());

@@ -32,6 +32,10 @@ struct Batch {
 // The batch of `step`, padded to its longest sequence.
 Batch MakeBatch(const DataConfig& config, uint64_t seed, int64_t step);
 
+// The lengths (B) int64 of MakeBatch(config, seed, step)'s sequences, drawn alone: what a batch's
+// shapes depend on, for sizing a run without making its tokens.
+torch::Tensor MakeLengths(const DataConfig& config, uint64_t seed, int64_t step);
+
 // A batch from tokens (B, >= max length) and lengths (B), padded to `time` positions
 // (at least the longest length) with `pad_token`; labels follow the rules above.
 Batch MakeBatchFromSequences(const torch::Tensor& tokens, const torch::Tensor& lengths, int64_t time,

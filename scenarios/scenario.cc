@@ -577,7 +577,7 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
                 fmt::format("llama's rotary embedding needs an even head dimension, but hidden {} / heads {} = {}",
                             s.hidden, s.heads, s.hidden / s.heads));
   }
-  if (s.device == "cpu" && (s.transport == "nccl" || s.transport == "staged")) {
+  if (s.device == "cpu" && CurrentVocabulary()->device.empty() && (s.transport == "nccl" || s.transport == "staged")) {
     throw at.At(line, "transport", s.transport,
                 fmt::format("{} moves CUDA tensors, but the scenario runs on cpu; use gloo or auto", s.transport));
   }
@@ -685,6 +685,7 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
   const auto& rules = CurrentVocabulary()->schedule_rules;
   const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == scenario.schedule; });
   if (!virtual_stages_given && rule != rules.end()) scenario.virtual_stages = rule->default_virtual_stages;
+  if (!CurrentVocabulary()->device.empty()) scenario.device = CurrentVocabulary()->device;
   CheckCombinations(scenario, line, at);
   return scenario;
 }

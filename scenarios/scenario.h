@@ -140,6 +140,10 @@ struct Vocabulary {
   // The PyTorch this build links and its trainer=torch runs (major, minor): what an
   // `expect` of the form OUTCOME<MAJOR.MINOR is resolved against.
   std::pair<int, int> torch_version{0, 0};
+  // Set (`--device`): every row runs on this device and is checked as if it said so, so a cuda
+  // row with transport gloo is refused; on cpu every transport is Gloo, so a row's CUDA transport
+  // (nccl, staged) is moot there rather than wrong.
+  std::string device;
 };
 
 // Loads and validates a suite; throws ScenarioError.

@@ -54,12 +54,12 @@ expect 0 "^mb4 +[0-9.]+ +[0-9]+ +[0-9]+\.[0-9]+" "$pipecheck" reference --microb
 expect 2 "unknown.csv:1:3: unknown column 'colour'" "$pipecheck" run --scenarios "$work/unknown.csv" --out "$work/r"
 expect 2 "badvalue.csv:3:2" "$pipecheck" run --scenarios "$work/badvalue.csv" --out "$work/r"
 expect 2 "device" "$pipecheck" run --device tpu --scenarios "$work/good.csv"
-# Another trainer this machine cannot run: refused (exit 2, naming the row and why) before anything runs.
+# Another trainer this machine cannot run: refused (exit 3, naming the row and why) before anything runs.
 printf '#!/bin/sh\necho "ModuleNotFoundError: No module named torch" >&2\nexit 1\n' >"$work/no-torch-python"
 chmod +x "$work/no-torch-python"
 printf 'name,world_size\nfine,1\ntheirs,1\n' >"$work/torchless.csv"
 sed -i 's/^theirs,1$/theirs,1/; 1s/$/,trainer/; 2s/$/,pipecheck/; 3s/$/,torch/' "$work/torchless.csv"
-expect 2 "torchless.csv:3: scenario 'theirs': trainer=torch needs PyTorch >= 2.4 \(torch.distributed.pipelining\) in .*no-torch-python .*No module named torch" \
+expect 3 "torchless.csv:3: scenario 'theirs': trainer=torch needs PyTorch >= 2.4 \(torch.distributed.pipelining\) in .*no-torch-python .*No module named torch" \
   env PIPECHECK_PYTHON="$work/no-torch-python" "$pipecheck" run --scenarios "$work/torchless.csv" --out "$work/r"
 test ! -e "$work/r/summary.csv" || { failed=$((failed + 1)); echo "FAIL: a refused suite still ran"; }
 printf 'name,world_size,trainer\nmine,1,external:nowhere/train.py\n' >"$work/noprogram.csv"
@@ -76,13 +76,13 @@ for report in summary params steps ranks timeline; do
   expect 0 "^scenario," head -n 1 "$work/r/$report.csv"
 done
 expect 0 "^pp2,PASS,pass,1,2,1f1b," tail -n 1 "$work/r/summary.csv"
-# A scenario this build or machine cannot run (device cuda without a CUDA device) is bad input
-# before anything runs. CUDA_VISIBLE_DEVICES= hides every GPU, so the check is the same on a
+# A scenario this build or machine cannot run (device cuda without a CUDA device) is refused
+# before anything runs, with its own exit code (3: well formed, but not here). CUDA_VISIBLE_DEVICES= hides every GPU, so the check is the same on a
 # machine with GPUs as on one without.
 printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,device\ngpu,2,2,16,4,2,8,cuda\nafter,2,2,16,4,2,8,cpu\n' >"$work/gpu.csv"
-expect 2 "gpu.csv:2: scenario 'gpu' needs device cuda, but this build or machine has no CUDA device" \
+expect 3 "gpu.csv:2: scenario 'gpu' needs device cuda, but this build or machine has no CUDA device" \
   env CUDA_VISIBLE_DEVICES= "$pipecheck" run --scenarios "$work/gpu.csv" --out "$work/g"
-expect 2 "scenario 'pp2' needs device cuda" env CUDA_VISIBLE_DEVICES= "$pipecheck" run --scenarios "$work/pp.csv" --device cuda --out "$work/g"
+expect 3 "scenario 'pp2' needs device cuda" env CUDA_VISIBLE_DEVICES= "$pipecheck" run --scenarios "$work/pp.csv" --device cuda --out "$work/g"
 # A crashed rank is ERROR naming the rank and its output; its summary row keeps every column;
 # the run goes on to the next scenario.
 printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,fault,expect\ncrash,2,2,16,4,2,8,crash_rank,pass\nafter,2,2,16,4,2,8,none,pass\n' >"$work/crash.csv"
@@ -290,7 +290,30 @@ expect 0 "wrote $work/jx2/j.xml" "$pipecheck" run --scenarios "$work/pp.csv" --o
 # --only: a glob that matches nothing is a typo to report, not a smaller run.
 expect 2 "no scenario matches --only 'typo'" "$pipecheck" run --scenarios "$work/pp.csv" --only 'pp2,typo' --out "$work/o"
 # validate, run --list and run refuse what this machine cannot run: no CUDA device, or too little memory.
-expect 2 "gpu.csv:2: scenario 'gpu' needs device cuda" env CUDA_VISIBLE_DEVICES= "$pipecheck" validate --scenarios "$work/gpu.csv"
+expect 3 "gpu.csv:2: scenario 'gpu' needs device cuda" env CUDA_VISIBLE_DEVICES= "$pipecheck" validate --scenarios "$work/gpu.csv"
+expect 3 "gpu.csv: 2 scenarios, all well formed; 1 cannot run here" env CUDA_VISIBLE_DEVICES= "$pipecheck" validate --scenarios "$work/gpu.csv"
+# --device cuda checks a GPU suite's form on a machine without one: every row is checked as a
+# cuda row (transport gloo refused, exit 2, file:line:column), then each is said not to run here.
+expect 3 "gpu.csv:3: scenario 'after' needs device cuda" env CUDA_VISIBLE_DEVICES= "$pipecheck" validate --scenarios "$work/gpu.csv" --device cuda
+printf 'name,transport\nok,auto\nwired,gloo\n' >"$work/gloo.csv"
+expect 2 "gloo.csv:3:2: column 'transport', value 'gloo': c10d's Gloo cannot send CUDA tensors" env CUDA_VISIBLE_DEVICES= "$pipecheck" validate --scenarios "$work/gloo.csv" --device cuda
+printf 'name,device,transport\nshared,cuda,staged\n' >"$work/staged.csv"
+expect 0 "1 scenarios, all valid and runnable here" "$pipecheck" validate --scenarios "$work/staged.csv" --device cpu
+# Sizes the loader allows but no machine holds: each refused from the memory model's floor
+# (nothing of the size is made), file:line, exit 3; never a raw allocator error (exit 1), never
+# minutes of building a 13 GB batch or simulating a million actions (20 s here is 20 times what
+# each takes on a 2-core machine).
+printf 'name,batch,seq_len,microbatches,world_size,layers\nseq,65536,65536,1,1,4\nbatch,65536,4096,4,1,4\nranks,65536,4096,1024,256,256\n' >"$work/oversized.csv"
+line=2
+for row in seq batch ranks; do
+  expect 3 "oversized.csv:$line: scenario '$row' needs at least [0-9.]+ [GTP]B of host memory \(.*; a floor from the memory model's terms.*\), but" \
+    timeout 20 "$pipecheck" validate --scenarios "$work/oversized.csv"
+  line=$((line + 1))
+done
+# A row that fits but whose schedule is a long search (ZB-V's receives, hoisted one simulation at
+# a time: 354 s here before the search had a budget) is checked as far as the budget allows.
+printf 'name,world_size,virtual_stages,schedule,microbatches,batch,layers,hidden,seq_len\nlong_zbv,8,2,zbv,512,512,16,16,8\n' >"$work/long_zbv.csv"
+expect 0 "1 scenarios, all valid and runnable here" timeout 20 "$pipecheck" validate --scenarios "$work/long_zbv.csv"
 expect 0 "2 scenarios, all valid and runnable here" env CUDA_VISIBLE_DEVICES= "$pipecheck" validate --scenarios "$work/gpu.csv" --device cpu
 # Every committed CPU suite is runnable here (a fault that deadlocks its schedule is the run's to show).
 for suite in core faults long cpu-large throughput; do
@@ -298,7 +321,7 @@ for suite in core faults long cpu-large throughput; do
 done
 printf 'name,layers,hidden,heads,dtype\nhuge,64,16384,64,float64\n' >"$work/huge.csv"
 for command in validate "run --list --out $work/huge" "run --out $work/huge"; do
-  expect 2 "huge.csv:2: scenario 'huge' needs at least [0-9.]+ TB of host memory \(rank 0 [0-9.]+ [kMGT]B \+ rank 1 .*the reference .*\), but [0-9.]+ [kMGT]B are available" "$pipecheck" $command --scenarios "$work/huge.csv"
+  expect 3 "huge.csv:2: scenario 'huge' needs at least [0-9.]+ TB of host memory \(2 processes [0-9.]+ MB \([0-9.]+ MB each\) \+ .*the reference's weights and whole-batch activations [0-9.]+ TB; a floor .*\), but [0-9.]+ [kMGT]B are available" "$pipecheck" $command --scenarios "$work/huge.csv"
 done
 expect 0 "^pp2  world_size 2 1f1b m=2 float64 cpu 2 steps, needs at least [0-9.]+ [kM]B" "$pipecheck" run --scenarios "$work/pp.csv" --list
 # The same name under another configuration is CHANGED, never ok.

@@ -10,9 +10,14 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "harness/launcher.h"
+#include "harness/preflight.h"
 #include "harness/scenario_model.h"
+#include "pipeline/memory_model.h"
+#include "pipeline/stage.h"
+#include "reference/data.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -261,6 +266,76 @@ TEST(Memory, AnEmptyStagesWeightPassRunsNothing) {
 TEST(Memory, AFirstBackwardsGradientsStandBesideItsTransients) {
   const auto report = Launch("grads_stand,llama,float32,2,gpipe,uniform,0,2,256,2,4,2,32,,32");
   EXPECT_EQ(ExpectActionPeaksNear(report, "", {{"B", 0.04}}), 2 * 2 * 2);  // 2 stages, 2 microbatches, 2 steps
+}
+
+}  // namespace
+}  // namespace pipecheck
+
+namespace pipecheck {
+namespace {
+
+// The model sizes a step from its sequence lengths alone; what it says the batch and this
+// replica's microbatches hold is what making them holds (views counted once), shape by shape.
+TEST(MemorySizing, StepShapesFromLengthsHoldWhatTheBatchHolds) {
+  struct Case {
+    const char* row;
+    int replica;
+  };
+  const std::vector<Case> cases = {
+      {"fixed,8,4,16,16,1", 0},       // every microbatch keeps every position: views
+      {"varying,8,4,32,3,1", 0},      // trimmed microbatches: copies
+      {"single,4,4,32,3,1", 0},       // one sequence each: views whatever their length
+      {"uneven,11,3,24,2,1", 0},      // sizes 4, 4, 3
+      {"replicas,12,3,32,3,2", 0},    // replica 0's 3 of 6 microbatches
+      {"replicas,12,3,32,3,2", 1},    // replica 1's
+  };
+  for (const auto& c : cases) {
+    const auto suite = harness::ParseSuite(
+        fmt::format("name,batch,microbatches,seq_len,seq_len_min,data_parallel,steps\n{},3\n", c.row), "sizing.csv");
+    auto config = harness::ToPipelineConfig(suite.at(0));
+    config.replica = c.replica;
+    for (int64_t step = 0; step < config.train.steps; ++step) {
+      const auto batch = reference::MakeBatch(config.train.data, config.train.seed, step);
+      const auto parts = pipeline::ReplicaMicrobatches(config, batch);
+      std::set<const void*> seen;
+      int64_t bytes = 0;
+      auto add = [&](const torch::Tensor& tensor) {
+        if (seen.insert(tensor.storage().data()).second) bytes += static_cast<int64_t>(tensor.storage().nbytes());
+      };
+      add(batch.tokens), add(batch.labels), add(batch.lengths);
+      for (const auto& part : parts) add(part.tokens), add(part.labels), add(part.lengths);
+      const auto shapes = pipeline::StepShapesOf(config, step);
+      EXPECT_EQ(shapes.batch_bytes, bytes) << c.row << " replica " << c.replica << " step " << step;
+      ASSERT_EQ(shapes.microbatches.size(), parts.size()) << c.row;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        EXPECT_EQ(shapes.microbatches[i].sequences, parts[i].size()) << c.row << " microbatch " << i;
+        EXPECT_EQ(shapes.microbatches[i].time, parts[i].time()) << c.row << " microbatch " << i;
+      }
+    }
+  }
+}
+
+// Sizes the loader allows but no machine holds are refused from the floor, in floating point,
+// without making the batch (65536 x 65536 tokens: 32 GiB) or walking a million actions.
+TEST(MemorySizing, AbsurdSizesAreRefusedFromAFloorWithoutMakingAnything) {
+  const auto suite = harness::ParseSuite(
+      "name,batch,seq_len,microbatches,world_size,layers,heads,hidden,vocab\n"
+      "tokens,65536,65536,1,1,4,4,64,256\n"
+      "heads,65536,65536,65536,256,1024,1024,65536,1048576\n"
+      "ranks,65536,4096,1024,256,256,4,64,256\n",
+      "absurd.csv");
+  for (const auto& scenario : suite) {
+    const std::string problem = harness::MemoryProblem(scenario);
+    EXPECT_NE(problem.find("needs at least"), std::string::npos) << scenario.name << ": " << problem;
+    EXPECT_NE(problem.find("a floor from the memory model's terms"), std::string::npos) << scenario.name << ": " << problem;
+    for (const auto& need : harness::MemoryNeeds(scenario)) {
+      EXPECT_TRUE(std::isfinite(need.needed) && need.needed > 0) << scenario.name << " " << need.where;
+    }
+  }
+  // Every process is counted: 256 ranks' overhead alone is 64 GB.
+  const auto host = harness::MemoryNeeds(suite.at(2)).at(0);
+  EXPECT_EQ(host.where, "host memory");
+  EXPECT_NE(host.detail.find("256 processes 64.0 GB (250.0 MB each)"), std::string::npos) << host.detail;
 }
 
 }  // namespace
