@@ -574,6 +574,7 @@ std::vector<reports::ScenarioReport> RunVariants(const std::vector<Variant>& var
   launch.work_directory = (std::filesystem::path(options.out) / "work").string();
   launch.threads_per_rank = options.threads;
   launch.worker_args = {"--save-tensors"};
+  launch.timed_steps = 0;  // the variants are compared for their numbers; their speed is not gated
   InstallInterruptHandlers();
   std::vector<reports::ScenarioReport> reports;
   size_t width = 8;

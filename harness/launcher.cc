@@ -144,6 +144,7 @@ ProcessCommand WorkerCommand(const scenarios::Scenario& scenario, const LaunchOp
                   "--out", directory, "--threads", std::to_string(options.threads_per_rank)};
   if (!options.device.empty()) command.argv.insert(command.argv.end(), {"--device", options.device});
   if (!phase.empty()) command.argv.insert(command.argv.end(), {"--phase", phase});
+  if (phase.empty()) command.argv.insert(command.argv.end(), {"--timed-steps", std::to_string(options.timed_steps)});
   command.argv.insert(command.argv.end(), options.worker_args.begin(), options.worker_args.end());
   return command;
 }

@@ -24,6 +24,9 @@ struct LaunchOptions {
   int threads_per_rank = 1;
   int port = 0;  // rendezvous port; 0 lets the kernel pick a free one
   std::string device;  // run-level --device override handed to every rank ("" keeps the scenario's)
+  // Timed steps each rank takes for tokens/s's spread (worker --timed-steps): timing-only steps
+  // after the judged ones make up the difference; 0 none (parity alone).
+  int timed_steps = 0;
   std::vector<std::string> worker_args;  // further arguments for every rank's worker command
   // Called about every progress_seconds while a scenario runs, with the latest progress line of
   // its ranks ("step 3/24 loss 5.41"); none when empty.

@@ -289,7 +289,7 @@ struct GateOptions {
   std::string runner;
   double max_slowdown = 0.10;
   double max_memory_growth = 0.10;
-  double noise_factor = 2.0;
+  double noise_factor = pipecheck::reports::CompareOptions{}.noise_factor;
 
   pipecheck::reports::CompareOptions Limits() const {
     pipecheck::reports::CompareOptions limits;
@@ -315,7 +315,7 @@ void AddGate(CLI::App* command, GateOptions& gate, const std::string& runner_hel
       ->check(FiniteIn(0.0, 100.0, "a fraction from 0 to 100"))->capture_default_str();
   command->add_option("--noise-factor", gate.noise_factor,
                       help("tokens/s may fall by this many times the spread the baseline recorded, if more than "
-                           "--max-slowdown"))
+                           "--max-slowdown, but at most 20% (or --max-slowdown, if more)"))
       ->check(FiniteIn(0.0, 100.0, "a factor from 0 to 100"))->capture_default_str();
 }
 
@@ -486,6 +486,11 @@ Command AddRun(CLI::App& app) {
              "Deadline per scenario in seconds (default: sized to each scenario, 30 s and up); past it a "
              "scenario still making progress runs on, up to 10 times it");
   AddThreads(command, run.threads_per_rank, "Intra-op threads per rank (0: cores / world_size)");
+  run.timed_steps = pipecheck::pipeline::kTimedSamples;
+  command->add_option("--timed-steps", run.timed_steps,
+                      "Steps each scenario of pipecheck's own trainer times for tokens/s and its spread: timing-only "
+                      "steps follow the judged ones where those time fewer, within 3 s at their pace (0: none)")
+      ->check(CLI::Range(0, 1000))->capture_default_str();
   command->add_flag("--bind-cpus", run.bind_cpus,
                     "Bind each CPU rank to its own contiguous share of this process's CPUs (not with runs side by side)");
   return {command, "run", [options] {
@@ -531,6 +536,11 @@ Command AddWorker(CLI::App& app) {
       ->check(FiniteIn(1, 86400, "seconds from 1 to 86400 (a day)"))->capture_default_str();
   command->add_flag("--save-tensors", options->save_tensors,
                     "Rank 0 also writes tensors.pt: every step's loss and applied gradients, the final weights");
+  options->timed_steps = pipecheck::pipeline::kTimedSamples;
+  command->add_option("--timed-steps", options->timed_steps,
+                      "Steps to time for tokens/s and its spread: timing-only steps follow the judged ones where "
+                      "those time fewer (bounded in time; 0: none)")
+      ->check(CLI::Range(0, 1000))->capture_default_str();
   command->add_option("--phase", options->phase,
                       "For another trainer under test (trainer=torch, torchtitan, deepspeed, megatron, external:PATH; one process, no rendezvous): "
                       "'prepare' writes its inputs into --out's exchange folder, 'judge' judges what it handed back")

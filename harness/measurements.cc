@@ -218,6 +218,16 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
     pp_ms.push_back(slowest);
     pp_rate.push_back(static_cast<double>(reference.steps[k].tokens) / (slowest / 1000.0));
   }
+  // The timing-only steps after them (each the last judged step's batch again), where the judged
+  // steps timed too few for a spread; every rank ran the same count.
+  size_t timing = input.ranks.empty() ? 0 : input.ranks.front().timing_step_ms.size();
+  for (const auto& rank : input.ranks) timing = std::min(timing, rank.timing_step_ms.size());
+  for (size_t k = 0; k < timing && steps > 0; ++k) {
+    double slowest = 0.0;
+    for (const auto& rank : input.ranks) slowest = std::max(slowest, rank.timing_step_ms[k]);
+    pp_ms.push_back(slowest);
+    pp_rate.push_back(static_cast<double>(reference.steps[steps - 1].tokens) / (slowest / 1000.0));
+  }
   TimelineRows(input, report);
   // Replica 0's ranks (every rank with one replica): what the schedule's lists index.
   const bool replicated = !input.ranks.empty() && input.ranks.front().replicas > 1;
@@ -228,12 +238,10 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
   row.pp_step_ms = reference::Median(pp_ms);
   row.ref_tokens_per_s = reference.MedianTokensPerSecond();
   row.pp_tokens_per_s = reference::Median(pp_rate);
-  // How far the timed steps' rates lie apart, relative to their median: (max - min) / median.
-  if (pp_rate.size() >= 2) {
-    const auto [low, high] = std::minmax_element(pp_rate.begin(), pp_rate.end());
-    row.pp_tokens_per_s_spread = (*high - *low) / reference::Median(pp_rate);
-  }
+  // How far the timed steps' rates lie apart, relative to their median (robustly).
+  if (pp_rate.size() >= 2) row.pp_tokens_per_s_spread = reports::RobustSpread(pp_rate);
   row.pp_tokens_per_s_runs = 1;
+  row.pp_timed_steps = static_cast<int64_t>(pp_rate.size());
   row.bubble_theory = input.simulation.bubble;
   if (predicted.ok()) row.pp_step_ms_predicted = predicted.step_ms;
   RankRows(input, steps, predicted, report);

@@ -101,6 +101,7 @@ LaunchOptions SuiteLaunchOptions(const RunOptions& options) {
   launch.work_directory = (std::filesystem::path(options.out) / "work").string();
   launch.device = options.device;
   launch.bind_cpus = options.bind_cpus;
+  launch.timed_steps = options.timed_steps;
   return launch;
 }
 
@@ -141,19 +142,59 @@ reports::ScenarioReport RunScenario(const scenarios::Scenario& scenario, const R
   return report;
 }
 
-// The finished run, as it is in memory, against its baseline, written to compare.csv and printed;
-// none without one.
-std::optional<reports::Comparison> CompareWithBaseline(const RunOptions& options,
-                                                       const std::vector<reports::ScenarioReport>& reports,
-                                                       std::ostream& out) {
+// The finished run, as it is in memory, against its baseline (none without one).
+std::optional<reports::Comparison> Compared(const RunOptions& options, const std::vector<reports::ScenarioReport>& reports) {
   if (options.baseline.empty()) return std::nullopt;
   const auto summary = (std::filesystem::path(options.out) / "summary.csv").string();
-  auto comparison = reports::CompareWithBaseline(options.baseline, reports, summary, options.limits);
+  return reports::CompareWithBaseline(options.baseline, reports, summary, options.limits);
+}
+
+// The comparison written to compare.csv and printed.
+void ReportComparison(const RunOptions& options, const reports::Comparison& comparison, std::ostream& out) {
   const auto csv = (std::filesystem::path(options.out) / "compare.csv").string();
   reports::WriteFileAtomically(csv, reports::ComparisonCsv(comparison));
   fmt::print(out, "\nagainst the baseline {}:\n{}wrote {}\n", options.baseline,
              reports::FormatComparison(comparison, options.limits), csv);
-  return comparison;
+}
+
+// A row whose one regression is tokens/s is timed again, the whole scenario judged as before,
+// before it is called a regression: a runner's passing disturbance slows one timing (on a 2-core
+// machine, one run in ten of a row can be 30% slow while the machine is idle), a real slowdown
+// slows both. The faster run stands in the reports; the notes say both. Returns them by scenario.
+std::map<std::string, std::string> TimeSlowerRowsAgain(const std::vector<scenarios::Scenario>& scenarios,
+                                                       const reports::Comparison& comparison,
+                                                       const RunOptions& options, LaunchOptions& launch,
+                                                       size_t name_width, std::vector<reports::ScenarioReport>& reports,
+                                                       std::ostream& out) {
+  std::map<std::string, std::string> notes;
+  std::vector<size_t> again;
+  for (const auto& row : comparison.rows) {
+    if (!row.slower_only) continue;
+    for (size_t i = 0; i < reports.size() && i < scenarios.size(); ++i) {
+      if (scenarios[i].name == row.scenario) again.push_back(i);
+    }
+  }
+  if (again.empty()) return notes;
+  fmt::print(out, "\ntiming again {} scenario(s) whose one regression is tokens/s, to tell a slowdown from a moment's "
+                  "noise:\n", again.size());
+  for (size_t n = 0; n < again.size(); ++n) {
+    const size_t i = again[n];
+    const auto first = reports[i].summary.pp_tokens_per_s;
+    auto second = RunScenario(scenarios[i], options, launch, fmt::format("[again {}/{}]", n + 1, again.size()),
+                              name_width, out);
+    const auto& redone = second.summary;
+    if (!redone.ok || redone.status != reports[i].summary.status || !redone.pp_tokens_per_s || !first) {
+      notes[scenarios[i].name] = "timed again, but the second run did not pass as the first did: the first kept";
+      continue;
+    }
+    notes[scenarios[i].name] = fmt::format("timed twice: {:.0f} then {:.0f} tokens/s, the faster kept", *first,
+                                           *redone.pp_tokens_per_s);
+    if (*redone.pp_tokens_per_s > *first) {
+      reports[i] = std::move(second);
+      reports::WriteTimelineViews(options.out, reports[i]);
+    }
+  }
+  return notes;
 }
 
 }  // namespace
@@ -194,7 +235,24 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print(out, "\n{} scenarios, {} met their expectation, {} did not; {:.1f} s\nreports: {}\n", scenarios.size(),
              scenarios.size() - not_ok, not_ok, seconds, fmt::join(paths, ", "));
-  const auto comparison = CompareWithBaseline(options, reports, out);
+  auto comparison = Compared(options, reports);
+  if (comparison) {
+    const auto again = TimeSlowerRowsAgain(scenarios, *comparison, options, launch, name_width, reports, out);
+    if (!again.empty()) {
+      paths = reports::WriteReports(options.out, reports);
+      comparison = Compared(options, reports);
+      for (auto& row : comparison->rows) {
+        const auto note = again.find(row.scenario);
+        if (note == again.end()) continue;
+        row.notes = row.notes.empty() ? note->second : row.notes + "; " + note->second;
+        if (row.verdict == "ok") {  // cleared by the second timing: said, as a warning
+          row.verdict = "warning";
+          ++comparison->warnings;
+        }
+      }
+    }
+    ReportComparison(options, *comparison, out);
+  }
   WriteCiReports(options, reports, comparison ? &*comparison : nullptr, out);
   const bool regressed = comparison && comparison->regressions > 0;
   return not_ok == 0 && !regressed ? 0 : 1;

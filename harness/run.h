@@ -19,6 +19,7 @@ struct RunOptions {
   int threads_per_rank = 0;  // 0: the machine's cores shared among a scenario's ranks
   std::string device;        // run-level override of every scenario's device ("" keeps each)
   bool bind_cpus = false;    // LaunchOptions::bind_cpus
+  int timed_steps = 0;       // LaunchOptions::timed_steps
   std::string baseline;      // a baseline summary.csv or its directory to compare with ("" none)
   reports::CompareOptions limits;
   std::string junit;         // JUnit XML file to write ("" none)

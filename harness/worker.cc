@@ -197,6 +197,7 @@ int RunWorker(const WorkerOptions& options) {
     rank = std::to_string(rendezvous.rank);
     std::filesystem::create_directories(options.out);
     config.flight_record = FlightRecordPath(options.out, rendezvous.rank);
+    config.timed_samples = options.timed_steps;
     if (options.threads > 0) {
       at::set_num_threads(options.threads);
       at::set_num_interop_threads(1);

@@ -19,6 +19,9 @@ struct WorkerOptions {
   // How long a rank waits for its peers to rendezvous (rank 0's store, the process group) before
   // giving up with exit 2, naming what it waited for.
   double rendezvous_timeout_seconds = 300.0;
+  // Timed steps wanted for tokens/s's spread: where the judged steps time fewer, timing-only
+  // steps after them make up the difference (PipelineTrainer::RunTimingSteps); 0 none.
+  int timed_steps = 0;
   // Another trainer under test (external.h): "prepare" its inputs, or "judge" its outputs, in
   // one process without a rendezvous; "" is a rank of pipecheck's own trainer.
   std::string phase;

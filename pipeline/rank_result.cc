@@ -96,6 +96,7 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   dict.insert("stages", c10::List<int64_t>(std::vector<int64_t>(result.stages.begin(), result.stages.end())));
   dict.insert("losses", Doubles(result.losses));
   dict.insert("step_ms", Doubles(result.step_ms));
+  dict.insert("timing_step_ms", Doubles(result.timing_step_ms));
   dict.insert("grad_norms", Doubles(result.grad_norms));
   dict.insert("peak_bytes", c10::List<int64_t>(result.peak_bytes));
   InsertPerStep(dict, "gradients", result.gradients);
@@ -155,6 +156,7 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   for (int64_t stage : dict.at("stages").toIntVector()) result.stages.push_back(static_cast<int>(stage));
   result.losses = ToDoubles(dict.at("losses").toTensor());
   result.step_ms = ToDoubles(dict.at("step_ms").toTensor());
+  if (dict.contains("timing_step_ms")) result.timing_step_ms = ToDoubles(dict.at("timing_step_ms").toTensor());
   result.grad_norms = ToDoubles(dict.at("grad_norms").toTensor());
   result.peak_bytes = dict.at("peak_bytes").toIntVector();
   result.gradients = PerStep(dict, "gradients");

@@ -62,6 +62,9 @@ struct RankResult {
   std::vector<int> stages;
   std::vector<double> losses;      // per step; only the last stage's rank knows them (NaN elsewhere)
   std::vector<double> step_ms;     // per step, this rank's wall time
+  // Timing-only steps after the judged ones (the last judged step's batch again, nothing
+  // recorded or judged): their wall times, for a spread of tokens/s within one run.
+  std::vector<double> timing_step_ms;
   std::vector<double> grad_norms;  // per step, global norm before clipping
   std::vector<int64_t> peak_bytes; // per step, tensor bytes this rank held at most; -1 unmetered
   std::vector<reference::NamedTensors> gradients;  // per step, as applied (after tied sum and clipping)

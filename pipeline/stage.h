@@ -44,6 +44,9 @@ struct PipelineConfig {
   int replica = 0;
   // Each stage keeps only its input in the forward and runs the forward again in its backward.
   bool recompute = false;
+  // Timed steps wanted for a within-run spread of tokens/s: where the judged steps time fewer
+  // (the first is a warm-up), timing-only steps follow them (PipelineTrainer::Train); 0 none.
+  int timed_samples = 0;
 };
 
 // The simulator's unit costs for this configuration: a forward 1, a backward 1 (I and W a half

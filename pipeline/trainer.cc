@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <string>
@@ -165,7 +166,7 @@ void PipelineTrainer::AlignClocks() {
 
 void PipelineTrainer::Step(int64_t step, RankResult& result) {
   const auto started = std::chrono::steady_clock::now();
-  if (config_.train.record_gradients) result.weights.push_back(WeightCopies());
+  if (config_.train.record_gradients && !timing_only_) result.weights.push_back(WeightCopies());
   accumulator_->Begin();
   transport_.Start(step);
   if (fault_->ResetsOptimizer()) {
@@ -195,7 +196,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   const auto messages = transport_.Stop();
   result.messages.insert(result.messages.end(), messages.begin(), messages.end());
   window.PauseForCopies();
-  if (config_.train.record_gradients) result.gradients.push_back(GradientCopies());
+  if (config_.train.record_gradients && !timing_only_) result.gradients.push_back(GradientCopies());
   window.ResumeAfterCopies();
   reference::GradientsToParameterDtype(OwnedParameters());
   for (auto& stage : stages_) reference::DeterministicStep(*stage->optimizer);
@@ -220,7 +221,30 @@ RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankRe
     if (after_step) after_step(step, result);
   }
   result.final_weights = WeightCopies();
+  RunTimingSteps(result);
   return result;
+}
+
+void PipelineTrainer::RunTimingSteps(RankResult& result) {
+  const int64_t steps = config_.train.steps;
+  const int64_t judged = steps - static_cast<int64_t>(reference::FirstTimedStep(static_cast<size_t>(steps)));
+  if (config_.fault != "none" || config_.timed_samples <= judged || result.step_ms.empty()) return;
+  // The pace: this rank's slowest timed judged step (the warm-up's where it is the only one).
+  const auto first = result.step_ms.begin() + (judged > 0 ? steps - judged : 0);
+  const double pace_ms = std::max(1e-3, *std::max_element(first, result.step_ms.end()));
+  double count = std::min<double>(config_.timed_samples - judged, std::floor(kTimingBudgetMs / pace_ms));
+  // Every rank runs the same count (each step is a collective of sends and receives).
+  for (double proposed : transport_.AllGather(count)) count = std::min(count, proposed);
+  if (replicas_ != nullptr) {
+    for (double proposed : replicas_->AllGather(count)) count = std::min(count, proposed);
+  }
+  timing_only_ = true;
+  for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
+    RankResult scratch;
+    Step(steps - 1, scratch);
+    result.timing_step_ms.push_back(scratch.step_ms.back());
+  }
+  timing_only_ = false;
 }
 
 }  // namespace pipecheck::pipeline

@@ -27,6 +27,12 @@
 
 namespace pipecheck::pipeline {
 
+// Timed steps a run of pipecheck's own trainer takes for a within-run spread of tokens/s (the
+// judged ones after the warm-up, then timing-only ones: PipelineConfig::timed_samples), and the
+// most time the timing-only steps may take, at the judged steps' pace.
+constexpr int kTimedSamples = 20;
+constexpr double kTimingBudgetMs = 3000.0;
+
 // The validated, lowered schedule every rank of this configuration runs: its accumulation
 // rounds of the named schedule, one after another.
 Schedule BuildSchedule(const PipelineConfig& config);
@@ -55,6 +61,8 @@ class PipelineTrainer {
   void Step(int64_t step, RankResult& result);
 
   // Every step, then the final weights; `after_step(step, result)` runs after each step (progress).
+  // Then, where config.timed_samples asks for more timed steps than the judged ones give, the
+  // timing-only steps (RunTimingSteps).
   RankResult Train(const std::function<void(int64_t, const RankResult&)>& after_step = {});
 
   const Schedule& schedule() const { return schedule_; }
@@ -73,6 +81,11 @@ class PipelineTrainer {
   void AverageReplicas(int64_t step, RankResult& result, bool tied_copy_once = false);
   double StepStartMicroseconds(const RankResult& result, int64_t step) const;
   void AlignClocks();  // sets the executor's clock origin, the same instant on every rank
+  // Steps on the last judged step's batch again, timed and otherwise discarded, so one run's
+  // tokens/s has a spread: as many as make config.timed_samples timed steps, within
+  // kTimingBudgetMs of the judged steps' pace; every rank of every replica agrees on the count.
+  void RunTimingSteps(RankResult& result);
+  bool timing_only_ = false;  // a timing-only step: no weight or gradient copies
 
   PipelineConfig config_;
   RecordingTransport transport_;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -55,8 +56,23 @@ const Fields<SummaryRow>& SummaryFields() {
       field::Integer("data_parallel", &R::data_parallel),
       field::Flag("recompute", &R::recompute),
       field::Integer("accumulation", &R::accumulation),
+      field::OptionalInteger("pp_timed_steps", &R::pp_timed_steps),
   };
   return fields;
+}
+
+double MedianOf(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2.0;
+}
+
+double RobustSpread(const std::vector<double>& values) {
+  if (values.size() < 2) return std::nan("");
+  const double median = MedianOf(values);
+  std::vector<double> deviations;
+  for (double value : values) deviations.push_back(std::abs(value - median));
+  return median > 0 ? 1.4826 * MedianOf(std::move(deviations)) / median : std::nan("");
 }
 
 const std::vector<std::string>& SummaryColumns() { return ColumnsOf(SummaryFields()); }

@@ -39,14 +39,26 @@ struct SummaryRow {
   std::string transport;
   std::optional<int64_t> pp_peak_bytes_predicted;
   std::optional<double> pp_step_ms_predicted, wall_s;
-  std::optional<double> pp_tokens_per_s_spread;  // (max - min) / median over the timed steps or merged runs
+  // The tokens/s spread, relative to the median: a robust standard deviation (1.4826 x the
+  // median absolute deviation) over one run's timed steps, or over merged runs (RobustSpread).
+  std::optional<double> pp_tokens_per_s_spread;
   std::optional<int64_t> pp_tokens_per_s_runs;   // how many runs a baseline row merged
   std::string fingerprint, config;
   std::string trainer = "pipecheck";  // who trained: pipecheck, torch or external:PATH (as the suite says)
   int64_t data_parallel = 1;          // replicas of the pipeline
   bool recompute = false;             // activations recomputed in the backward
   int64_t accumulation = 1;           // rounds of the schedule per optimizer step
+  std::optional<int64_t> pp_timed_steps;  // steps timed for tokens/s: judged after the warm-up, then timing-only
 };
+
+// The median of `values` (at least one).
+double MedianOf(std::vector<double> values);
+
+// How far `values` (tokens/s of timed steps, or of runs) lie apart, relative to their median:
+// 1.4826 x the median absolute deviation over the median (a standard deviation where the values
+// are normal, yet unmoved by a few outliers: one descheduled step among five does not widen
+// it). NaN with fewer than two values.
+double RobustSpread(const std::vector<double>& values);
 
 // summary.csv's columns, in file order: the one list.
 const Fields<SummaryRow>& SummaryFields();

@@ -167,9 +167,15 @@ with open(sys.argv[3] + "/summary.csv", "w", newline="") as f:
     writer.writerows(rows)
 PY
 expect 1 "pp2 +REGRESSION.*tokens/s -50.0%" "$pipecheck" compare "$work/merged" "$work/slow"
-# A one-run baseline of 2 steps recorded no spread: tokens/s is not gated, and it says why.
-expect 0 "pp2 +warning.*tokens/s -50.0%, not gated: the baseline recorded no spread" "$pipecheck" compare "$work/r" "$work/slow"
-expect 0 "recorded no tokens/s spread \(pp2\)" "$pipecheck" baseline update --from "$work/r" --to "$work/bl1"
+# One run times 20 steps (its 2 judged ones' second, then timing-only ones): a spread of its
+# own, so a one-run baseline gates tokens/s.
+expect 0 "^pp2,.*,20$" tail -n 1 "$work/r/summary.csv"
+expect 1 "pp2 +REGRESSION.*tokens/s -50.0% \(limit" "$pipecheck" compare "$work/r" "$work/slow"
+# Without timing-only steps, a one-run baseline of 2 steps recorded no spread: tokens/s is not
+# gated, and it says why.
+expect 0 "1 met their expectation" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/r1" --timed-steps 0
+expect 0 "pp2 +warning.*tokens/s -[0-9.]+%, not gated: the baseline recorded no spread" "$pipecheck" compare "$work/r1" "$work/slow"
+expect 0 "recorded no tokens/s spread \(pp2\)" "$pipecheck" baseline update --from "$work/r1" --to "$work/bl1"
 expect 2 "not a pipecheck summary: column 'scenario' is missing" "$pipecheck" compare "$work/good.csv" "$work/r"
 expect 2 "^pipecheck compare: no baseline at .*/none: record one with .pipecheck baseline update" "$pipecheck" compare "$work/none" "$work/r"
 # Baselines by runner name: a missing one is bad input before anything runs; names are folder names.
@@ -196,6 +202,21 @@ expect 0 "1 baseline scenario\(s\) left out: not selected by --only 'pp2'" "$pip
 expect 2 "--only 'nope\*': no scenario of" "$pipecheck" compare --only 'pp2,nope*' "$work/bl/two" "$work/r"
 expect 0 "1 baseline scenario\(s\) left out" "$pipecheck" run --scenarios "$work/pp.csv" --only 'pp*' --out "$work/sub" --baseline-dir "$work/bl" --runner two --markdown "$work/sub.md"
 expect 0 "\| limit \|" cat "$work/sub.md"
+# run --runner times a row again before it calls a tokens/s drop a regression (a moment's noise
+# slows one timing, a slowdown both): against a baseline three times as fast, both timings fail.
+mkdir -p "$work/bl/fast"
+/usr/bin/python3 - "$work/r/summary.csv" "$work/bl/fast/summary.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+rows[0]["pp_tokens_per_s"] = str(float(rows[0]["pp_tokens_per_s"]) * 3)
+rows[0]["pp_tokens_per_s_spread"] = "0.01"
+with open(sys.argv[2], "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=rows[0].keys())
+    writer.writeheader()
+    writer.writerows(rows)
+PY
+expect 1 "timing again 1 scenario\(s\) whose one regression is tokens/s" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/again" --baseline-dir "$work/bl" --runner fast
+expect 0 "^pp2,REGRESSION,.*tokens/s -6[0-9].[0-9]% \(limit -10.0%\); timed twice: [0-9]+ then [0-9]+ tokens/s, the faster kept" cat "$work/again/compare.csv"
 expect 0 "merged: per scenario the median tokens/s of the 2 runs" "$pipecheck" baseline update --from "$work/r" --from "$work/r" --to "$work/bl/twice"
 expect 0 "^pp2,.*,2,[0-9a-f]{16},flavor=" tail -n 1 "$work/bl/twice/summary.csv"
 # Nothing writes into the baselines it is held to: a run or comparison whose --out lies inside (or

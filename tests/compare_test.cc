@@ -269,50 +269,108 @@ TEST(BaselineGate, NamesEveryScenarioThatDidNotMeetItsExpectation) {
   }
 }
 
-// Three runs of a noisy runner merged into one baseline: the median run's row and the spread.
-TEST(NoiseAwareBaseline, ThreeRunsMergeIntoTheMedianAndTheirSpread) {
+// Three runs of a noisy runner merged into one baseline: the median run's row, and a spread that
+// one slow run does not widen (1.4826 x the median absolute deviation of the runs' tokens/s, or
+// the runs' own median spread, whichever is larger).
+TEST(NoiseAwareBaseline, ThreeRunsMergeIntoTheMedianAndARobustSpread) {
   const auto directory = testing::ScratchDirectory("noise_aware");
-  const std::vector<double> rates = {1000, 880, 920};  // spread (1000 - 880) / 920 = 13.0%
+  const std::vector<double> rates = {1000, 880, 920};  // deviations from 920: 80, 40, 0
+  const std::vector<double> outlier = {1000, 990, 500};  // one run on a busy moment
   std::vector<std::string> runs;
   for (size_t i = 0; i < rates.size(); ++i) {
     runs.push_back(directory + "/run" + std::to_string(i));
     reports::WriteReports(runs.back(), {Row("noisy", "PASS", "pass", rates[i], 5e6, 1e-15),
-                                        Row("quiet", "PASS", "pass", 2000 + i, 8e6, 1e-15)});
+                                        Row("quiet", "PASS", "pass", 2000 + i, 8e6, 1e-15),
+                                        Row("outlier", "PASS", "pass", outlier[i], 8e6, 1e-15)});
   }
   reports::PromoteToBaseline(runs, directory + "/baseline", false);
   std::ifstream stream(directory + "/baseline/summary.csv");
   std::stringstream text;
   text << stream.rdbuf();
   const auto records = reports::ParseCsv(text.str(), "summary.csv");
-  ASSERT_EQ(records.size(), 3u);
+  ASSERT_EQ(records.size(), 4u);
   const auto column = [&](const std::string& name) {
     return static_cast<size_t>(std::find(records[0].begin(), records[0].end(), name) - records[0].begin());
   };
   EXPECT_EQ(records[1][column("scenario")], "noisy");
   EXPECT_EQ(records[1][column("pp_tokens_per_s")], "920");
   EXPECT_EQ(records[1][column("pp_tokens_per_s_runs")], "3");
-  EXPECT_NEAR(std::stod(records[1][column("pp_tokens_per_s_spread")]), 120.0 / 920.0, 1e-12);
-  EXPECT_NEAR(std::stod(records[2][column("pp_tokens_per_s_spread")]), 2.0 / 2001.0, 1e-12);
+  EXPECT_NEAR(std::stod(records[1][column("pp_tokens_per_s_spread")]), 1.4826 * 40.0 / 920.0, 1e-12);
+  // Runs 1 apart: their own 1% spread is the larger.
+  EXPECT_NEAR(std::stod(records[2][column("pp_tokens_per_s_spread")]), 0.01, 1e-12);
+  // The slow run moves neither the median nor the spread: (max - min) / median would be 50.5%.
+  EXPECT_EQ(records[3][column("pp_tokens_per_s")], "990");
+  EXPECT_NEAR(std::stod(records[3][column("pp_tokens_per_s_spread")]), 1.4826 * 10.0 / 990.0, 1e-12);
 
-  // The noisy scenario may lose 2 x 13.0% = 26.1%; the quiet one only the 10% floor.
+  // The noisy scenario may lose 3 x 6.4% = 19.3%; the quiet one only the 10% floor.
   auto compare = [&](double noisy, double quiet) {
     reports::WriteReports(directory + "/current", {Row("noisy", "PASS", "pass", noisy, 5e6, 1e-15),
-                                                   Row("quiet", "PASS", "pass", quiet, 8e6, 1e-15)});
+                                                   Row("quiet", "PASS", "pass", quiet, 8e6, 1e-15),
+                                                   Row("outlier", "PASS", "pass", 990, 8e6, 1e-15)});
     return reports::CompareSummaries(directory + "/baseline", directory + "/current", {});
   };
-  const auto noise = compare(920 * 0.80, 2001 * 0.95);  // noisy -20%: within its noise; quiet -5%
+  const auto noise = compare(920 * 0.85, 2001 * 0.95);  // noisy -15%: within its noise; quiet -5%
   EXPECT_EQ(noise.regressions, 0) << noise.rows[0].notes << noise.rows[1].notes;
-  EXPECT_EQ(noise.rows[0].throughput_limit, "-26.1%");
+  EXPECT_EQ(noise.rows[0].throughput_limit, "-19.3%");
   EXPECT_EQ(noise.rows[1].throughput_limit, "-10.0%");
-  const auto slower = compare(920 * 0.70, 2001 * 0.80);  // noisy -30%, quiet -20%: both beyond
+  const auto slower = compare(920 * 0.75, 2001 * 0.80);  // noisy -25%, quiet -20%: both beyond
   EXPECT_EQ(slower.regressions, 2);
-  EXPECT_EQ(slower.rows[0].notes, "tokens/s -30.0% (limit -26.1%: 2 x the baseline's 13.0% spread over 3 runs)");
+  EXPECT_EQ(slower.rows[0].notes, "tokens/s -25.0% (limit -19.3%: 3 x the baseline's 6.4% spread over 3 runs)");
   EXPECT_EQ(slower.rows[1].notes, "tokens/s -20.0% (limit -10.0%)");
+  EXPECT_TRUE(slower.rows[0].slower_only);
 
   // Runs of different suites cannot be merged.
   reports::WriteReports(directory + "/other", {Row("noisy", "PASS", "pass", 900, 5e6, 1e-15)});
   EXPECT_THROW(reports::PromoteToBaseline({runs[0], directory + "/other"}, directory + "/bad", false),
                reports::CompareError);
+}
+
+// However noisy the baseline, its noise widens the limit to the cap and no further: a 50% drop
+// is a regression on every gated row (uncapped, 3 x 40% would allow -120%, below -100%).
+TEST(NoiseAwareBaseline, TheNoiseLimitIsCapped) {
+  const auto directory = testing::ScratchDirectory("noise_cap");
+  auto noisy = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
+  noisy.summary.pp_tokens_per_s_spread = 0.40;
+  noisy.summary.pp_tokens_per_s_runs = 1;
+  reports::WriteReports(directory + "/baseline", {noisy});
+  auto compare = [&](double rate) {
+    reports::WriteReports(directory + "/current", {Row("s", "PASS", "pass", rate, 5e6, 1e-15)});
+    return reports::CompareSummaries(directory + "/baseline", directory + "/current", {});
+  };
+  const auto within = compare(850);
+  EXPECT_EQ(within.regressions, 0);
+  EXPECT_EQ(within.rows[0].throughput_limit, "-20.0%");
+  EXPECT_EQ(within.rows[0].verdict, "warning");
+  EXPECT_EQ(within.rows[0].notes, "tokens/s limit capped at -20% (3 x the baseline's 40.0% spread over 1 run's timed "
+                                  "steps would allow -120%): this runner's noise may cross it; record the baseline "
+                                  "again on a quieter runner");
+  const auto half = compare(500);
+  EXPECT_EQ(half.regressions, 1);
+  EXPECT_EQ(half.rows[0].notes, "tokens/s -50.0% (limit -20.0%: the cap; 3 x the baseline's 40.0% spread over 1 "
+                                "run's timed steps is -120%)");
+  // A spread of the usual size (single steps of a tiny row vary 10%; their median far less) is
+  // capped without a word: no warning on every row of every run.
+  noisy.summary.pp_tokens_per_s_spread = 0.10;
+  reports::WriteReports(directory + "/baseline", {noisy});
+  const auto usual = compare(850);
+  EXPECT_EQ(usual.rows[0].throughput_limit, "-20.0%");
+  EXPECT_EQ(usual.rows[0].verdict, "ok") << usual.rows[0].notes;
+  EXPECT_EQ(compare(790).rows[0].notes, "tokens/s -21.0% (limit -20.0%: the cap; 3 x the baseline's 10.0% spread over 1 "
+                                        "run's timed steps is -30%)");
+  // An explicit --max-slowdown above the cap is the user's to take.
+  reports::CompareOptions loose;
+  loose.max_slowdown = 0.6;
+  reports::WriteReports(directory + "/current", {Row("s", "PASS", "pass", 500, 5e6, 1e-15)});
+  EXPECT_EQ(reports::CompareSummaries(directory + "/baseline", directory + "/current", loose).regressions, 0);
+}
+
+// One run's spread is over its timed steps, robustly: one slow step among twenty leaves it.
+TEST(NoiseAwareBaseline, ARunsSpreadIsRobust) {
+  std::vector<double> rates(19, 1000.0);
+  for (size_t i = 0; i < rates.size(); ++i) rates[i] += (i % 2 == 0 ? 10.0 : -10.0);
+  rates.push_back(300.0);
+  EXPECT_NEAR(reports::RobustSpread(rates), 1.4826 * 10.0 / 1000.0, 1e-12);
+  EXPECT_TRUE(std::isnan(reports::RobustSpread({1000.0})));
 }
 
 TEST(ParseCsv, QuotedFieldsAndLineEndings) {

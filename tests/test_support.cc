@@ -42,6 +42,7 @@ harness::LaunchOptions TestLaunchOptions(const std::string& suite, const std::st
   options.work_directory = ScratchDirectory(name);
   options.timeout_seconds = timeout_seconds;
   options.threads_per_rank = 1;
+  options.timed_steps = 0;  // parity alone: no timing-only steps
   return options;
 }
 
