@@ -60,7 +60,7 @@ test: build
 
 # The GoogleTest unit suites (no ranks), for the builds that run them apart from CTest: the
 # sanitizer build and the oldest PyTorch's (whose ranks run in the core suite after them).
-UNIT_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*'
+UNIT_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*:MemorySizing.*'
 
 # The other end of the supported range: PyTorch 2.11 (requirements-oldest.txt) in its own
 # environment and build directory, then the unit tests, the default suite and PyTorch's pipelining
@@ -69,7 +69,7 @@ OLDEST_DIR ?= build-oldest
 test-oldest:
 	$(MAKE) build BUILD_DIR=$(OLDEST_DIR) TORCH=venv REQUIREMENTS=requirements-oldest.txt
 	cd $(OLDEST_DIR) && tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)':Memory*'
-	$(OLDEST_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(OLDEST_DIR)/core
+	$(OLDEST_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(OLDEST_DIR)/core --timed-steps 3
 	cd $(OLDEST_DIR) && ctest --output-on-failure -R '^(trainers_torch_range|crosscheck_dump_python)$$'
 
 # Mutation testing (not in `make test`: one rebuild and one default-suite run per mutant): the
@@ -92,7 +92,7 @@ sanitize: deps
 	  $(if $(PREFIX_PATH),"-DCMAKE_PREFIX_PATH=$(PREFIX_PATH)")
 	cmake --build $(SANITIZE_DIR) -j$(JOBS) --target pipecheck pipecheck_tests
 	cd $(SANITIZE_DIR) && $(SANITIZE_ENV) tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)
-	$(SANITIZE_ENV) $(SANITIZE_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(SANITIZE_DIR)/core
+	$(SANITIZE_ENV) $(SANITIZE_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(SANITIZE_DIR)/core --timed-steps 3
 
 # The long sweeps: 50 seeds of the core suite, long and high-lr runs (scenarios/long.csv), and the
 # timed baseline loop (tests/baseline_loop_test.py).

@@ -214,27 +214,34 @@ void ApplyThreads(int threads) {
 }
 
 // Why this build or machine cannot run a well-formed scenario at all (a CUDA device or an nccl
-// transport it lacks, more memory than it has, by the memory model's prediction); "" if it can.
-std::string WhyNotHere(const pipecheck::scenarios::Scenario& scenario) {
+// transport it lacks, more memory than it has, by the memory model's prediction), and where the
+// message points (the row, or the column behind a memory refusal); no reason if it can.
+struct NotHere {
+  std::string place, why;
+};
+NotHere WhyNotHere(const pipecheck::scenarios::Scenario& scenario) {
   if (scenario.device == "cuda" && !torch::cuda::is_available()) {
-    return fmt::format("scenario '{}' needs device cuda, but this build or machine has no CUDA device; run it with "
-                       "--device cpu or on a GPU machine", scenario.name);
+    return {scenario.source, fmt::format("scenario '{}' needs device cuda, but this build or machine has no CUDA "
+                                         "device; run it with --device cpu or on a GPU machine", scenario.name)};
   }
   if (scenario.device == "cuda" && scenario.transport == "nccl" && scenario.world_size > 1 &&
       !pipecheck::pipeline::NcclAvailable()) {
-    return fmt::format("scenario '{}' asks for transport nccl, but this build has none (its LibTorch has no c10d NCCL "
-                       "backend or nccl.h was not found); use staged or auto", scenario.name);
+    return {scenario.source, fmt::format("scenario '{}' asks for transport nccl, but this build has none (its LibTorch "
+                                         "has no c10d NCCL backend or nccl.h was not found); use staged or auto",
+                                         scenario.name)};
   }
   const std::string trainer = pipecheck::harness::TrainerProblem(scenario);
-  if (!trainer.empty()) return fmt::format("scenario '{}': {}", scenario.name, trainer);
+  if (!trainer.empty()) return {scenario.source, fmt::format("scenario '{}': {}", scenario.name, trainer)};
   // The memory model predicts pipecheck's own trainer; another trainer's memory is its own.
-  return scenario.ExternalTrainer() ? "" : pipecheck::harness::MemoryProblem(scenario);
+  if (scenario.ExternalTrainer()) return {};
+  const auto memory = pipecheck::harness::MemoryRefusalOf(scenario);
+  return {memory.place, memory.why};
 }
 
 // A device=cuda scenario on a build or machine without CUDA, said before anything runs.
 bool CudaPresentFor(const pipecheck::scenarios::Scenario& scenario, const char* command) {
   if (scenario.device != "cuda" || torch::cuda::is_available()) return true;
-  fmt::print(stderr, "pipecheck{}: {}: {}\n", command, scenario.source, WhyNotHere(scenario));
+  fmt::print(stderr, "pipecheck{}: {}: {}\n", command, scenario.source, WhyNotHere(scenario).why);
   return false;
 }
 
@@ -252,9 +259,9 @@ int CheckRunnableHere(const std::vector<pipecheck::scenarios::Scenario>& scenari
   }
   int count = 0;
   for (const auto& scenario : scenarios) {
-    const std::string why = WhyNotHere(scenario);
-    if (why.empty()) continue;
-    fmt::print(stderr, "pipecheck{}: {}: {}\n", command, scenario.source, why);
+    const auto not_here = WhyNotHere(scenario);
+    if (not_here.why.empty()) continue;
+    fmt::print(stderr, "pipecheck{}: {}: {}\n", command, not_here.place, not_here.why);
     ++count;
   }
   if (cannot != nullptr) *cannot = count;

@@ -50,12 +50,16 @@ int64_t ActionsPerStep(const pipeline::PipelineConfig& config) {
 }
 
 // What one place needs, part by part, in the order they were added.
+// Each part also names the row's column it grows with, so a refusal can point at the largest.
 struct Tally {
   double needed = 0;
   std::vector<std::string> parts;
-  void Add(double bytes, const std::string& what, const std::string& after = "") {
+  double largest = -1;
+  std::string column;  // the largest part's
+  void Add(double bytes, const std::string& what, const std::string& column_of_part, const std::string& after = "") {
     needed += bytes;
     parts.push_back(fmt::format("{} {}{}", what, HumanBytes(bytes), after));
+    if (bytes > largest) largest = bytes, column = column_of_part;
   }
 };
 
@@ -106,6 +110,7 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
       need.where = place;
       need.needed = tally.needed;
       need.detail = fmt::format("{}{}", fmt::join(tally.parts, " + "), floor_note);
+      need.column = tally.column;
       need.available = place == "host memory" ? AvailableHostBytes() : reference::DeviceTotalBytes(std::stoi(place.substr(5)));
       needs.push_back(need);
     }
@@ -122,9 +127,10 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
   const int64_t processes = scenario.Processes();
   tallies["host memory"].Add(static_cast<double>(processes) * kProcessOverheadBytes,
                              fmt::format("{} process{}", processes, processes == 1 ? "" : "es"),
+                             scenario.data_parallel > scenario.world_size ? "data_parallel" : "world_size",
                              processes == 1 ? "" : fmt::format(" ({} each)", HumanBytes(kProcessOverheadBytes)));
   tallies["host memory"].Add(weights * static_cast<double>(2 * scenario.steps + 1) * static_cast<double>(scenario.data_parallel),
-                             "rank 0's recorded weights and gradients");
+                             "rank 0's recorded weights and gradients", scenario.steps > 10 ? "steps" : "hidden");
 
   // First a floor in floating point: the pipeline's weights and the reference's weights and
   // whole-batch activations. Too big already, the row is refused on it; else every figure the
@@ -132,10 +138,15 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
   std::map<std::string, Tally> exact = tallies;
   if (gpus == 0) {
     tallies["host memory"].Add(weights * static_cast<double>(scenario.data_parallel),
-                               config.data_parallel > 1 ? "the replicas' weights" : "the pipeline's weights");
+                               config.data_parallel > 1 ? "the replicas' weights" : "the pipeline's weights", "hidden");
   }
-  tallies[place_of(0)].Add(pipeline::ReferenceFloorBytes(config),
-                           "the reference's weights and whole-batch activations");
+  // The reference's part grows with the sequences' length where attention's scores are most of
+  // it (t squared), else with the batch, or with the width where its weights are.
+  const auto floor = pipeline::ReferenceFloorOf(config);
+  const std::string grows_with = floor.weights > floor.activations ? "hidden"
+                                 : 2 * floor.attention > floor.activations ? "seq_len"
+                                                                           : "batch";
+  tallies[place_of(0)].Add(floor.total(), "the reference's weights and whole-batch activations", grows_with);
   constexpr const char* kFloor = "; a floor from the memory model's terms";
   if (!fits()) return result(kFloor);
   const int64_t per_step = ActionsPerStep(config);
@@ -160,7 +171,7 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
       for (int rank = 0; rank < ranks; ++rank) {
         tallies[place_of(int64_t{replica} * ranks + rank)].Add(
             static_cast<double>(prediction.peak_bytes[rank]),
-            fmt::format("{}rank {}", config.data_parallel > 1 ? fmt::format("replica {} ", replica) : "", rank));
+            fmt::format("{}rank {}", config.data_parallel > 1 ? fmt::format("replica {} ", replica) : "", rank), "batch");
       }
     }
   } else {
@@ -175,24 +186,29 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
     for (const auto& [place, sum] : per_place) {
       tallies[place].Add(sum.first, fmt::format("{} ranks (the most: rank {}, {})", sum.second,
                                                 most - prediction.peak_bytes.begin(),
-                                                HumanBytes(static_cast<double>(*most))));
+                                                HumanBytes(static_cast<double>(*most))), "batch");
     }
   }
   // The reference trains on rank 0's device after the pipeline, beside the pipeline's stages.
-  tallies[place_of(0)].Add(static_cast<double>(reference), "the reference");
+  tallies[place_of(0)].Add(static_cast<double>(reference), "the reference", grows_with);
   return result(", predicted by the memory model");
 }
 
-std::string MemoryProblem(const scenarios::Scenario& scenario) {
+std::string MemoryProblem(const scenarios::Scenario& scenario) { return MemoryRefusalOf(scenario).why; }
+
+MemoryRefusal MemoryRefusalOf(const scenarios::Scenario& scenario) {
   for (const auto& need : MemoryNeeds(scenario)) {
     if (need.needed <= static_cast<double>(need.available)) continue;
-    return fmt::format("scenario '{}' needs at least {} of {} ({}), but {} {} "
-                       "available: it cannot run here; make it smaller, or run it on a larger machine",
-                       scenario.name, HumanBytes(need.needed), need.where,
-                       need.detail, HumanBytes(static_cast<double>(need.available)),
-                       need.where == "host memory" ? "are" : "is all that device has");
+    MemoryRefusal refusal;
+    refusal.place = scenarios::ValuePlace(scenario, need.column);
+    refusal.why = fmt::format("scenario '{}' needs at least {} of {} ({}), but {} {} available: it cannot run here; "
+                              "make it smaller, or run it on a larger machine",
+                              scenario.name, HumanBytes(need.needed), need.where, need.detail,
+                              HumanBytes(static_cast<double>(need.available)),
+                              need.where == "host memory" ? "are" : "is all that device has");
+    return refusal;
   }
-  return "";
+  return {};
 }
 
 }  // namespace pipecheck::harness

@@ -26,6 +26,7 @@ struct MemoryNeed {
   double needed = 0;          // bytes, at least (a double: an absurd row's figure cannot overflow)
   int64_t available = 0;      // bytes the machine offers there
   std::string detail;         // how `needed` adds up
+  std::string column;         // the row's column behind the largest part of it (seq_len, world_size, ...)
 };
 
 // Every place the scenario needs memory (the host for cpu rows; each GPU its ranks use for cuda
@@ -35,6 +36,13 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario);
 // "" when the scenario fits; else why not, naming the scenario, the prediction and what is
 // available: "scenario 'big' needs at least 1.6 TB of host memory (...), but ...".
 std::string MemoryProblem(const scenarios::Scenario& scenario);
+
+// The same with where it points: the column behind the largest part of the need (ValuePlace).
+struct MemoryRefusal {
+  std::string place;  // "big.csv:2:3: column 'seq_len', value '65536'"
+  std::string why;    // MemoryProblem's text; "" when the scenario fits
+};
+MemoryRefusal MemoryRefusalOf(const scenarios::Scenario& scenario);
 
 // What each process of a run holds before any tensor of its model (LibTorch's own state, the
 // transport, the records): a floor measured on a pipecheck worker (anonymous resident memory at

@@ -493,7 +493,7 @@ StepShapes StepShapesOf(const PipelineConfig& config, int64_t step) {
   return shapes;
 }
 
-double ReferenceFloorBytes(const PipelineConfig& config) {
+ReferenceFloor ReferenceFloorOf(const PipelineConfig& config) {
   const Sizes z = SizesOf(config);
   const auto& model = z.model;
   const auto drawn = reference::MakeLengths(config.train.data, config.train.seed, 0);
@@ -501,10 +501,15 @@ double ReferenceFloorBytes(const PipelineConfig& config) {
   const double t = static_cast<double>(drawn.max().item<int64_t>());
   const double n = b * t, h = static_cast<double>(model.hidden), e = static_cast<double>(z.e),
                s = static_cast<double>(z.s);
+  const double scores = e * b * static_cast<double>(model.heads) * t * t + b * t * t;
   const double layer = (8 * e + 2 * s) * n * h + (IsLlama(z) ? 4 : 2) * e * n * static_cast<double>(model.FfnSize()) +
-                       e * b * static_cast<double>(model.heads) * t * t + b * t * t + 2 * s * n;
+                       scores + 2 * s * n;
   const double head = (2 * e + s) * n * h + static_cast<double>(z.loss) * n * static_cast<double>(model.vocab) + s * n;
-  return static_cast<double>(model.ParameterCount()) * e + static_cast<double>(model.layers) * layer + head;
+  ReferenceFloor floor;
+  floor.weights = static_cast<double>(model.ParameterCount()) * e;
+  floor.activations = static_cast<double>(model.layers) * layer + head;
+  floor.attention = static_cast<double>(model.layers) * scores;
+  return floor;
 }
 
 MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& schedule) {

@@ -60,6 +60,12 @@ StepShapes StepShapesOf(const PipelineConfig& config, int64_t step);
 // and what every layer and the head keep for the backward of step 0's whole batch at once
 // (the terms above, transients and optimizer state left out). Cheap whatever the sizes: for
 // refusing a scenario before the exact model, whose int64 sums it keeps within range.
-double ReferenceFloorBytes(const PipelineConfig& config);
+struct ReferenceFloor {
+  double weights = 0;      // the parameters
+  double activations = 0;  // every layer's and the head's, for the whole batch
+  double attention = 0;    // of those, the score-sized ones (b x heads x t^2 and the masks)
+  double total() const { return weights + activations; }
+};
+ReferenceFloor ReferenceFloorOf(const PipelineConfig& config);
 
 }  // namespace pipecheck::pipeline

@@ -655,6 +655,7 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
                   const std::string& file, const Locator& at) {
   Scenario scenario;
   scenario.source = fmt::format("{}:{}", file, line);
+  scenario.column_positions = header.positions;
   bool virtual_stages_given = false;
   for (size_t i = 0; i < kColumnCount; ++i) {
     const std::string column = kColumnNames[i];
@@ -710,6 +711,18 @@ std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& sc
   std::vector<std::pair<std::string, std::string>> values;
   for (size_t i = 0; i < kColumnCount; ++i) values.emplace_back(kColumnNames[i], Columns()[i].format(scenario));
   return values;
+}
+
+std::string ValuePlace(const Scenario& scenario, const std::string& column) {
+  std::string value;
+  for (const auto& [name, text] : ColumnValues(scenario)) {
+    if (name == column) value = text;
+  }
+  const auto found = scenario.column_positions.find(column);
+  if (found == scenario.column_positions.end()) {
+    return fmt::format("{}: column '{}' (not in file, default '{}')", scenario.source, column, value);
+  }
+  return fmt::format("{}:{}: column '{}', value '{}'", scenario.source, found->second, column, value);
 }
 
 std::string Fingerprint(const std::string& configuration) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -71,8 +72,9 @@ struct Scenario {
   // Free text for people (the upstream issue an expect=fail row reproduces); changes nothing.
   std::string note;
 
-  // Where it came from, for messages: "core.csv:7".
+  // Where it came from, for messages: "core.csv:7", and where its file's columns sit (1-based).
   std::string source;
+  std::map<std::string, size_t> column_positions;
   // The schedule as the suite wrote it: `csv:PATH` stays relative to the suite file in reports,
   // where `schedule` holds the path resolved for opening.
   std::string schedule_written;
@@ -95,6 +97,11 @@ const std::vector<std::string>& ColumnNames();
 
 // Each column's value for this scenario, formatted as the CSV would hold it.
 std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& scenario);
+
+// Where a message about one of the row's values points, as the loader's errors do:
+// "core.csv:7:3: column 'seq_len', value '64'", or "core.csv:7: column 'seq_len' (not in file,
+// default '32')" for a column the file leaves out.
+std::string ValuePlace(const Scenario& scenario, const std::string& column);
 
 // Every column that changes what a run computes or measures, as "column=value" pairs joined by
 // spaces: all but name and expect. A csv: schedule is named as written, with its file's content

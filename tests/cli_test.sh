@@ -327,7 +327,7 @@ expect 0 "1 scenarios, all valid and runnable here" "$pipecheck" validate --scen
 printf 'name,batch,seq_len,microbatches,world_size,layers\nseq,65536,65536,1,1,4\nbatch,65536,4096,4,1,4\nranks,65536,4096,1024,256,256\n' >"$work/oversized.csv"
 line=2
 for row in seq batch ranks; do
-  expect 3 "oversized.csv:$line: scenario '$row' needs at least [0-9.]+ [GTP]B of host memory \(.*; a floor from the memory model's terms.*\), but" \
+  expect 3 "oversized.csv:$line:3: column 'seq_len', value '[0-9]+': scenario '$row' needs at least [0-9.]+ [GTP]B of host memory \(.*; a floor from the memory model's terms.*\), but" \
     timeout 20 "$pipecheck" validate --scenarios "$work/oversized.csv"
   line=$((line + 1))
 done
@@ -342,7 +342,7 @@ for suite in core faults long cpu-large throughput; do
 done
 printf 'name,layers,hidden,heads,dtype\nhuge,64,16384,64,float64\n' >"$work/huge.csv"
 for command in validate "run --list --out $work/huge" "run --out $work/huge"; do
-  expect 3 "huge.csv:2: scenario 'huge' needs at least [0-9.]+ TB of host memory \(2 processes [0-9.]+ MB \([0-9.]+ MB each\) \+ .*the reference's weights and whole-batch activations [0-9.]+ TB; a floor .*\), but [0-9.]+ [kMGT]B are available" "$pipecheck" $command --scenarios "$work/huge.csv"
+  expect 3 "huge.csv:2:3: column 'hidden', value '16384': scenario 'huge' needs at least [0-9.]+ TB of host memory \(2 processes [0-9.]+ MB \([0-9.]+ MB each\) \+ .*the reference's weights and whole-batch activations [0-9.]+ TB; a floor .*\), but [0-9.]+ [kMGT]B are available" "$pipecheck" $command --scenarios "$work/huge.csv"
 done
 expect 0 "^pp2  world_size 2 1f1b m=2 float64 cpu 2 steps, needs at least [0-9.]+ [kM]B" "$pipecheck" run --scenarios "$work/pp.csv" --list
 # The same name under another configuration is CHANGED, never ok.

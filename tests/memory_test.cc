@@ -332,6 +332,9 @@ TEST(MemorySizing, AbsurdSizesAreRefusedFromAFloorWithoutMakingAnything) {
       EXPECT_TRUE(std::isfinite(need.needed) && need.needed > 0) << scenario.name << " " << need.where;
     }
   }
+  // The refusal points at the column behind most of it, as the loader's errors do: attention's
+  // scores, which grow with the square of seq_len.
+  EXPECT_EQ(harness::MemoryRefusalOf(suite.at(0)).place, "absurd.csv:2:3: column 'seq_len', value '65536'");
   // Every process is counted: 256 ranks' overhead alone is 64 GB.
   const auto host = harness::MemoryNeeds(suite.at(2)).at(0);
   EXPECT_EQ(host.where, "host memory");

@@ -20,7 +20,9 @@ from pathlib import Path
 MEASURED = {
     "summary.csv": {"ref_step_ms", "pp_step_ms", "ref_tokens_per_s", "pp_tokens_per_s", "ref_peak_bytes",
                     "pp_peak_bytes_max", "bubble_measured", "pp_step_ms_predicted", "wall_s",
-                    "pp_tokens_per_s_spread", "message", "worst_param"},
+                    "pp_tokens_per_s_spread", "message", "worst_param",
+                    # how many steps were timed: the timing-only ones stop after 3 s at the step's pace
+                    "pp_timed_steps"},
     "ranks.csv": {"peak_bytes", "busy_ms", "idle_ms", "comm_ms", "step_ms", "step_ms_predicted"},
     "timeline.csv": {"start_us", "end_us", "held_bytes", "wait_start_us", "step_start_us", "peak_bytes"},
     # Whether two tensors are bitwise equal depends on which kernels the machine's BLAS picks.
