@@ -164,9 +164,9 @@ void PipelineTrainer::AlignClocks() {
   executor_->SetClockOrigin(hosts[rank] == hosts[0] ? rank0_left : left);
 }
 
-void PipelineTrainer::Step(int64_t step, RankResult& result) {
+void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   const auto started = std::chrono::steady_clock::now();
-  if (config_.train.record_gradients && !timing_only_) result.weights.push_back(WeightCopies());
+  if (config_.train.record_gradients && judged) result.weights.push_back(WeightCopies());
   accumulator_->Begin();
   transport_.Start(step);
   if (fault_->ResetsOptimizer()) {
@@ -196,7 +196,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result) {
   const auto messages = transport_.Stop();
   result.messages.insert(result.messages.end(), messages.begin(), messages.end());
   window.PauseForCopies();
-  if (config_.train.record_gradients && !timing_only_) result.gradients.push_back(GradientCopies());
+  if (config_.train.record_gradients && judged) result.gradients.push_back(GradientCopies());
   window.ResumeAfterCopies();
   reference::GradientsToParameterDtype(OwnedParameters());
   for (auto& stage : stages_) reference::DeterministicStep(*stage->optimizer);
@@ -238,13 +238,11 @@ void PipelineTrainer::RunTimingSteps(RankResult& result) {
   if (replicas_ != nullptr) {
     for (double proposed : replicas_->AllGather(count)) count = std::min(count, proposed);
   }
-  timing_only_ = true;
   for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
     RankResult scratch;
-    Step(steps - 1, scratch);
+    Step(steps - 1, scratch, /*judged=*/false);
     result.timing_step_ms.push_back(scratch.step_ms.back());
   }
-  timing_only_ = false;
 }
 
 }  // namespace pipecheck::pipeline

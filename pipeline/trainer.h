@@ -57,8 +57,9 @@ class PipelineTrainer {
   PipelineTrainer(const PipelineConfig& config, Transport& transport, Transport* replicas = nullptr);
   ~PipelineTrainer();
 
-  // One training step on MakeBatch(seed, step); returns this rank's record of it.
-  void Step(int64_t step, RankResult& result);
+  // One training step on MakeBatch(seed, step); returns this rank's record of it. A step that is
+  // not `judged` (a timing-only step) keeps no copies of the weights or gradients.
+  void Step(int64_t step, RankResult& result, bool judged = true);
 
   // Every step, then the final weights; `after_step(step, result)` runs after each step (progress).
   // Then, where config.timed_samples asks for more timed steps than the judged ones give, the
@@ -85,7 +86,6 @@ class PipelineTrainer {
   // tokens/s has a spread: as many as make config.timed_samples timed steps, within
   // kTimingBudgetMs of the judged steps' pace; every rank of every replica agrees on the count.
   void RunTimingSteps(RankResult& result);
-  bool timing_only_ = false;  // a timing-only step: no weight or gradient copies
 
   PipelineConfig config_;
   RecordingTransport transport_;

@@ -258,8 +258,8 @@ std::string MergedSummary(const std::vector<std::string>& summaries) {
       chosen.pp_tokens_per_s = median;
       const double between = RobustSpread(rates);
       const double within = spreads.empty() ? std::nan("") : MedianOf(spreads);
-      chosen.pp_tokens_per_s_spread = std::isnan(between) ? within : std::isnan(within) ? between : std::max(between, within);
-      if (chosen.pp_tokens_per_s_spread && std::isnan(*chosen.pp_tokens_per_s_spread)) chosen.pp_tokens_per_s_spread.reset();
+      const double spread = std::fmax(between, within);  // the other where one is NaN
+      chosen.pp_tokens_per_s_spread = std::isnan(spread) ? std::nullopt : std::optional<double>(spread);
       chosen.pp_tokens_per_s_runs = static_cast<int64_t>(rates.size());
     }
     merged.AddRow(Cells(SummaryFields(), chosen));
