@@ -203,12 +203,14 @@ expect 2 "--only 'nope\*': no scenario of" "$pipecheck" compare --only 'pp2,nope
 expect 0 "1 baseline scenario\(s\) left out" "$pipecheck" run --scenarios "$work/pp.csv" --only 'pp*' --out "$work/sub" --baseline-dir "$work/bl" --runner two --markdown "$work/sub.md"
 expect 0 "\| limit \|" cat "$work/sub.md"
 # run --runner times a row again before it calls a tokens/s drop a regression (a moment's noise
-# slows one timing, a slowdown both): against a baseline three times as fast, both timings fail.
+# slows one timing, a slowdown both): against a baseline ten times as fast, both timings fail
+# however much faster this run is than the one the baseline was made from (on a busy runner the
+# two differ by 1.5x and more), so the figure is not pinned; which timing is kept is checked.
 mkdir -p "$work/bl/fast"
 /usr/bin/python3 - "$work/r/summary.csv" "$work/bl/fast/summary.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-rows[0]["pp_tokens_per_s"] = str(float(rows[0]["pp_tokens_per_s"]) * 3)
+rows[0]["pp_tokens_per_s"] = str(float(rows[0]["pp_tokens_per_s"]) * 10)
 rows[0]["pp_tokens_per_s_spread"] = "0.01"
 with open(sys.argv[2], "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=rows[0].keys())
@@ -216,7 +218,14 @@ with open(sys.argv[2], "w", newline="") as f:
     writer.writerows(rows)
 PY
 expect 1 "timing again 1 scenario\(s\) whose one regression is tokens/s" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/again" --baseline-dir "$work/bl" --runner fast
-expect 0 "^pp2,REGRESSION,.*tokens/s -6[0-9].[0-9]% \(limit -10.0%\); timed twice: [0-9]+ then [0-9]+ tokens/s, the faster kept" cat "$work/again/compare.csv"
+expect 0 "^pp2,REGRESSION,.*tokens/s -[0-9]+\.[0-9]% \(limit -10.0%\); timed twice: [0-9]+ then [0-9]+ tokens/s, the faster kept" cat "$work/again/compare.csv"
+expect 0 "^kept the faster$" /usr/bin/python3 - "$work/again/compare.csv" <<'PY'
+import csv, re, sys
+row = next(r for r in csv.DictReader(open(sys.argv[1])) if r["scenario"] == "pp2")
+first, second = map(float, re.search(r"timed twice: ([0-9]+) then ([0-9]+)", row["notes"]).groups())
+kept = float(row["current_tokens_per_s"])
+print("kept the faster" if abs(kept - max(first, second)) <= 1 else f"kept {kept}, timings {first} and {second}")
+PY
 expect 0 "merged: per scenario the median tokens/s of the 2 runs" "$pipecheck" baseline update --from "$work/r" --from "$work/r" --to "$work/bl/twice"
 expect 0 "^pp2,.*,2,[0-9a-f]{16},flavor=" tail -n 1 "$work/bl/twice/summary.csv"
 # Nothing writes into the baselines it is held to: a run or comparison whose --out lies inside (or
