@@ -36,7 +36,7 @@ namespace pipecheck::harness {
 double GradientFloorFraction(const std::string& dtype);
 
 // A free-running trajectory may differ from the reference's by this many times the measured
-// rounding envelope (see parity.h's header comment; measured in the README).
+// rounding envelope (see parity.h's header comment; docs/design.md §2 says how it is measured).
 constexpr double kEnvelopeFactor = 10.0;
 
 // The reference has diverged when its loss exceeds this many times ln(vocab), the loss of a

@@ -25,7 +25,7 @@ struct ActionTiming {
   int64_t held_bytes = -1;  // tensor bytes the trainer held right after the action; -1 unmetered
   int64_t peak_bytes = -1;  // the most it held from the action's start (its wait included) to its end
   double wait_start_us = 0.0;  // since the step started: when it began waiting for its input (= start_us: no wait)
-  double step_start_us = 0.0;  // when the step started, on the run's clock (see Executor::StartClock)
+  double step_start_us = 0.0;  // when the step started, on the run's clock (see Executor::SetClockOrigin)
 };
 
 // Where a rank fingerprinted a tensor crossing a stage boundary.

@@ -88,10 +88,10 @@ class PipelineTrainer {
   void RunTimingSteps(RankResult& result);
 
   PipelineConfig config_;
-  RecordingTransport transport_;
+  RecordingTransport transport_;  // every step's messages recorded, for the communication check
   Transport* replicas_ = nullptr;  // the data-parallel group; null with one replica
   bool averaged_this_step_ = false;
-  ReplicaBuckets replica_buckets_;  // the data-parallel average's flat buckets, kept from step to step  // every step's messages recorded, for the communication check
+  ReplicaBuckets replica_buckets_;  // the data-parallel average's flat buckets, kept from step to step
   std::unique_ptr<Fault> fault_;  // the injected fault: the correct pipeline's no-op hooks unless a scenario names one
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending

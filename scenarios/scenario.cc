@@ -50,7 +50,7 @@ const Vocabulary*& CurrentVocabulary() {
 const std::vector<std::string> kExpectations = {"pass", "fail"};
 
 // Upper bounds on sizes: generous for any model a CI runner can hold, tight enough to catch
-// typos (an extra zero) before a run spends minutes or all memory on them. README lists them.
+// typos (an extra zero) before a run spends minutes or all memory on them. docs/scenarios.md lists them.
 constexpr int64_t kMaxLayers = 1024;
 constexpr int64_t kMaxWidth = 65536;  // hidden; ffn up to 8x this
 constexpr int64_t kMaxHeads = 1024;

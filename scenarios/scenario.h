@@ -114,7 +114,6 @@ std::string Fingerprint(const std::string& configuration);
 // as the same scenarios.
 std::string ToCsv(const std::vector<Scenario>& scenarios);
 
-
 // Default tolerance on gradients and loss for a dtype name.
 double DefaultTolerance(const std::string& dtype);
 
