@@ -4,6 +4,9 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <stdexcept>
+
+#include "pipeline/record_columns.h"
 
 namespace pipecheck::pipeline {
 
@@ -25,9 +28,6 @@ std::string StageCopyKey(const std::string& name, int stage) { return name + "@s
 std::string ParameterName(const std::string& key) { return key.substr(0, key.find("@stage")); }
 
 namespace {
-
-// A message record travels as step, send, peer, tag, dtype, dims, bytes, then 8 sizes.
-constexpr size_t kMessageFields = 7 + kMaxMessageDims;
 
 c10::List<torch::Tensor> TensorsOf(const reference::NamedTensors& tensors) {
   c10::List<torch::Tensor> list;
@@ -79,6 +79,95 @@ std::vector<double> ToDoubles(const torch::Tensor& tensor) {
   return std::vector<double>(contiguous.data_ptr<double>(), contiguous.data_ptr<double>() + contiguous.numel());
 }
 
+// A field of R read and written as int64 through a member (or a member's member) of type T.
+#define PIPECHECK_WHOLE(R, name, member, T) \
+  WholeField<R>(name, [](const R& r) { return static_cast<int64_t>(r.member); }, \
+                [](R& r, int64_t v) { r.member = static_cast<T>(v); })
+#define PIPECHECK_REAL(R, name, member) \
+  RealField<R>(name, [](const R& r) { return r.member; }, [](R& r, double v) { r.member = v; })
+
+const std::vector<RecordField<CollectiveRecord>>& CollectiveFields() {
+  static const std::vector<RecordField<CollectiveRecord>> fields = {
+      PIPECHECK_WHOLE(CollectiveRecord, "step", step, int64_t),
+      PIPECHECK_WHOLE(CollectiveRecord, "elements", elements, int64_t),
+      PIPECHECK_WHOLE(CollectiveRecord, "bytes", bytes, int64_t),
+      PIPECHECK_WHOLE(CollectiveRecord, "replicas", replicas, int),
+      PIPECHECK_REAL(CollectiveRecord, "start_us", start_us),
+      PIPECHECK_REAL(CollectiveRecord, "end_us", end_us),
+      PIPECHECK_REAL(CollectiveRecord, "step_start_us", step_start_us),
+  };
+  return fields;
+}
+
+const std::vector<RecordField<ActionTiming>>& ActionTimingFields() {
+  static const std::vector<RecordField<ActionTiming>> fields = {
+      PIPECHECK_WHOLE(ActionTiming, "step", step, int64_t),
+      PIPECHECK_WHOLE(ActionTiming, "kind", action.kind, ActionKind),
+      PIPECHECK_WHOLE(ActionTiming, "stage", action.stage, int),
+      PIPECHECK_WHOLE(ActionTiming, "microbatch", action.microbatch, int),
+      PIPECHECK_REAL(ActionTiming, "start_us", start_us),
+      PIPECHECK_REAL(ActionTiming, "end_us", end_us),
+      PIPECHECK_WHOLE(ActionTiming, "held_bytes", held_bytes, int64_t),
+      PIPECHECK_WHOLE(ActionTiming, "peak_bytes", peak_bytes, int64_t),
+      PIPECHECK_REAL(ActionTiming, "wait_start_us", wait_start_us),
+      PIPECHECK_REAL(ActionTiming, "step_start_us", step_start_us),
+  };
+  return fields;
+}
+
+const std::vector<RecordField<BoundaryRecord>>& BoundaryFields() {
+  static const std::vector<RecordField<BoundaryRecord>> fields = {
+      PIPECHECK_WHOLE(BoundaryRecord, "step", step, int64_t),
+      PIPECHECK_WHOLE(BoundaryRecord, "microbatch", microbatch, int),
+      PIPECHECK_WHOLE(BoundaryRecord, "stage", stage, int),
+      PIPECHECK_WHOLE(BoundaryRecord, "direction", direction, Direction),
+      PIPECHECK_WHOLE(BoundaryRecord, "role", role, BoundaryRole),
+      PIPECHECK_WHOLE(BoundaryRecord, "peer", peer, int),
+      PIPECHECK_REAL(BoundaryRecord, "sum", fingerprint.sum),
+      PIPECHECK_REAL(BoundaryRecord, "norm", fingerprint.norm),
+      PIPECHECK_REAL(BoundaryRecord, "max_abs", fingerprint.max_abs),
+      PIPECHECK_REAL(BoundaryRecord, "row_weighted_sum", fingerprint.row_weighted_sum),
+      PIPECHECK_WHOLE(BoundaryRecord, "numel", fingerprint.numel, int64_t),
+      PIPECHECK_WHOLE(BoundaryRecord, "rows", fingerprint.rows, int64_t),
+      PIPECHECK_WHOLE(BoundaryRecord, "hashed", fingerprint.hashed, bool),
+      PIPECHECK_WHOLE(BoundaryRecord, "hash", fingerprint.hash, uint64_t),
+  };
+  return fields;
+}
+
+const std::vector<RecordField<MessageRecord>>& MessageFields() {
+  static const std::vector<RecordField<MessageRecord>> fields = [] {
+    std::vector<RecordField<MessageRecord>> list = {
+        PIPECHECK_WHOLE(MessageRecord, "step", step, int64_t),
+        PIPECHECK_WHOLE(MessageRecord, "send", send, bool),
+        PIPECHECK_WHOLE(MessageRecord, "peer", peer, int),
+        PIPECHECK_WHOLE(MessageRecord, "tag", tag, int),
+        PIPECHECK_WHOLE(MessageRecord, "dtype", shape.dtype, torch::ScalarType),
+        PIPECHECK_WHOLE(MessageRecord, "bytes", bytes, int64_t),
+        WholeField<MessageRecord>(
+            "dims", [](const MessageRecord& m) { return static_cast<int64_t>(m.shape.sizes.size()); },
+            [](MessageRecord& m, int64_t dims) {
+              if (dims < 0 || dims > kMaxMessageDims) throw std::runtime_error("message record: " + std::to_string(dims) + " dims");
+              m.shape.sizes.resize(static_cast<size_t>(dims), 0);
+            }),
+    };
+    // Sizes past a message's dims are 0 and dropped; "dims" comes first, so they have a place.
+    for (int d = 0; d < kMaxMessageDims; ++d) {
+      list.push_back(WholeField<MessageRecord>(
+          "size" + std::to_string(d),
+          [d](const MessageRecord& m) { return d < static_cast<int>(m.shape.sizes.size()) ? m.shape.sizes[d] : int64_t{0}; },
+          [d](MessageRecord& m, int64_t size) {
+            if (d < static_cast<int>(m.shape.sizes.size())) m.shape.sizes[d] = size;
+          }));
+    }
+    return list;
+  }();
+  return fields;
+}
+
+#undef PIPECHECK_WHOLE
+#undef PIPECHECK_REAL
+
 }  // namespace
 
 torch::Tensor SerializeRankResult(const RankResult& result) {
@@ -86,13 +175,6 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   dict.insert("rank", static_cast<int64_t>(result.rank));
   dict.insert("replica", static_cast<int64_t>(result.replica));
   dict.insert("replicas", static_cast<int64_t>(result.replicas));
-  std::vector<double> collectives;
-  for (const auto& c : result.collectives) {
-    collectives.insert(collectives.end(), {static_cast<double>(c.step), static_cast<double>(c.elements),
-                                           static_cast<double>(c.bytes), static_cast<double>(c.replicas), c.start_us,
-                                           c.end_us, c.step_start_us});
-  }
-  dict.insert("collectives", Doubles(collectives));
   dict.insert("stages", c10::List<int64_t>(std::vector<int64_t>(result.stages.begin(), result.stages.end())));
   dict.insert("losses", Doubles(result.losses));
   dict.insert("step_ms", Doubles(result.step_ms));
@@ -101,40 +183,13 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   dict.insert("peak_bytes", c10::List<int64_t>(result.peak_bytes));
   InsertPerStep(dict, "gradients", result.gradients);
   InsertPerStep(dict, "step_weights", result.weights);
+  InsertPerStep(dict, "master_weights", result.master_weights);
   dict.insert("weights", TensorsOf(result.final_weights));
   dict.insert("weight_names", NamesOf(result.final_weights));
-  std::vector<double> timeline;
-  for (const auto& t : result.timeline) {
-    timeline.insert(timeline.end(), {static_cast<double>(t.step), static_cast<double>(t.action.kind),
-                                     static_cast<double>(t.action.stage), static_cast<double>(t.action.microbatch),
-                                     t.start_us, t.end_us, static_cast<double>(t.held_bytes),
-                                     static_cast<double>(t.peak_bytes), t.wait_start_us, t.step_start_us});
-  }
-  dict.insert("timeline", Doubles(timeline));
-  std::vector<double> boundaries;
-  std::vector<int64_t> hashes;
-  for (const auto& b : result.boundaries) {
-    const auto& f = b.fingerprint;
-    boundaries.insert(boundaries.end(), {static_cast<double>(b.step), static_cast<double>(b.microbatch),
-                                         static_cast<double>(b.stage), static_cast<double>(b.direction),
-                                         static_cast<double>(b.role), static_cast<double>(b.peer), f.sum, f.norm,
-                                         f.max_abs, f.row_weighted_sum, static_cast<double>(f.numel),
-                                         static_cast<double>(f.rows), f.hashed ? 1.0 : 0.0});
-    hashes.push_back(static_cast<int64_t>(f.hash));
-  }
-  dict.insert("boundaries", Doubles(boundaries));
-  dict.insert("boundary_hashes", c10::List<int64_t>(hashes));
-  std::vector<int64_t> messages;
-  for (const auto& m : result.messages) {
-    std::vector<int64_t> fields = {m.step, m.send ? 1 : 0, m.peer, m.tag, static_cast<int64_t>(m.shape.dtype),
-                                   static_cast<int64_t>(m.shape.sizes.size()), m.bytes};
-    fields.resize(kMessageFields - kMaxMessageDims, 0);
-    for (int d = 0; d < kMaxMessageDims; ++d) {
-      fields.push_back(d < static_cast<int>(m.shape.sizes.size()) ? m.shape.sizes[d] : 0);
-    }
-    messages.insert(messages.end(), fields.begin(), fields.end());
-  }
-  dict.insert("messages", c10::List<int64_t>(messages));
+  dict.insert("collectives", PackRecords(result.collectives, CollectiveFields()));
+  dict.insert("timeline", PackRecords(result.timeline, ActionTimingFields()));
+  dict.insert("boundaries", PackRecords(result.boundaries, BoundaryFields()));
+  dict.insert("messages", PackRecords(result.messages, MessageFields()));
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
   return torch::from_blob(const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kUInt8).clone();
 }
@@ -147,52 +202,22 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   result.rank = static_cast<int>(dict.at("rank").toInt());
   result.replica = static_cast<int>(dict.at("replica").toInt());
   result.replicas = static_cast<int>(dict.at("replicas").toInt());
-  const auto collectives = ToDoubles(dict.at("collectives").toTensor());
-  for (size_t i = 0; i + 7 <= collectives.size(); i += 7) {
-    const double* c = collectives.data() + i;
-    result.collectives.push_back({static_cast<int64_t>(c[0]), static_cast<int64_t>(c[1]), static_cast<int64_t>(c[2]),
-                                  static_cast<int>(c[3]), c[4], c[5], c[6]});
-  }
   for (int64_t stage : dict.at("stages").toIntVector()) result.stages.push_back(static_cast<int>(stage));
   result.losses = ToDoubles(dict.at("losses").toTensor());
   result.step_ms = ToDoubles(dict.at("step_ms").toTensor());
-  if (dict.contains("timing_step_ms")) result.timing_step_ms = ToDoubles(dict.at("timing_step_ms").toTensor());
+  result.timing_step_ms = ToDoubles(dict.at("timing_step_ms").toTensor());
   result.grad_norms = ToDoubles(dict.at("grad_norms").toTensor());
   result.peak_bytes = dict.at("peak_bytes").toIntVector();
   result.gradients = PerStep(dict, "gradients");
   result.weights = PerStep(dict, "step_weights");
+  result.master_weights = PerStep(dict, "master_weights");
   result.final_weights = Zip(c10::impl::toTypedList<std::string>(dict.at("weight_names").toList()),
                              c10::impl::toTypedList<torch::Tensor>(dict.at("weights").toList()));
-  const auto timeline = ToDoubles(dict.at("timeline").toTensor());
-  constexpr size_t kFields = 10;
-  for (size_t i = 0; i + kFields <= timeline.size(); i += kFields) {
-    Action action{static_cast<ActionKind>(static_cast<int>(timeline[i + 1])), static_cast<int>(timeline[i + 2]),
-                  static_cast<int>(timeline[i + 3])};
-    result.timeline.push_back({static_cast<int64_t>(timeline[i]), action, timeline[i + 4], timeline[i + 5],
-                               static_cast<int64_t>(timeline[i + 6]), static_cast<int64_t>(timeline[i + 7]),
-                               timeline[i + 8], timeline[i + 9]});
-  }
-  const auto boundaries = ToDoubles(dict.at("boundaries").toTensor());
-  const auto hashes = dict.at("boundary_hashes").toIntVector();
-  constexpr size_t kBoundaryFields = 13;
-  for (size_t i = 0, k = 0; i + kBoundaryFields <= boundaries.size(); i += kBoundaryFields, ++k) {
-    const double* b = boundaries.data() + i;
-    BoundaryRecord record{static_cast<int64_t>(b[0]), static_cast<int>(b[1]), static_cast<int>(b[2]),
-                          static_cast<Direction>(static_cast<int>(b[3])), static_cast<BoundaryRole>(static_cast<int>(b[4])),
-                          static_cast<int>(b[5]), {}};
-    record.fingerprint = {b[6], b[7], b[8], b[9], static_cast<int64_t>(b[10]), static_cast<int64_t>(b[11]),
-                          b[12] != 0.0, static_cast<uint64_t>(hashes.at(k))};
-    result.boundaries.push_back(record);
-  }
-  const auto messages = dict.at("messages").toIntVector();
-  for (size_t i = 0; i + kMessageFields <= messages.size(); i += kMessageFields) {
-    const int64_t* m = messages.data() + i;
-    const int64_t dims = std::min<int64_t>(std::max<int64_t>(m[5], 0), kMaxMessageDims);
-    const int64_t* sizes = m + kMessageFields - kMaxMessageDims;
-    result.messages.push_back({m[0], m[1] != 0, static_cast<int>(m[2]), static_cast<int>(m[3]),
-                               MessageShape{static_cast<torch::ScalarType>(m[4]), std::vector<int64_t>(sizes, sizes + dims)},
-                               m[6]});
-  }
+  const std::string who = result.Who() + "'s ";
+  result.collectives = UnpackRecords(dict.at("collectives").toGenericDict(), CollectiveFields(), who + "collectives");
+  result.timeline = UnpackRecords(dict.at("timeline").toGenericDict(), ActionTimingFields(), who + "timeline");
+  result.boundaries = UnpackRecords(dict.at("boundaries").toGenericDict(), BoundaryFields(), who + "boundaries");
+  result.messages = UnpackRecords(dict.at("messages").toGenericDict(), MessageFields(), who + "messages");
   return result;
 }
 
