@@ -26,6 +26,7 @@
 #include "reference/fingerprint.h"
 #include "reference/optimizer.h"
 #include "reports/csv.h"
+#include "scenarios/dtypes.h"
 
 #ifndef PIPECHECK_SOURCE_DIR
 #error "PIPECHECK_SOURCE_DIR must name the source tree (trainers/ lives there)"
@@ -297,7 +298,7 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
                                       master.isNone() ? "missing" : "given", master.isNone() ? "gave" : "did not give"));
     }
     if (!master.isNone()) {
-      if (scenario.dtype != "bfloat16") {
+      if (!scenarios::DtypeOf(scenario.dtype).reduced) {
         throw ProtocolError(fmt::format("{}: \"master_weights\" are for lower-precision parameters, but the scenario's "
                                         "dtype is {}", what, scenario.dtype));
       }

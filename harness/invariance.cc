@@ -27,6 +27,7 @@
 #include "reports/csv.h"
 #include "reports/report.h"
 #include "reports/trace.h"
+#include "scenarios/dtypes.h"
 
 namespace pipecheck::harness {
 namespace {
@@ -640,7 +641,7 @@ int RunInvariance(const Scenario& base, const InvarianceOptions& options, std::o
   const auto suite_path = std::filesystem::absolute(directory / "variants.csv");
   reports::WriteFileAtomically(suite_path.string(), scenarios::ToCsv(suite));
   // The bitwise claim holds for float64 on the host, every variant with the same threads.
-  const bool asserts = base.dtype == "float64" && base.device == "cpu";
+  const bool asserts = scenarios::DtypeOf(base.dtype).bitwise_on_cpu && base.device == "cpu";
   fmt::print(out, "invariance of {} ({}): {} variants, {} skipped; {} thread(s) per rank in every variant; {}\n",
              base.name, base.source, variants.size(), skipped.size(), options.threads,
              asserts ? "bitwise equality asserted where the arithmetic is the same (float64 on the CPU)"
@@ -652,7 +653,7 @@ int RunInvariance(const Scenario& base, const InvarianceOptions& options, std::o
   const auto reports = RunVariants(variants, suite_path.string(), options, out, failed_variants, interrupted);
   if (interrupted != 0) return 128 + interrupted;
   const auto entries = MatrixEntries(base, variants, reports, directory, out);
-  const auto matrix = BuildMatrix(entries, GradientFloorFraction(base.dtype), asserts);
+  const auto matrix = BuildMatrix(entries, scenarios::DtypeOf(base.dtype).floor_fraction, asserts);
   const auto csv_path = directory / "invariance.csv";
   reports::WriteFileAtomically(csv_path.string(), InvarianceCsv(base.name, matrix));
   PrintMatrix(out, matrix);

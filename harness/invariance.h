@@ -109,7 +109,7 @@ struct PairComparison {
   std::string problem;              // steps or parameters that do not correspond; "" when they do
 };
 
-// `floor_fraction`: of the step's whole gradient norm, as parity uses (GradientFloorFraction).
+// `floor_fraction`: of the step's whole gradient norm, as parity uses (DtypeTraits::floor_fraction).
 PairComparison CompareTrained(const TrainedTensors& a, const TrainedTensors& b, double floor_fraction);
 
 // invariance.csv's columns.

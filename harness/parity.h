@@ -14,7 +14,7 @@
 //     still fails;
 //  4. a reference that diverges (non-finite or exploded loss or gradient norm) is an ERROR, not
 //     a parity verdict.
-// Gradient error = ||g_pp - g_ref|| / max(||g_ref||, floor), floor = GradientFloorFraction(dtype)
+// Gradient error = ||g_pp - g_ref|| / max(||g_ref||, floor), floor = DtypeOf(dtype).floor_fraction
 // x the whole model's gradient norm: relative where a gradient is real, absolute where it is zero
 // analytically (a key projection's bias) and holds only rounding noise. The floor depends on the
 // dtype alone, never on `tol`, so a loose tolerance cannot make real gradients look like noise.
@@ -28,12 +28,10 @@
 #include "pipeline/simulator.h"
 #include "pipeline/trainer.h"
 #include "reports/report.h"
+#include "scenarios/dtypes.h"
 #include "scenarios/scenario.h"
 
 namespace pipecheck::harness {
-
-// The floor, as a fraction of the whole model's gradient (or update) norm, by dtype name.
-double GradientFloorFraction(const std::string& dtype);
 
 // A free-running trajectory may differ from the reference's by this many times the measured
 // rounding envelope (see parity.h's header comment; docs/design.md §2 says how it is measured).

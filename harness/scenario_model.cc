@@ -12,6 +12,8 @@
 #include "pipeline/lowering.h"
 #include "pipeline/schedule_csv.h"
 #include "reference/device.h"
+#include "reference/dtype_name.h"
+#include "scenarios/dtypes.h"
 
 namespace pipecheck::harness {
 
@@ -74,10 +76,11 @@ std::vector<scenarios::Scenario> ParseSuite(const std::string& text, const std::
 }
 
 torch::Dtype ParseDtype(const std::string& dtype) {
-  if (dtype == "float64") return torch::kFloat64;
-  if (dtype == "float32") return torch::kFloat32;
-  if (dtype == "bfloat16") return torch::kBFloat16;
-  throw std::invalid_argument("unknown dtype '" + dtype + "' (float64, float32, bfloat16)");
+  const auto& traits = scenarios::DtypeOf(dtype);  // std::invalid_argument for an unknown name
+  for (const torch::Dtype candidate : {torch::kFloat64, torch::kFloat32, torch::kBFloat16}) {
+    if (reference::DtypeName(candidate) == traits.name) return candidate;
+  }
+  throw std::logic_error("dtype '" + dtype + "' has no LibTorch dtype here");
 }
 
 torch::Device ScenarioDevice(const scenarios::Scenario& scenario) {

@@ -23,6 +23,8 @@
 #include <sstream>
 #include <utility>
 
+#include "scenarios/dtypes.h"
+
 namespace pipecheck::scenarios {
 namespace {
 
@@ -35,7 +37,7 @@ constexpr std::array<const char*, 33> kColumnNames = {
 constexpr size_t kColumnCount = kColumnNames.size();
 
 const std::vector<std::string> kFlavors = {"llama", "gpt2"};
-const std::vector<std::string> kDtypes = {"float64", "float32", "bfloat16"};
+const std::vector<std::string> kDtypes = DtypeNames();
 const std::vector<std::string> kOptimizers = {"sgd", "adamw"};
 const std::vector<std::string> kDevices = {"cpu", "cuda"};
 const std::vector<std::string> kLossModes = {"tokens", "microbatch_mean"};
@@ -559,11 +561,12 @@ void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
 // its own few lines naming the columns it relates, in the order the first broken one is reported.
 void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
   if (s.seq_len_min == 0) s.seq_len_min = s.seq_len;
-  if (s.tol == 0.0) s.tol = DefaultTolerance(s.dtype);
-  if (s.tol > MaxTolerance(s.dtype)) {
+  const DtypeTraits& dtype = DtypeOf(s.dtype);
+  if (s.tol == 0.0) s.tol = dtype.default_tol;
+  if (s.tol > dtype.max_tol) {
     throw at.At(line, "tol", fmt::format("{}", s.tol),
                 fmt::format("tol for {} must be at most {:g} (default {:g}): a looser tolerance would let real bugs "
-                            "pass", s.dtype, MaxTolerance(s.dtype), DefaultTolerance(s.dtype)));
+                            "pass", s.dtype, dtype.max_tol, dtype.default_tol));
   }
   if (s.lr > kMaxLearningRate) {
     throw at.At(line, "lr", fmt::format("{}", s.lr),
@@ -768,19 +771,6 @@ std::string ToCsv(const std::vector<Scenario>& scenarios) {
   return text;
 }
 
-
-
-double MaxTolerance(const std::string& dtype) {
-  if (dtype == "float64") return 1e-6;
-  if (dtype == "float32") return 1e-3;
-  return 5e-2;
-}
-
-double DefaultTolerance(const std::string& dtype) {
-  if (dtype == "float64") return 1e-9;
-  if (dtype == "float32") return 1e-4;
-  return 3e-2;
-}
 
 std::vector<Scenario> ParseScenarios(const std::string& raw_text, const std::string& file,
                                      const Vocabulary& vocabulary) {

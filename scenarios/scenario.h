@@ -114,14 +114,6 @@ std::string Fingerprint(const std::string& configuration);
 // as the same scenarios.
 std::string ToCsv(const std::vector<Scenario>& scenarios);
 
-// Default tolerance on gradients and loss for a dtype name.
-double DefaultTolerance(const std::string& dtype);
-
-// The loosest `tol` a scenario may set, by dtype: float64 1e-6, float32 1e-3, bfloat16 5e-2.
-// Correct pipelines measure far below these (float64 ~1e-15, float32 ~1e-6, bfloat16 ~6e-3);
-// the injected bugs move gradients by 8e-2 and more, which a looser tol could hide.
-double MaxTolerance(const std::string& dtype);
-
 // The largest learning rate a scenario may set.
 constexpr double kMaxLearningRate = 10.0;
 

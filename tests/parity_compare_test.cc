@@ -131,7 +131,7 @@ TEST_F(ParityJudge, AnalyticallyZeroGradientsAreCheckedAgainstAFloorThatIgnoresT
   EXPECT_NE(Judge().summary.message.find("gradient of layers.1.feed_forward.w1.weight at step 0 is all zero"),
             std::string::npos)
       << Judge().summary.message;
-  EXPECT_EQ(harness::GradientFloorFraction("float64"), 1e-5);
+  EXPECT_EQ(scenarios::DtypeOf("float64").floor_fraction, 1e-5);
 }
 
 TEST_F(ParityJudge, ADivergingReferenceIsAnErrorNotAVerdict) {

@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "scenarios/dtypes.h"
 #include "scenarios/scenario.h"
 #include "harness/scenario_model.h"
 #include "tests/test_support.h"
@@ -416,4 +417,24 @@ TEST(ScenarioLoader, AByteOrderMarkIsReadPast) {
 }
 
 }  // namespace
+// One table holds every per-dtype fact: the column accepts exactly its names, LibTorch's dtype
+// agrees with its element size, and rows take their default tol from it.
+TEST(Dtypes, TheTableIsWhatTheColumnAndLibTorchUse) {
+  EXPECT_EQ(scenarios::DtypeNames(), (std::vector<std::string>{"float64", "float32", "bfloat16"}));
+  for (const auto& traits : scenarios::Dtypes()) {
+    EXPECT_EQ(torch::elementSize(harness::ParseDtype(traits.name)), static_cast<size_t>(traits.bytes)) << traits.name;
+    EXPECT_LT(traits.default_tol, traits.max_tol) << traits.name;
+    const auto rows = ParseSuite("name,dtype\nx," + traits.name + "\n", "t.csv");
+    EXPECT_EQ(rows.at(0).tol, traits.default_tol) << traits.name;
+  }
+  EXPECT_TRUE(scenarios::DtypeOf("bfloat16").reduced);
+  EXPECT_FALSE(scenarios::DtypeOf("float32").reduced);
+  try {
+    scenarios::DtypeOf("float16");
+    FAIL() << "float16 has no traits";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "unknown dtype 'float16' (float64, float32, bfloat16)");
+  }
+}
+
 }  // namespace pipecheck
