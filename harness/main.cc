@@ -381,13 +381,21 @@ Command AddValidate(CLI::App& app) {
   struct Options {
     std::string scenarios = kDefaultSuite;
     std::string device;
+    bool columns = false;
   };
   auto options = std::make_shared<Options>();
   auto* command = app.add_subcommand("validate", "Load a scenario suite and report its first error (exit 2), else "
                                                  "every row this machine cannot run (exit 3)");
   AddScenarios(command, options->scenarios);
   AddDevice(command, options->device, "Check every scenario as if it ran on this device");
+  command->add_flag("--columns", options->columns,
+                    "Print every scenario column (default, values, meaning) as docs/scenarios.md's Markdown table; "
+                    "load nothing");
   return {command, "validate", [options] {
+            if (options->columns) {
+              fmt::print("{}", pipecheck::scenarios::ColumnsMarkdown(pipecheck::harness::PipelineVocabulary()));
+              return 0;
+            }
             const auto suite = pipecheck::harness::LoadSuite(options->scenarios, options->device);
             int cannot = 0;
             if (const int code = CheckRunnableHere(suite, " validate", &cannot)) {

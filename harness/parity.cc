@@ -62,22 +62,15 @@ TensorError Compare(const torch::Tensor& pipeline, const torch::Tensor& referenc
 
 reports::SummaryRow ScenarioColumns(const scenarios::Scenario& s) {
   reports::SummaryRow row;
-  row.scenario = s.name;
-  row.expect = s.expect;
-  row.world_size = s.world_size;
-  row.schedule = s.schedule_written.empty() ? s.schedule : s.schedule_written;
+  for (const auto& [name, value] : scenarios::SummaryValues(s)) {
+    const auto& fields = reports::SummaryFields();
+    const auto field = std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return f.name == name; });
+    if (field == fields.end()) throw std::logic_error("summary.csv has no column '" + name + "' for the scenario's");
+    field->parse(row, value);
+  }
   row.config = scenarios::Configuration(s);
   row.fingerprint = scenarios::Fingerprint(row.config);
-  row.virtual_stages = s.virtual_stages;
-  row.microbatches = s.microbatches;
-  row.dtype = s.dtype;
-  row.device = s.device;
-  row.steps = s.steps;
   row.transport = s.ExternalTrainer() ? "" : ResolveTransport(s);  // another trainer picks its own
-  row.trainer = s.trainer;
-  row.data_parallel = s.data_parallel;
-  row.recompute = s.recompute;
-  row.accumulation = s.accumulation;
   return row;
 }
 

@@ -28,13 +28,8 @@
 namespace pipecheck::scenarios {
 namespace {
 
-constexpr std::array<const char*, 33> kColumnNames = {
-    "name",        "flavor",       "layers", "hidden",   "heads",          "ffn",   "vocab",
-    "tied",        "world_size",   "schedule", "virtual_stages", "transport", "partition", "batch", "microbatches",
-    "seq_len",     "seq_len_min",  "dtype",  "steps",    "optimizer",      "lr",    "clip",
-    "recompute",   "data_parallel", "accumulation", "loss", "seed",         "device", "tol",      "fault",          "expect",
-    "trainer",     "note"};
-constexpr size_t kColumnCount = kColumnNames.size();
+// The columns of a suite, in docs/scenarios.md order (Columns() lists them).
+constexpr size_t kColumnCount = 33;
 
 const std::vector<std::string> kFlavors = {"llama", "gpt2"};
 const std::vector<std::string> kDtypes = DtypeNames();
@@ -189,6 +184,13 @@ std::string ParsePartition(const std::string& text) {
 
 std::string FormatReal(double value) { return fmt::format("{}", value); }
 
+// A number as docs write it: 1e-9 and 5e-2 below 0.1 (not 1e-09 or 0.05), else as {:g} has it.
+std::string Short(double value) {
+  if (value <= 0.0 || value >= 0.1) return fmt::format("{:g}", value);
+  const auto exponent = static_cast<int>(std::floor(std::log10(value)));
+  return fmt::format("{:g}e{}", value / std::pow(10.0, exponent), exponent);
+}
+
 // `text` safe to print on a terminal: bytes outside printable ASCII as \xNN, cut at 80.
 std::string Printable(const std::string& text) {
   std::string out;
@@ -249,89 +251,199 @@ std::string NormaliseLines(const std::string& text) {
   return out;
 }
 
-// How one column is read into a Scenario and written back out.
-struct Column {
-  std::function<void(Scenario&, const std::string&)> parse;
-  std::function<std::string(const Scenario&)> format;
+// Whether a column joins a scenario's configuration (summary.csv's `config` and `fingerprint`).
+enum class InConfiguration {
+  kAlways,
+  kNever,         // names and notes: they change nothing computed
+  kUnlessDefault  // added after fingerprints were recorded: a row at the default keeps its old one
 };
 
-Column IntegerColumn(int64_t Scenario::*field, int64_t min, int64_t max) {
-  return {[=](Scenario& s, const std::string& v) { s.*field = ParseInteger(v, min, max); },
-          [=](const Scenario& s) { return std::to_string(s.*field); }};
+// One column: its name, how a cell is read into a Scenario and written back out, and what
+// docs/scenarios.md says of it (its table is ColumnsMarkdown()'s, checked by a test).
+struct Column {
+  std::string name;
+  std::function<void(Scenario&, const std::string&)> parse;
+  std::function<std::string(const Scenario&)> format;
+  std::function<std::string(const Vocabulary&)> values;  // what a cell may hold
+  std::string meaning;
+  std::string default_shown;  // the default as documented; empty: format() of a default Scenario
+  InConfiguration configuration = InConfiguration::kAlways;
+  bool summary = false;  // summary.csv carries it, under the same name ("scenario" for name)
+
+  Column& Means(std::string text) { return meaning = std::move(text), *this; }
+  Column& Default(std::string text) { return default_shown = std::move(text), *this; }
+  Column& Config(InConfiguration in) { return configuration = in, *this; }
+  Column& InSummary() { return summary = true, *this; }
+  Column& Values(std::function<std::string(const Vocabulary&)> text) { return values = std::move(text), *this; }
+};
+
+Column TextColumn(std::string name, std::function<void(Scenario&, const std::string&)> parse,
+                  std::function<std::string(const Scenario&)> format, std::string values) {
+  Column column;
+  column.name = std::move(name);
+  column.parse = std::move(parse);
+  column.format = std::move(format);
+  column.values = [values = std::move(values)](const Vocabulary&) { return values; };
+  return column;
 }
 
-Column ChoiceColumn(std::string Scenario::*field, const std::vector<std::string>& choices) {
-  return {[field, &choices](Scenario& s, const std::string& v) { s.*field = ParseChoice(v, choices); },
-          [=](const Scenario& s) { return s.*field; }};
+Column IntegerColumn(std::string name, int64_t Scenario::*field, int64_t min, int64_t max) {
+  return TextColumn(std::move(name), [=](Scenario& s, const std::string& v) { s.*field = ParseInteger(v, min, max); },
+                    [=](const Scenario& s) { return std::to_string(s.*field); }, fmt::format("{} to {}", min, max));
 }
 
-Column FlagColumn(bool Scenario::*field) {
-  return {[=](Scenario& s, const std::string& v) { s.*field = ParseFlag(v); },
-          [=](const Scenario& s) { return std::string(s.*field ? "1" : "0"); }};
+Column ChoiceColumn(std::string name, std::string Scenario::*field, const std::vector<std::string>& choices) {
+  Column column = TextColumn(std::move(name), [field, &choices](Scenario& s, const std::string& v) { s.*field = ParseChoice(v, choices); },
+                             [=](const Scenario& s) { return s.*field; }, "");
+  column.values = [&choices](const Vocabulary&) { return fmt::format("{}", fmt::join(choices, ", ")); };
+  return column;
 }
 
-Column RealColumn(double Scenario::*field, double min, bool min_allowed) {
-  return {[=](Scenario& s, const std::string& v) { s.*field = ParseReal(v, min, min_allowed); },
-          [=](const Scenario& s) { return FormatReal(s.*field); }};
+Column FlagColumn(std::string name, bool Scenario::*field) {
+  return TextColumn(std::move(name), [=](Scenario& s, const std::string& v) { s.*field = ParseFlag(v); },
+                    [=](const Scenario& s) { return std::string(s.*field ? "1" : "0"); }, "0, 1");
 }
 
-// Indexed like kColumnNames.
-const std::array<Column, kColumnCount>& Columns() {
-  static const std::array<Column, kColumnCount> columns = {
-      Column{[](Scenario& s, const std::string& v) { s.name = ParseName(v); },
-             [](const Scenario& s) { return s.name; }},
-      ChoiceColumn(&Scenario::flavor, kFlavors),
-      IntegerColumn(&Scenario::layers, 1, kMaxLayers),
-      IntegerColumn(&Scenario::hidden, 1, kMaxWidth),
-      IntegerColumn(&Scenario::heads, 1, kMaxHeads),
-      Column{[](Scenario& s, const std::string& v) { s.ffn = ParseInteger(v, 1, kMaxWidth * 8); },
-             [](const Scenario& s) { return s.ffn == 0 ? std::string() : std::to_string(s.ffn); }},
-      IntegerColumn(&Scenario::vocab, 2, kMaxVocab),
-      FlagColumn(&Scenario::tied),
-      IntegerColumn(&Scenario::world_size, 1, kMaxWorldSize),
-      Column{[](Scenario& s, const std::string& v) {
-               const std::string prefix = "csv:";
-               if (v.rfind(prefix, 0) == 0) {
-                 if (v.size() == prefix.size()) throw ValueProblem{"csv: needs the schedule file's path, as csv:PATH"};
-                 s.schedule = v;  // resolved against the suite's folder once the row is read
-               } else {
-                 s.schedule = ParseChoice(v, CurrentVocabulary()->schedules);
-               }
-             },
-             [](const Scenario& s) { return s.schedule; }},
-      IntegerColumn(&Scenario::virtual_stages, 1, kMaxVirtualStages),
-      ChoiceColumn(&Scenario::transport, kTransports),
-      Column{[](Scenario& s, const std::string& v) { s.partition = ParsePartition(v); },
-             [](const Scenario& s) { return s.partition; }},
-      IntegerColumn(&Scenario::batch, 1, kMaxBatch),
-      IntegerColumn(&Scenario::microbatches, 1, kMaxBatch),
-      IntegerColumn(&Scenario::seq_len, 2, kMaxSeqLen),
-      IntegerColumn(&Scenario::seq_len_min, 2, kMaxSeqLen),
-      ChoiceColumn(&Scenario::dtype, kDtypes),
-      IntegerColumn(&Scenario::steps, 1, kMaxSteps),
-      ChoiceColumn(&Scenario::optimizer, kOptimizers),
-      RealColumn(&Scenario::lr, 0.0, /*min_allowed=*/false),
-      RealColumn(&Scenario::clip, 0.0, /*min_allowed=*/true),
-      FlagColumn(&Scenario::recompute),
-      IntegerColumn(&Scenario::data_parallel, 1, kMaxWorldSize),
-      IntegerColumn(&Scenario::accumulation, 1, kMaxAccumulation),
-      ChoiceColumn(&Scenario::loss, kLossModes),
-      Column{[](Scenario& s, const std::string& v) { s.seed = ParseSeed(v); },
-             [](const Scenario& s) { return std::to_string(s.seed); }},
-      ChoiceColumn(&Scenario::device, kDevices),
-      RealColumn(&Scenario::tol, 0.0, /*min_allowed=*/false),
-      // Checked against the trainer's faults with the other columns (CheckCombinations).
-      Column{[](Scenario& s, const std::string& v) { s.fault = ParseFaultName(v); },
-             [](const Scenario& s) { return s.fault; }},
-      Column{[](Scenario& s, const std::string& v) {
-               s.expect_written = v;
-               s.expect = ParseExpectation(v, CurrentVocabulary()->torch_version);
-             },
-             [](const Scenario& s) { return s.expect; }},
-      Column{[](Scenario& s, const std::string& v) { s.trainer = ParseTrainer(v); },
-             [](const Scenario& s) { return s.trainer; }},
-      Column{[](Scenario& s, const std::string& v) { s.note = v; }, [](const Scenario& s) { return s.note; }},
+Column RealColumn(std::string name, double Scenario::*field, double min, bool min_allowed, std::string values) {
+  return TextColumn(std::move(name), [=](Scenario& s, const std::string& v) { s.*field = ParseReal(v, min, min_allowed); },
+                    [=](const Scenario& s) { return FormatReal(s.*field); }, std::move(values));
+}
+
+// The columns of the model.
+std::vector<Column> ModelColumns() {
+  using In = InConfiguration;
+  return {
+      TextColumn("name", [](Scenario& s, const std::string& v) { s.name = ParseName(v); },
+                 [](const Scenario& s) { return s.name; }, "1 to 100 of `A-Z a-z 0-9 _ . -`, not `.` or `..`, unique")
+          .Means("the scenario's name in every report (required)").Default("(required)")
+          .Config(In::kNever).InSummary(),
+      ChoiceColumn("flavor", &Scenario::flavor, kFlavors).Means("the model: llama (RMSNorm, SwiGLU, RoPE) or gpt2"),
+      IntegerColumn("layers", &Scenario::layers, 1, kMaxLayers).Means("transformer blocks"),
+      IntegerColumn("hidden", &Scenario::hidden, 1, kMaxWidth).Means("model width"),
+      IntegerColumn("heads", &Scenario::heads, 1, kMaxHeads).Means("attention heads (dividing hidden)"),
+      TextColumn("ffn", [](Scenario& s, const std::string& v) { s.ffn = ParseInteger(v, 1, kMaxWidth * 8); },
+                 [](const Scenario& s) { return s.ffn == 0 ? std::string() : std::to_string(s.ffn); },
+                 fmt::format("1 to {}", kMaxWidth * 8))
+          .Means("feed-forward width").Default("gpt2 4×hidden; llama ⌈8×hidden/3⌉ rounded up to a multiple of 4"),
+      IntegerColumn("vocab", &Scenario::vocab, 2, kMaxVocab).Means("vocabulary size"),
+      FlagColumn("tied", &Scenario::tied).Means("the output head shares the embedding's weight"),
   };
+}
+
+// The columns of the pipeline's layout.
+std::vector<Column> LayoutColumns() {
+  return {
+      IntegerColumn("world_size", &Scenario::world_size, 1, kMaxWorldSize).Means("ranks of one pipeline").InSummary(),
+      TextColumn("schedule",
+                 [](Scenario& s, const std::string& v) {
+                   const std::string prefix = "csv:";
+                   if (v.rfind(prefix, 0) == 0) {
+                     if (v.size() == prefix.size()) throw ValueProblem{"csv: needs the schedule file's path, as csv:PATH"};
+                     s.schedule = v;  // resolved against the suite's folder once the row is read
+                   } else {
+                     s.schedule = ParseChoice(v, CurrentVocabulary()->schedules);
+                   }
+                 },
+                 [](const Scenario& s) { return s.schedule; }, "")
+          .Values([](const Vocabulary& v) { return fmt::format("{}, csv:PATH", fmt::join(v.schedules, ", ")); })
+          .Means("the pipeline schedule (below)").InSummary(),
+      IntegerColumn("virtual_stages", &Scenario::virtual_stages, 1, kMaxVirtualStages)
+          .Means("stages per rank").Default("the schedule's own: 2 for interleaved, zbv, dualpipev and loopedbfs, else 1")
+          .InSummary(),
+      ChoiceColumn("transport", &Scenario::transport, kTransports).Means("how ranks exchange tensors (below)"),
+      TextColumn("partition", [](Scenario& s, const std::string& v) { s.partition = ParsePartition(v); },
+                 [](const Scenario& s) { return s.partition; }, "uniform, params, or layers per stage such as `2;0;3;1`")
+          .Means("how layers split into stages"),
+  };
+}
+
+// The columns of the data and the step.
+std::vector<Column> DataColumns() {
+  using In = InConfiguration;
+  return {
+      IntegerColumn("batch", &Scenario::batch, 1, kMaxBatch).Means("sequences per optimizer step"),
+      IntegerColumn("microbatches", &Scenario::microbatches, 1, kMaxBatch).Means("microbatches per round of the schedule").InSummary(),
+      IntegerColumn("seq_len", &Scenario::seq_len, 2, kMaxSeqLen).Means("tokens per sequence (the longest)"),
+      IntegerColumn("seq_len_min", &Scenario::seq_len_min, 2, kMaxSeqLen)
+          .Means("the shortest sequence: lengths vary between the two").Default("seq_len"),
+      ChoiceColumn("dtype", &Scenario::dtype, kDtypes).Means("parameters' and activations' dtype").InSummary(),
+      IntegerColumn("steps", &Scenario::steps, 1, kMaxSteps).Means("judged optimizer steps").InSummary(),
+      ChoiceColumn("optimizer", &Scenario::optimizer, kOptimizers).Means("AdamW or plain SGD"),
+      RealColumn("lr", &Scenario::lr, 0.0, /*min_allowed=*/false, "> 0, at most " + Short(kMaxLearningRate))
+          .Means("learning rate"),
+      RealColumn("clip", &Scenario::clip, 0.0, /*min_allowed=*/true, "≥ 0").Means("global gradient-norm clip; 0 is off"),
+      FlagColumn("recompute", &Scenario::recompute).Means("each stage recomputes its forward in the backward (below)").InSummary(),
+      IntegerColumn("data_parallel", &Scenario::data_parallel, 1, kMaxWorldSize)
+          .Means("replicas of the pipeline (below)").Config(In::kUnlessDefault).InSummary(),
+      IntegerColumn("accumulation", &Scenario::accumulation, 1, kMaxAccumulation)
+          .Means("rounds of the schedule per optimizer step (below)").Config(In::kUnlessDefault).InSummary(),
+      ChoiceColumn("loss", &Scenario::loss, kLossModes)
+          .Means("how the step's loss is normalised (below)").Config(In::kUnlessDefault),
+  };
+}
+
+// The columns of the run and its judging.
+std::vector<Column> RunColumns() {
+  using In = InConfiguration;
+  return {
+      TextColumn("seed", [](Scenario& s, const std::string& v) { s.seed = ParseSeed(v); },
+                 [](const Scenario& s) { return std::to_string(s.seed); }, "0 to 2^64 - 1")
+          .Means("weights and data"),
+      ChoiceColumn("device", &Scenario::device, kDevices).Means("where every rank and the reference run").InSummary(),
+      RealColumn("tol", &Scenario::tol, 0.0, /*min_allowed=*/false, [] {
+        std::vector<std::string> most;
+        for (const auto& dtype : Dtypes()) most.push_back(dtype.name + " " + Short(dtype.max_tol));
+        return fmt::format("> 0, at most {}", fmt::join(most, ", "));
+      }())
+          .Means("relative tolerance on loss, gradients and weights")
+          .Default([] {
+            std::vector<std::string> defaults;
+            for (const auto& dtype : Dtypes()) defaults.push_back(dtype.name + " " + Short(dtype.default_tol));
+            return fmt::format("{}", fmt::join(defaults, ", "));
+          }()),
+      // Checked against the trainer's faults with the other columns (CheckCombinations).
+      TextColumn("fault", [](Scenario& s, const std::string& v) { s.fault = ParseFaultName(v); },
+                 [](const Scenario& s) { return s.fault; }, "none, or a fault of docs/faults.md (another trainer: its own names)")
+          .Means("a bug injected into pipecheck's trainer, or handed to another"),
+      TextColumn("expect",
+                 [](Scenario& s, const std::string& v) {
+                   s.expect_written = v;
+                   s.expect = ParseExpectation(v, CurrentVocabulary()->torch_version);
+                 },
+                 [](const Scenario& s) { return s.expect; }, "pass, fail, or OUTCOME<MAJOR.MINOR such as `fail<2.15`")
+          .Means("the outcome the row must have (below)").Config(In::kNever).InSummary(),
+      TextColumn("trainer", [](Scenario& s, const std::string& v) { s.trainer = ParseTrainer(v); },
+                 [](const Scenario& s) { return s.trainer; },
+                 "pipecheck, torch, torchtitan, deepspeed, megatron, external:PATH")
+          .Means("who trains (below)").Config(In::kUnlessDefault).InSummary(),
+      TextColumn("note", [](Scenario& s, const std::string& v) { s.note = v; }, [](const Scenario& s) { return s.note; },
+                 "free text")
+          .Means("for people, e.g. the upstream issue an `expect=fail` row reproduces; changes nothing")
+          .Config(In::kNever),
+  };
+}
+
+// Every column, in docs/scenarios.md order.
+std::vector<Column> MakeColumns() {
+  std::vector<Column> columns;
+  for (auto part : {ModelColumns(), LayoutColumns(), DataColumns(), RunColumns()}) {
+    columns.insert(columns.end(), part.begin(), part.end());
+  }
+  return columns;
+}
+
+const std::vector<Column>& Columns() {
+  static const std::vector<Column> columns = [] {
+    auto made = MakeColumns();
+    if (made.size() != kColumnCount) throw std::logic_error("the scenario column table holds the wrong count");
+    std::set<std::string> names;
+    for (const auto& column : made) {
+      if (column.name.empty() || !names.insert(column.name).second) {
+        throw std::logic_error("scenario column '" + column.name + "' is unnamed or listed twice");
+      }
+    }
+    return made;
+  }();
   return columns;
 }
 
@@ -396,12 +508,12 @@ Header ReadHeader(const std::string& file, const std::string& text) {
     if (cell.size() >= 2 && cell.front() == '"' && cell.back() == '"') cell = cell.substr(1, cell.size() - 2);
     if (cell.empty()) {
       throw ScenarioError(fmt::format("{}:{}:{}: empty column name in the header (a trailing or doubled comma?); "
-                                      "allowed columns: {}", file, header.line, position, fmt::join(kColumnNames, ", ")));
+                                      "allowed columns: {}", file, header.line, position, fmt::join(ColumnNames(), ", ")));
     }
-    const bool known = std::find(kColumnNames.begin(), kColumnNames.end(), cell) != kColumnNames.end();
+    const bool known = std::find(ColumnNames().begin(), ColumnNames().end(), cell) != ColumnNames().end();
     if (!known) {
       throw ScenarioError(fmt::format("{}:{}:{}: unknown column '{}'; allowed columns: {}", file, header.line,
-                                      position, Printable(cell), fmt::join(kColumnNames, ", ")));
+                                      position, Printable(cell), fmt::join(ColumnNames(), ", ")));
     }
     if (!header.positions.emplace(cell, position).second) {
       throw ScenarioError(fmt::format("{}:{}:{}: column '{}' appears twice (first at column {})", file,
@@ -411,7 +523,7 @@ Header ReadHeader(const std::string& file, const std::string& text) {
   const std::string trimmed = Trim(std::string(line));
   if (!trimmed.empty() && trimmed.back() == ',') {
     throw ScenarioError(fmt::format("{}:{}:{}: empty column name in the header (a trailing or doubled comma?); "
-                                    "allowed columns: {}", file, header.line, position + 1, fmt::join(kColumnNames, ", ")));
+                                    "allowed columns: {}", file, header.line, position + 1, fmt::join(ColumnNames(), ", ")));
   }
   if (!header.positions.count("name")) {
     throw ScenarioError(fmt::format("{}:{}: the header has no 'name' column (it is required)", file, header.line));
@@ -646,7 +758,7 @@ using Reader = io::CSVReader<kColumnCount, io::trim_chars<' ', '\t'>, io::double
 
 template <size_t... I>
 void ReadFccpHeader(Reader& reader, std::index_sequence<I...>) {
-  reader.read_header(io::ignore_missing_column, kColumnNames[I]...);
+  reader.read_header(io::ignore_missing_column, Columns()[I].name...);
 }
 
 template <size_t... I>
@@ -661,7 +773,7 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
   scenario.column_positions = header.positions;
   bool virtual_stages_given = false;
   for (size_t i = 0; i < kColumnCount; ++i) {
-    const std::string column = kColumnNames[i];
+    const std::string& column = Columns()[i].name;
     const bool present = header.positions.count(column) > 0;
     if (!present || cells[i].empty()) {
       if (column == "name") throw at.At(line, column, cells[i], "every scenario needs a name");
@@ -706,14 +818,49 @@ std::vector<int64_t> Scenario::PartitionCounts() const {
 }
 
 const std::vector<std::string>& ColumnNames() {
-  static const std::vector<std::string> names(kColumnNames.begin(), kColumnNames.end());
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> list;
+    for (const auto& column : Columns()) list.push_back(column.name);
+    return list;
+  }();
   return names;
 }
 
 std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& scenario) {
   std::vector<std::pair<std::string, std::string>> values;
-  for (size_t i = 0; i < kColumnCount; ++i) values.emplace_back(kColumnNames[i], Columns()[i].format(scenario));
+  for (const auto& column : Columns()) values.emplace_back(column.name, column.format(scenario));
   return values;
+}
+
+std::vector<std::pair<std::string, std::string>> SummaryValues(const Scenario& scenario) {
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const auto& column : Columns()) {
+    if (!column.summary) continue;
+    if (column.name == "name") {
+      values.emplace_back("scenario", scenario.name);
+    } else if (column.name == "schedule" && !scenario.schedule_written.empty()) {
+      values.emplace_back(column.name, scenario.schedule_written);  // csv:PATH as the suite wrote it
+    } else {
+      values.emplace_back(column.name, column.format(scenario));
+    }
+  }
+  return values;
+}
+
+std::string ColumnsMarkdown(const Vocabulary& vocabulary) {
+  const auto cell = [](std::string text) {
+    for (size_t at = text.find('|'); at != std::string::npos; at = text.find('|', at + 2)) text.insert(at, "\\");
+    return text;
+  };
+  static const Scenario defaults;
+  std::string text = "| column | default | values | what it sets |\n| --- | --- | --- | --- |\n";
+  for (const auto& column : Columns()) {
+    std::string shown = column.default_shown.empty() ? column.format(defaults) : column.default_shown;
+    if (shown.empty()) shown = "(empty)";
+    text += fmt::format("| `{}` | {} | {} | {} |\n", column.name, cell(shown), cell(column.values(vocabulary)),
+                        cell(column.meaning));
+  }
+  return text;
 }
 
 std::string ValuePlace(const Scenario& scenario, const std::string& column) {
@@ -738,31 +885,27 @@ std::string Fingerprint(const std::string& configuration) {
 }
 
 std::string Configuration(const Scenario& scenario) {
+  static const Scenario defaults;
   std::vector<std::string> pairs;
-  for (const auto& [column, value] : ColumnValues(scenario)) {
-    if (column == "name" || column == "expect" || column == "note") continue;
-    // Rows of pipecheck's own trainer keep the configuration (and fingerprint) they had before
-    // trainers were a column.
-    if (column == "trainer" && !scenario.ExternalTrainer()) continue;
-    // Likewise rows of one pipeline keep the fingerprint they had before replicas were a column.
-    if (column == "data_parallel" && scenario.data_parallel == 1) continue;
-    if (column == "accumulation" && scenario.accumulation == 1) continue;
-    if (column == "loss" && scenario.loss == "tokens") continue;
+  for (const auto& column : Columns()) {
+    if (column.configuration == InConfiguration::kNever) continue;
+    const std::string value = column.format(scenario);
+    if (column.configuration == InConfiguration::kUnlessDefault && value == column.format(defaults)) continue;
     std::string shown = value;
-    if (column == "schedule" && scenario.schedule.rfind("csv:", 0) == 0) {
+    if (column.name == "schedule" && scenario.schedule.rfind("csv:", 0) == 0) {
       std::ifstream stream(scenario.schedule.substr(4), std::ios::binary);
       std::stringstream contents;
       contents << stream.rdbuf();
       shown = fmt::format("{}#{}", scenario.schedule_written.empty() ? value : scenario.schedule_written,
                           Fingerprint(contents.str()));
     }
-    pairs.push_back(column + "=" + shown);
+    pairs.push_back(column.name + "=" + shown);
   }
   return fmt::format("{}", fmt::join(pairs, " "));
 }
 
 std::string ToCsv(const std::vector<Scenario>& scenarios) {
-  std::string text = fmt::format("{}\n", fmt::join(kColumnNames, ","));
+  std::string text = fmt::format("{}\n", fmt::join(ColumnNames(), ","));
   for (const auto& scenario : scenarios) {
     std::vector<std::string> cells;
     for (size_t i = 0; i < kColumnCount; ++i) cells.push_back(Columns()[i].format(scenario));

@@ -98,6 +98,10 @@ const std::vector<std::string>& ColumnNames();
 // Each column's value for this scenario, formatted as the CSV would hold it.
 std::vector<std::pair<std::string, std::string>> ColumnValues(const Scenario& scenario);
 
+// The columns summary.csv repeats from the scenario, by summary.csv's names, with this scenario's
+// values as text (a csv:PATH schedule as the suite wrote it).
+std::vector<std::pair<std::string, std::string>> SummaryValues(const Scenario& scenario);
+
 // Where a message about one of the row's values points, as the loader's errors do:
 // "core.csv:7:3: column 'seq_len', value '64'", or "core.csv:7: column 'seq_len' (not in file,
 // default '32')" for a column the file leaves out.
@@ -143,6 +147,10 @@ struct Vocabulary {
   // (nccl, staged) is moot there rather than wrong.
   std::string device;
 };
+
+// docs/scenarios.md's table of columns: name, default, values and meaning, one row a column, from
+// the table the loader reads with (a test keeps the document equal to it).
+std::string ColumnsMarkdown(const Vocabulary& vocabulary);
 
 // Loads and validates a suite; throws ScenarioError.
 std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& vocabulary);
