@@ -108,21 +108,21 @@ class DropMicrobatch : public Fault {
 class LocalClip : public Fault {
  public:
   using Fault::Fault;
-  bool ClipsLocally() const override { return true; }
+  void EditGradientPath(GradientPath& path) override { Find(path, GradientOp::kClip)->global_norm = false; }
 };
 
 // tied_norm_twice: the tied weight counted on both owners in the global norm.
 class TiedNormTwice : public Fault {
  public:
   using Fault::Fault;
-  bool CountsTiedTwice() const override { return true; }
+  void EditGradientPath(GradientPath& path) override { Find(path, GradientOp::kClip)->tied_copy_in_norm = true; }
 };
 
 // skip_tied_sync: the tied gradients are not summed between their owners.
 class SkipTiedSync : public Fault {
  public:
   using Fault::Fault;
-  bool SkipsTiedSync() const override { return true; }
+  void EditGradientPath(GradientPath& path) override { Drop(path, GradientOp::kTiedSum); }
 };
 
 // stale_shape: the first message of each direction fixes the buffer later ones are copied into;
@@ -157,7 +157,7 @@ class StaleShape : public Fault {
 class OptimizerStateReset : public Fault {
  public:
   using Fault::Fault;
-  bool ResetsOptimizer() const override { return true; }
+  void EditGradientPath(GradientPath& path) override { Find(path, GradientOp::kOptimizerStep)->fresh_optimizer = true; }
 };
 
 // send_before_recv: the lowering pass leaves sends ahead of the receives due with them.
@@ -215,15 +215,24 @@ class KilledRank : public RankFailure {
 class ClipBeforeTiedSync : public Fault {
  public:
   using Fault::Fault;
-  bool ClipsBeforeTiedSync() const override { return true; }
+  void EditGradientPath(GradientPath& path) override {
+    const GradientStage clip = *Find(path, GradientOp::kClip);
+    Drop(path, GradientOp::kClip);
+    path.insert(path.begin(), clip);
+  }
 };
 
 // double_grad_scaling: gradients divided by m at step end on top of the whole-batch normalisation.
 class DoubleGradScaling : public Fault {
  public:
   using Fault::Fault;
-  void AfterAccumulation(const std::vector<torch::Tensor>& parameters) override {
-    reference::ScaleGradients(parameters, 1.0 / context().microbatches);
+  void EditGradientPath(GradientPath& path) override {
+    GradientStage scale;
+    scale.name = "double_grad_scaling";
+    scale.transform = [m = context().microbatches](const GradientContext& gradients) {
+      reference::ScaleGradients(gradients.parameters, 1.0 / m);
+    };
+    path.insert(path.begin(), scale);
   }
 };
 
@@ -351,7 +360,15 @@ class ReversedAccumulation : public Fault {
       parameter.grad().zero_();  // the next backward adds into zeros: exactly its own gradient
     }
   }
-  void AfterAccumulation(const std::vector<torch::Tensor>& parameters) override {
+  void EditGradientPath(GradientPath& path) override {
+    GradientStage reverse;
+    reverse.name = "reversed_accumulation";
+    reverse.transform = [this](const GradientContext& gradients) { SumReversed(gradients.parameters); };
+    path.insert(path.begin(), reverse);
+  }
+
+ private:
+  void SumReversed(const std::vector<torch::Tensor>& parameters) {
     torch::NoGradGuard no_grad;
     for (const auto& parameter : parameters) {
       const auto held = held_.find(parameter.unsafeGetTensorImpl());
@@ -365,7 +382,6 @@ class ReversedAccumulation : public Fault {
     held_.clear();
   }
 
- private:
   std::map<const void*, std::vector<torch::Tensor>> held_;  // per parameter, its microbatches' gradients
 };
 
@@ -375,13 +391,18 @@ class ReversedAccumulation : public Fault {
 class SlowSteps : public Fault {
  public:
   using Fault::Fault;
-  void EndStep(std::chrono::steady_clock::time_point started) const override {
-    // Busy, not asleep: a sleeping rank hands its core to the ranks sharing it, which then run
-    // faster, and on 2 cores the step grew by far less than a quarter.
-    const auto now = std::chrono::steady_clock::now();
-    const auto until = now + (now - started) / 4;
-    while (std::chrono::steady_clock::now() < until) {
-    }
+  void EditGradientPath(GradientPath& path) override {
+    GradientStage busy;
+    busy.name = "slow_steps";
+    busy.transform = [](const GradientContext& gradients) {
+      // Busy, not asleep: a sleeping rank hands its core to the ranks sharing it, which then run
+      // faster, and on 2 cores the step grew by far less than a quarter.
+      const auto now = std::chrono::steady_clock::now();
+      const auto until = now + (now - gradients.step_started) / 4;
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    };
+    path.push_back(busy);  // after the optimizer step: the step's end
   }
 };
 
@@ -397,7 +418,7 @@ std::unique_ptr<Fault> Make(const FaultContext& context) {
 class DpSumNotAverage : public Fault {
  public:
   using Fault::Fault;
-  int ReplicaDivisor(int /*replicas*/) const override { return 1; }
+  void EditGradientPath(GradientPath& path) override { Find(path, GradientOp::kReplicaAverage)->divisor = 1; }
 };
 
 // dp_skip_stage: the last stage's rank never averages across replicas (its bucket left out of
@@ -405,7 +426,9 @@ class DpSumNotAverage : public Fault {
 class DpSkipStage : public Fault {
  public:
   using Fault::Fault;
-  bool SkipsReplicaAverage(int rank) const override { return rank == context().world_size - 1; }
+  void EditGradientPath(GradientPath& path) override {
+    if (context().rank == context().world_size - 1) Drop(path, GradientOp::kReplicaAverage);
+  }
 };
 
 // dp_average_after_first_microbatch: the data-parallel all-reduce issued once the first
@@ -414,7 +437,9 @@ class DpSkipStage : public Fault {
 class DpAverageAfterFirstMicrobatch : public Fault {
  public:
   using Fault::Fault;
-  bool AveragesAfterFirstMicrobatch() const override { return true; }
+  void EditGradientPath(GradientPath& path) override {
+    Find(path, GradientOp::kReplicaAverage)->after_first_microbatch = true;
+  }
 };
 
 // dp_average_before_tied_sum: the replicas' average runs before the tied sum, over the
@@ -423,7 +448,12 @@ class DpAverageAfterFirstMicrobatch : public Fault {
 class DpAverageBeforeTiedSum : public Fault {
  public:
   using Fault::Fault;
-  bool AveragesBeforeTiedSum() const override { return true; }
+  void EditGradientPath(GradientPath& path) override {
+    GradientStage average = *Find(path, GradientOp::kReplicaAverage);
+    average.tied_copy_averaged = false;
+    Drop(path, GradientOp::kReplicaAverage);
+    path.insert(path.begin(), average);
+  }
 };
 
 // dp_local_token_mean: each replica divides its loss by its own tokens, then the replicas

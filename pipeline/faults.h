@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/gradient_path.h"
 #include "pipeline/transport.h"
 
 namespace pipecheck::pipeline {
@@ -107,22 +108,10 @@ class Fault {
   virtual std::unique_ptr<PendingRecv> Recv(Transport& inner, int peer, int tag, torch::Device device,
                                             const std::optional<MessageShape>& expected);
 
-  // --- the trainer, after the schedule's actions
-  virtual void AfterAccumulation(const std::vector<torch::Tensor>& /*parameters*/) {}
-  virtual bool ResetsOptimizer() const { return false; }      // a fresh optimizer every step
-  virtual bool ClipsBeforeTiedSync() const { return false; }  // the norm taken before the tied sum
-  virtual bool SkipsTiedSync() const { return false; }        // tied gradients not summed
-  virtual bool CountsTiedTwice() const { return false; }      // the tied weight in the norm twice
-  virtual bool ClipsLocally() const { return false; }         // each rank clips by its own norm
-  // Data parallelism: what the replicas' gradient sum is divided by (data_parallel), whether
-  // pipeline rank `rank` skips its average, whether the average is issued after the first
-  // microbatch's backward instead of after the last, and whether it runs before the tied sum.
-  virtual int ReplicaDivisor(int replicas) const { return replicas; }
-  virtual bool SkipsReplicaAverage(int /*rank*/) const { return false; }
-  virtual bool AveragesAfterFirstMicrobatch() const { return false; }
-  virtual bool AveragesBeforeTiedSum() const { return false; }
-  // At the step's end, `started` being its beginning.
-  virtual void EndStep(std::chrono::steady_clock::time_point /*started*/) const {}
+  // --- the trainer, after the schedule's actions: the gradient path (tied sum, replica average,
+  // clip, optimizer step), which a fault may reorder, drop, alter or add to. Called once, when
+  // the trainer is built; a stage added may keep `this` (the fault outlives the trainer's steps).
+  virtual void EditGradientPath(GradientPath& /*path*/) {}
 
  protected:
   const FaultContext& context() const { return context_; }

@@ -16,9 +16,9 @@ std::vector<std::pair<int, int>> TiedChannels(const PipelineConfig& config, cons
 }
 
 void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const PipelineShape& shape,
-                       const Fault& faults, Transport& transport) {
+                       Transport& transport) {
   const int num_stages = shape.stages();
-  if (!config.train.model.tied || num_stages == 1 || faults.SkipsTiedSync()) return;
+  if (!config.train.model.tied || num_stages == 1) return;
   const int last = num_stages - 1;
   const int first_rank = shape.RankOfStage(0), last_rank = shape.RankOfStage(last);
   const int rank = transport.rank();
@@ -119,13 +119,12 @@ std::vector<torch::Tensor> TiedCopies(const Stages& stages, const PipelineConfig
   return copies;
 }
 
-double ClipGradients(const Stages& stages, const PipelineConfig& config, const Fault& faults, Transport& transport) {
+double ClipGradients(const Stages& stages, const PipelineConfig& config, const GradientStage& clip, Transport& transport) {
   const bool tied = config.train.model.tied;
-  // tied_norm_twice counts the last stage's copy of the tied weight as well.
-  const double local = reference::GradSquaredSum(OwnedParameters(stages, tied, faults.CountsTiedTwice()));
+  const double local = reference::GradSquaredSum(OwnedParameters(stages, tied, clip.tied_copy_in_norm));
   double total = 0.0;
   for (double part : transport.AllGather(local)) total += part;  // rank order: identical everywhere
-  if (faults.ClipsLocally()) total = local;
+  if (!clip.global_norm) total = local;
   const double norm = std::sqrt(total);
   reference::ScaleGradients(OwnedParameters(stages, tied, /*count_tied_copy=*/true),
                             reference::ClipFactor(norm, config.train.clip));

@@ -1,12 +1,13 @@
 // What happens between a step's last backward and its optimizer step, across ranks: the tied
 // embedding's two gradients summed between their owners (bitwise identically on both), and
 // clipping by the global gradient norm over every stage with the tied weight counted once.
-// Faults that break exactly these (skip_tied_sync, tied_norm_twice, local_clip) hook in here.
-// Not the optimizer: stages apply their own.
+// The stages of the gradient path (gradient_path.h) that the trainer runs with these. Not the
+// optimizer: stages apply their own.
 #pragma once
 
 #include <map>
 
+#include "pipeline/gradient_path.h"
 #include "pipeline/stage.h"
 #include "pipeline/transport.h"
 
@@ -14,7 +15,7 @@ namespace pipecheck::pipeline {
 
 // Sums the tied weight's gradients of the first and last stage on both owners (no-op untied).
 void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const PipelineShape& shape,
-                       const Fault& faults, Transport& transport);
+                       Transport& transport);
 
 // The ordered pairs of ranks the tied sum sends over: both ways between the first and last
 // stage's ranks when they differ; none otherwise.
@@ -42,7 +43,9 @@ ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameter
 // The tied weight's copies this rank holds (none untied): what AverageAcrossReplicas takes alone.
 std::vector<torch::Tensor> TiedCopies(const Stages& stages, const PipelineConfig& config);
 
-// Scales every owned gradient by the global-norm clip factor; returns the norm before clipping.
-double ClipGradients(const Stages& stages, const PipelineConfig& config, const Fault& faults, Transport& transport);
+// Scales every owned gradient by the clip factor of the norm `clip` says (the global norm, the
+// tied weight once, when correct); returns the norm before clipping. Every rank's norm is
+// gathered whatever `clip` says, so the ranks' collectives stay matched.
+double ClipGradients(const Stages& stages, const PipelineConfig& config, const GradientStage& clip, Transport& transport);
 
 }  // namespace pipecheck::pipeline

@@ -63,6 +63,8 @@ PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transp
   stages_ = BuildStages(config, schedule_.shape, transport.rank());
   accumulator_ = std::make_unique<reference::GradientAccumulator>(OwnedParameters());
   executor_ = std::make_unique<Executor>(config_, schedule_, stages_, transport_, *fault_, *accumulator_);
+  gradient_path_ = CorrectGradientPath();
+  fault_->EditGradientPath(gradient_path_);
   recorder_ = config.flight_record.empty() ? std::make_unique<FlightRecorder>()
                                            : std::make_unique<FlightRecorder>(config.flight_record);
   executor_->SetFlightRecorder(recorder_.get());
@@ -75,14 +77,13 @@ double PipelineTrainer::StepStartMicroseconds(const RankResult& result, int64_t 
   return 0.0;
 }
 
-void PipelineTrainer::AverageReplicas(int64_t step, RankResult& result, bool tied_copy_once) {
+void PipelineTrainer::AverageReplicas(int64_t step, RankResult& result, const GradientStage& average) {
   if (replicas_ == nullptr || averaged_this_step_) return;
   averaged_this_step_ = true;
-  if (fault_->SkipsReplicaAverage(transport_.rank())) return;
   const double start = executor_->HostMicroseconds();
-  const auto parameters = pipeline::OwnedParameters(stages_, config_.train.model.tied, !tied_copy_once);
-  const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_),
-                                             fault_->ReplicaDivisor(config_.data_parallel), *replicas_, replica_buckets_);
+  const auto parameters = pipeline::OwnedParameters(stages_, config_.train.model.tied, average.tied_copy_averaged);
+  const int divisor = average.divisor == 0 ? static_cast<int>(config_.data_parallel) : average.divisor;
+  const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_), divisor, *replicas_, replica_buckets_);
   const double end = executor_->HostMicroseconds();
   const double step_start = StepStartMicroseconds(result, step);
   result.collectives.push_back({step, traffic.elements, traffic.bytes, config_.data_parallel, start - step_start,
@@ -127,19 +128,25 @@ reference::NamedTensors PipelineTrainer::GradientCopies() const {
   return gradients;
 }
 
-// Tied sums within the pipeline, the average across replicas, then the global clip (in other
-// orders under clip_before_tied_sync and dp_average_before_tied_sum).
-void PipelineTrainer::SynchroniseGradients(int64_t step, RankResult& result) {
-  if (fault_->ClipsBeforeTiedSync()) {
-    result.grad_norms.push_back(ClipGradients(stages_, config_, *fault_, transport_));
-    SyncTiedGradients(stages_, config_, schedule_.shape, *fault_, transport_);
-    AverageReplicas(step, result);
-    return;
+void PipelineTrainer::RunGradientStage(const GradientStage& stage, int64_t step, RankResult& result,
+                                       std::chrono::steady_clock::time_point started) {
+  switch (stage.op) {
+    case GradientOp::kTiedSum:
+      SyncTiedGradients(stages_, config_, schedule_.shape, transport_);
+      return;
+    case GradientOp::kReplicaAverage:
+      AverageReplicas(step, result, stage);
+      return;
+    case GradientOp::kClip:
+      result.grad_norms.push_back(ClipGradients(stages_, config_, stage, transport_));
+      return;
+    case GradientOp::kOptimizerStep:  // a fresh_optimizer one was made fresh as the step began
+      for (auto& owned : stages_) reference::DeterministicStep(*owned->optimizer);
+      return;
+    case GradientOp::kTransform:
+      stage.transform(GradientContext{OwnedParameters(), started});
+      return;
   }
-  if (fault_->AveragesBeforeTiedSum()) AverageReplicas(step, result, /*tied_copy_once=*/true);
-  SyncTiedGradients(stages_, config_, schedule_.shape, *fault_, transport_);
-  AverageReplicas(step, result);
-  result.grad_norms.push_back(ClipGradients(stages_, config_, *fault_, transport_));
 }
 
 // One clock for every rank, from the moment rank 0 leaves a barrier all ranks pass. On rank 0's
@@ -169,23 +176,28 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   if (config_.train.record_gradients && judged) result.weights.push_back(WeightCopies());
   accumulator_->Begin();
   transport_.Start(step);
-  if (fault_->ResetsOptimizer()) {
+  // A fresh optimizer, if the path asks for one, before the step's memory is metered (the old
+  // moments freed first).
+  const GradientStage* optimizer = Find(gradient_path_, GradientOp::kOptimizerStep);
+  if (optimizer != nullptr && optimizer->fresh_optimizer) {
     for (auto& stage : stages_) stage->optimizer = reference::MakeOptimizer(config_.train.optimizer, stage->parameters);
   }
   reference::StepWindow window(baseline_bytes_, config_.train.device);
   const auto batch = reference::MakeBatch(config_.train.data, config_.train.seed, step);
   averaged_this_step_ = false;
-  if (replicas_ != nullptr && fault_->AveragesAfterFirstMicrobatch()) {
+  const GradientStage* average = Find(gradient_path_, GradientOp::kReplicaAverage);
+  if (replicas_ != nullptr && average != nullptr && average->after_first_microbatch) {
     executor_->SetAfterBackward([&](const Action& action) {
-      if (action.microbatch == 0) AverageReplicas(step, result);
+      if (action.microbatch == 0) AverageReplicas(step, result, *average);
     });
   }
   torch::Tensor loss = executor_->Run(step, batch, window, result.timeline, result.boundaries);
   executor_->SetAfterBackward({});
   accumulator_->Finish();
-  fault_->AfterAccumulation(OwnedParameters());
+  // The gradient path up to the optimizer step; the step's record is taken before it.
+  const auto tail = optimizer == nullptr ? gradient_path_.end() : gradient_path_.begin() + (optimizer - gradient_path_.data());
   RecordPhase(step, "gradient_sync", -1);  // tied sums and the clipping norm: collectives with every owner
-  SynchroniseGradients(step, result);
+  for (auto stage = gradient_path_.begin(); stage != tail; ++stage) RunGradientStage(*stage, step, result, started);
   EndPhase();
   if (replicas_ != nullptr && loss.defined()) {
     // The step's loss over the whole global batch: the replicas' terms averaged, as their gradients are.
@@ -199,8 +211,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   if (config_.train.record_gradients && judged) result.gradients.push_back(GradientCopies());
   window.ResumeAfterCopies();
   reference::GradientsToParameterDtype(OwnedParameters());
-  for (auto& stage : stages_) reference::DeterministicStep(*stage->optimizer);
-  fault_->EndStep(started);
+  for (auto stage = tail; stage != gradient_path_.end(); ++stage) RunGradientStage(*stage, step, result, started);
   const auto measured = window.End();
 
   result.peak_bytes.push_back(measured.peak_bytes);

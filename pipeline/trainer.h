@@ -7,6 +7,7 @@
 
 #include <torch/types.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "pipeline/executor.h"
 #include "pipeline/faults.h"
 #include "pipeline/flight_recorder.h"
+#include "pipeline/gradient_path.h"
 #include "pipeline/gradient_sync.h"
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
@@ -76,10 +78,12 @@ class PipelineTrainer {
   std::vector<torch::Tensor> OwnedParameters() const;  // with the tied copy
   reference::NamedTensors WeightCopies() const;        // detached copies of this rank's parameters
   reference::NamedTensors GradientCopies() const;
-  void SynchroniseGradients(int64_t step, RankResult& result);
-  // The data-parallel average of every owned gradient (the tied copy counted unless
-  // `tied_copy_once`), recorded with its timing; nothing with one replica.
-  void AverageReplicas(int64_t step, RankResult& result, bool tied_copy_once = false);
+  // One stage of the gradient path, in step `step` that began at `started`.
+  void RunGradientStage(const GradientStage& stage, int64_t step, RankResult& result,
+                        std::chrono::steady_clock::time_point started);
+  // The data-parallel average of every owned gradient as `average` says, recorded with its
+  // timing; once a step (a second call does nothing); nothing with one replica.
+  void AverageReplicas(int64_t step, RankResult& result, const GradientStage& average);
   double StepStartMicroseconds(const RankResult& result, int64_t step) const;
   void AlignClocks();  // sets the executor's clock origin, the same instant on every rank
   // Steps on the last judged step's batch again, timed and otherwise discarded, so one run's
@@ -93,6 +97,7 @@ class PipelineTrainer {
   bool averaged_this_step_ = false;
   ReplicaBuckets replica_buckets_;  // the data-parallel average's flat buckets, kept from step to step
   std::unique_ptr<Fault> fault_;  // the injected fault: the correct pipeline's no-op hooks unless a scenario names one
+  GradientPath gradient_path_;    // after the schedule's actions: the correct path, or the fault's
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending
   int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed
