@@ -124,10 +124,16 @@ struct FaultInfo {
   std::string name;     // as the scenario column spells it
   std::string summary;  // the bug, in one line
   std::unique_ptr<Fault> (*make)(const FaultContext&);
+  // What parity must say when its row of scenarios/faults.csv runs: a regular expression its
+  // message must match (tests/faults_test.cc holds every fault to it). Empty for a fault that
+  // leaves every value right, which parity passes by design; `seen_by` then says what sees it.
+  std::string caught_as;
+  std::string seen_by;
 };
 
 // Every fault, "none" (the correct pipeline) first: the only list. A new fault is its class in
-// faults.cc plus one line here.
+// faults.cc plus its entry here (name, summary, factory, the message it is caught with), and a
+// row of scenarios/faults.csv that exposes it.
 const std::vector<FaultInfo>& FaultRegistry();
 
 // The registry's names, in order.
