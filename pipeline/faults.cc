@@ -456,6 +456,19 @@ class DpAverageBeforeTiedSum : public Fault {
   }
 };
 
+// clip_after_optimizer_step: the gradients clipped after the optimizer has stepped on them (a
+// clip_grad_norm_ call placed after optimizer.step()): the update uses the unclipped gradients
+// wherever the clip bites, and the clip changes nothing that is used.
+class ClipAfterOptimizerStep : public Fault {
+ public:
+  using Fault::Fault;
+  void EditGradientPath(GradientPath& path) override {
+    const GradientStage clip = *Find(path, GradientOp::kClip);
+    Drop(path, GradientOp::kClip);
+    path.push_back(clip);
+  }
+};
+
 // dp_local_token_mean: each replica divides its loss by its own tokens, then the replicas
 // average: a mean of means, wrong wherever the replicas' shards hold different token counts.
 class DpLocalTokenMean : public Fault {
@@ -682,6 +695,8 @@ const std::vector<FaultInfo>& FaultRegistry() {
        Make<SumInParameterDtype>,
        "^gradient of .* at step 0 on rank [01] \\(stage [01]\\): rel err .* > 0.001 against the "
        "reference summing the same microbatches in float32 \\(a sum in bfloat16\\?\\)", {}},
+      {"clip_after_optimizer_step", "the gradients clipped after the optimizer step, which used them unclipped",
+       Make<ClipAfterOptimizerStep>, "^gradient of .* at step 0 on rank [01] \\(stage [01]\\): rel err", {}},
       {"loss_with_other_microbatch_labels", "the loss computed with the next microbatch's labels",
        Make<LossWithOtherMicrobatchLabels>,
        "^step 0, microbatch 0: gradient into stage 0 \\(from rank 1\\) rel err", {}},
