@@ -80,8 +80,8 @@ struct Executor::StepState {
 };
 
 Executor::Executor(const PipelineConfig& config, const Schedule& schedule, Stages& stages, Transport& transport,
-                   Fault& fault, reference::GradientAccumulator& accumulator)
-    : config_(config), schedule_(schedule), stages_(stages), transport_(transport, fault), fault_(fault),
+                   TensorSeams& tensors, ExecutionObserver& observer, reference::GradientAccumulator& accumulator)
+    : config_(config), schedule_(schedule), stages_(stages), transport_(transport), tensors_(tensors), observer_(observer),
       accumulator_(accumulator), clock_(config.train.device),
       owned_parameters_(OwnedParameters(stages, config.train.model.tied, /*count_tied_copy=*/true)) {
   const auto& actions = schedule_.ranks[transport_.rank()];
@@ -119,15 +119,15 @@ void Executor::Forward(const Action& action, StepState& state) {
     state.inputs[{s, mb}] = input;
     Probe(input, Direction::kActivation, s, mb, BoundaryRole::kHandedOver, -1, state);
   } else {
-    input = fault_.ReceivedInput(TakeArrived(action, state).requires_grad_(true));  // (b, t, hidden)
-    input = fault_.ReceiveBuffer(s, mb, input);
+    input = tensors_.ReceivedInput(TakeArrived(action, state).requires_grad_(true));  // (b, t, hidden)
+    input = tensors_.ReceiveBuffer(s, mb, input);
     state.inputs[{s, mb}] = input;
     Probe(input, Direction::kActivation, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s - 1), state);
   }
   // Recomputation keeps only the input (stage 0's is the batch's tokens): the forward builds no
   // graph, and the backward runs it again from what was kept.
-  if (config_.recompute && s > 0) state.inputs[{s, mb}] = fault_.KeptForRecompute(s, input);
-  fault_.BeforeForward(s, input, stage.parameters);
+  if (config_.recompute && s > 0) state.inputs[{s, mb}] = tensors_.KeptForRecompute(s, input);
+  observer_.BeforeForward(s, input, stage.parameters);
   std::optional<torch::NoGradGuard> no_graph;
   if (config_.recompute) no_graph.emplace();
   auto output = StageForward(stage, mb, input, state);
@@ -148,9 +148,9 @@ torch::Tensor Executor::LossOf(const torch::Tensor& output, int microbatch, cons
   const auto& part = state.microbatches[microbatch];
   const LossTokens tokens{part.valid_tokens, state.replica_tokens, state.batch.valid_tokens, config_.data_parallel,
                           config_.train.loss_microbatches > 0 ? config_.microbatches : 0};
-  const auto& labels = state.microbatches[fault_.LabelsOf(microbatch)].labels;
+  const auto& labels = state.microbatches[tensors_.LabelsOf(microbatch)].labels;
   return reference::TokenLossSum(output, reference::ToDevice(labels, config_.train.device)) /
-         fault_.LossDenominator(tokens);
+         tensors_.LossDenominator(tokens);
 }
 
 torch::Tensor Executor::StageForward(Stage& stage, int microbatch, const torch::Tensor& input,
@@ -185,12 +185,12 @@ Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepStat
     start.root = config_.recompute ? Recompute(s, mb, state)
                                    : Waiting(state.losses, {s, mb}, "loss term", transport_.rank());
     state.losses.erase({s, mb});
-    start.gradient = fault_.BackwardSeed(torch::ones_like(start.root), mb);
+    start.gradient = tensors_.BackwardSeed(torch::ones_like(start.root), mb);
     return start;
   }
   if (OnThisRank(s + 1)) {
     start.gradient = Waiting(state.input_grads, {s + 1, mb}, "input gradient", transport_.rank());
-    start.gradient = fault_.InputGradientTaken(s + 1, mb, start.gradient);
+    start.gradient = tensors_.InputGradientTaken(s + 1, mb, start.gradient);
     state.input_grads.erase({s + 1, mb});
     Probe(start.gradient, Direction::kGradient, s, mb, BoundaryRole::kHandedOver, -1, state);
   } else {
@@ -202,23 +202,23 @@ Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepStat
                                  : Waiting(state.outputs, {s, mb}, "output", transport_.rank());
   state.outputs.erase({s, mb});
   start.passthrough = !start.root.grad_fn();
-  start.gradient = fault_.BackwardSeed(start.gradient, mb);
+  start.gradient = tensors_.BackwardSeed(start.gradient, mb);
   return start;
 }
 
 void Executor::KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input,
                                  StepState& state) {
   const int mb = action.microbatch;
-  gradient = fault_.InputGradient(gradient, input);
+  gradient = tensors_.InputGradient(gradient, input);
   TORCH_CHECK(gradient.defined(), "rank ", transport_.rank(), ": ", action.ToString(),
               " produced no gradient for its input");
   state.input_grads[{action.stage, mb}] = gradient;
-  fault_.InputGradientMade(action.stage, mb, gradient);
+  tensors_.InputGradientMade(action.stage, mb, gradient);
 }
 
 void Executor::Backward(const Action& action, StepState& state) {
   const int s = action.stage, mb = action.microbatch;
-  fault_.BeforeBackward(owned_parameters_);
+  observer_.BeforeBackward(owned_parameters_);
   const BackwardRoot start = TakeBackwardRoot(action, state);
   if (!start.passthrough) BackwardFrom(start.root, start.gradient);
   AfterParameterGradients(action);
@@ -259,9 +259,9 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
   const WeightWork pending = work->second;
   state.weight_work.erase(work);
   if (!pending.root.defined()) return;  // an empty stage has no weights
-  fault_.BeforeBackward(owned_parameters_);
+  observer_.BeforeBackward(owned_parameters_);
   const torch::nn::Module& module = *StageAt(stages_, s, transport_.rank()).module;
-  const auto before = fault_.BeforeWeightGradient(module);
+  const auto before = tensors_.BeforeWeightGradient(module);
   // The graph kept by I once more, towards the parameters' edges only: what leads to nothing
   // but the stage's input (already handed on by I) is not run again.
   torch::autograd::edge_list parameter_edges;
@@ -272,13 +272,13 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
                                                         {pending.gradient}, /*keep_graph=*/false,
                                                         /*create_graph=*/false, /*accumulate_grad=*/true,
                                                         parameter_edges);
-  fault_.AfterWeightGradient(module, before);
+  tensors_.AfterWeightGradient(module, before);
   AfterParameterGradients(action);
 }
 
 void Executor::AfterParameterGradients(const Action& action) {
-  fault_.AfterBackward(owned_parameters_);
-  if (fault_.SumsInFloat32()) accumulator_.AfterBackward();  // reduced-precision gradients into float32 sums
+  observer_.AfterBackward(owned_parameters_);
+  tensors_.SumAfterBackward(accumulator_);  // reduced-precision gradients into float32 sums
   if (after_backward_) after_backward_(action);
 }
 
@@ -301,7 +301,7 @@ void Executor::SendForward(const Action& action, StepState& state) {
 void Executor::SendBackward(const Action& action, StepState& state) {
   const auto key = std::make_pair(action.stage, action.microbatch);
   const auto& gradient = Waiting(state.input_grads, key, "input gradient", transport_.rank());
-  IssueSend(fault_.InputGradientTaken(action.stage, action.microbatch, gradient), MessageOf(action), state);
+  IssueSend(tensors_.InputGradientTaken(action.stage, action.microbatch, gradient), MessageOf(action), state);
   state.input_grads.erase(key);
 }
 
@@ -424,7 +424,7 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
   state.batch = batch;
   state.microbatches = ReplicaMicrobatches(config_, batch);
   for (const auto& part : state.microbatches) state.replica_tokens += part.valid_tokens;
-  fault_.BeginStep();
+  observer_.BeginStep();
   const double step_start = HostMicroseconds();
   const auto& actions = schedule_.ranks[transport_.rank()];
   // Each action's wait, start and end as marks on the device's clock (CUDA events on a GPU: no
@@ -440,10 +440,10 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
     // here may wait for it. staged copies through host memory, and waits for that by design.
     const reference::HostSyncCheck no_host_syncs(config_.train.check_host_syncs, config_.train.device);
     for (size_t index = 0; index < actions.size(); ++index) {
-      fault_.BeforeAction(step, index, actions.size());
+      observer_.BeforeAction(step, index, actions.size());
       marks.push_back(RunAction(index, state));
       if (const auto end = round_ends_.find(index); end != round_ends_.end()) {
-        fault_.AfterRound(end->second, owned_parameters_);
+        observer_.AfterRound(end->second, owned_parameters_);
       }
       const int64_t held = window.HeldBytes();
       timeline.push_back({step, actions[index], 0.0, 0.0, held, window.PeakSinceLastCall(), 0.0, step_start});

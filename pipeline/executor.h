@@ -22,11 +22,11 @@
 
 #include <vector>
 
-#include "pipeline/faults.h"
 #include "pipeline/flight_recorder.h"
 #include "pipeline/message.h"
 #include "pipeline/rank_result.h"
 #include "pipeline/schedule.h"
+#include "pipeline/seams.h"
 #include "pipeline/stage.h"
 #include "pipeline/transport.h"
 #include "reference/data.h"
@@ -38,10 +38,10 @@ namespace pipecheck::pipeline {
 
 class Executor {
  public:
-  // Everything is borrowed and must outlive the executor. Its messages go through `fault`'s
-  // message hooks (FaultyTransport) to `transport`.
+  // Everything is borrowed and must outlive the executor: its messages go through `transport`,
+  // the tensors between its actions through `tensors`, and `observer` hears its events.
   Executor(const PipelineConfig& config, const Schedule& schedule, Stages& stages, Transport& transport,
-           Fault& fault, reference::GradientAccumulator& accumulator);
+           TensorSeams& tensors, ExecutionObserver& observer, reference::GradientAccumulator& accumulator);
   ~Executor();
 
   // Runs this rank's actions for `step` on `batch`, appending each action's timing (and the
@@ -71,8 +71,8 @@ class Executor {
   void Backward(const Action& action, StepState& state);
   void BackwardInput(const Action& action, StepState& state);   // I: the input's gradient, graph kept
   void BackwardWeight(const Action& action, StepState& state);  // W: the parameters' gradients
-  // After a B or a W has added into the parameters' gradients: the fault's hook, the float32
-  // sums of reduced-precision gradients, the trainer's hook.
+  // After a B or a W has added into the parameters' gradients: the observer's AfterBackward, the
+  // float32 sums of reduced-precision gradients, the trainer's hook.
   void AfterParameterGradients(const Action& action);
   void Receive(const Action& action, StepState& state);  // RECV_F and RECV_B alike
   void SendForward(const Action& action, StepState& state);
@@ -108,7 +108,7 @@ class Executor {
   // recompute=1: stage s's forward of microbatch mb again, from its kept input (a fresh leaf, put
   // back in its place), with the graph the backward needs; the loss term for the head's stage.
   torch::Tensor Recompute(int s, int mb, StepState& state);
-  // The input gradient a stage hands back, as the fault's InputGradient hook leaves it.
+  // The input gradient a stage hands back, as the InputGradient seam leaves it.
   void KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input, StepState& state);
   // Sends `tensor` as `message` (fingerprinted first) once the previous message to the same peer
   // and direction has left.
@@ -123,13 +123,14 @@ class Executor {
   const PipelineConfig& config_;
   const Schedule& schedule_;
   Stages& stages_;
-  FaultyTransport transport_;  // the borrowed transport, behind the fault's message hooks
-  Fault& fault_;
+  Transport& transport_;
+  TensorSeams& tensors_;
+  ExecutionObserver& observer_;
   reference::GradientAccumulator& accumulator_;
   reference::DeviceClock clock_;  // action timings, on the device's own clock
   std::vector<torch::Tensor> owned_parameters_;  // with the tied copy: what backward accumulates into
   // Accumulation rounds: the index of this rank's last action of each round that accumulates into
-  // the parameters (a B or a W), with its round; the fault's AfterRound runs after it.
+  // the parameters (a B or a W), with its round; the observer's AfterRound runs after it.
   std::map<size_t, int> round_ends_;
   FlightRecorder* recorder_ = nullptr;
   std::function<void(const Action&)> after_backward_;

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "pipeline/stage.h"
 #include "reference/optimizer.h"
 
 namespace pipecheck::pipeline {
@@ -597,8 +598,27 @@ class LossWithOtherMicrobatchLabels : public Fault {
 class SumInParameterDtype : public Fault {
  public:
   using Fault::Fault;
-  bool SumsInFloat32() const override { return false; }
+  void SumAfterBackward(reference::GradientAccumulator& /*accumulator*/) override {}
 };
+
+FaultContext FaultContextOf(const PipelineConfig& config, int rank) {
+  return {config.microbatches, rank, config.world_size, config.train.steps, config.data_parallel, config.accumulation};
+}
+
+Seams SeamsFor(const PipelineConfig& config, int rank) {
+  const std::shared_ptr<Fault> fault = MakeFault(config.fault, FaultContextOf(config, rank));
+  Seams seams;
+  seams.tensors = fault.get();
+  seams.observer = fault.get();
+  seams.wrap_messages = [raw = fault.get()](Transport& inner) -> std::unique_ptr<Transport> {
+    return std::make_unique<FaultyTransport>(inner, *raw);
+  };
+  fault->EditGradientPath(seams.gradient_path);
+  seams.post_receives_first = fault->PostReceivesFirst();
+  seams.correct = config.fault == "none";
+  seams.owner = fault;
+  return seams;
+}
 
 const std::vector<FaultInfo>& FaultRegistry() {
   static const std::vector<FaultInfo> registry = {

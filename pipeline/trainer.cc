@@ -19,17 +19,12 @@
 
 namespace pipecheck::pipeline {
 
-FaultContext FaultContextOf(const PipelineConfig& config, int rank) {
-  return {config.microbatches, rank, config.world_size, config.train.steps, config.data_parallel, config.accumulation};
-}
-
 std::optional<Schedule> LoweredScheduleWithin(const PipelineConfig& config, int64_t budget) {
   TORCH_CHECK(config.accumulation >= 1 && config.microbatches % config.accumulation == 0, "microbatches ",
               config.microbatches, " are not ", config.accumulation, " rounds of the same count");
   const PipelineShape round{config.world_size, config.virtual_stages, config.microbatches / config.accumulation};
-  const auto fault = MakeFault(config.fault, FaultContextOf(config, 0));
   return LowerScheduleWithin(RepeatRounds(ScheduleByName(config.schedule, round), config.accumulation), budget,
-                             fault->PostReceivesFirst());
+                             SeamsFor(config, 0).post_receives_first);
 }
 
 Schedule BuildSchedule(const PipelineConfig& config) {
@@ -52,7 +47,7 @@ std::vector<std::pair<int, int>> MessageChannels(const PipelineConfig& config, c
 
 PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport, Transport* replicas)
     : config_(config), transport_(transport), replicas_(config.data_parallel > 1 ? replicas : nullptr),
-      fault_(MakeFault(config.fault, FaultContextOf(config, transport.rank()))),
+      seams_(SeamsFor(config, transport.rank())), messages_(seams_.wrap_messages(transport_)),
       schedule_(BuildSchedule(config)), baseline_bytes_(reference::HeldTensorBytes(config.train.device)) {
   TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
               " but ", transport.world_size(), " ranks were started");
@@ -62,9 +57,8 @@ PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transp
   reference::CheckDtypeSupported(config.train.dtype, config.train.device);
   stages_ = BuildStages(config, schedule_.shape, transport.rank());
   accumulator_ = std::make_unique<reference::GradientAccumulator>(OwnedParameters());
-  executor_ = std::make_unique<Executor>(config_, schedule_, stages_, transport_, *fault_, *accumulator_);
-  gradient_path_ = CorrectGradientPath();
-  fault_->EditGradientPath(gradient_path_);
+  executor_ = std::make_unique<Executor>(config_, schedule_, stages_, *messages_, *seams_.tensors, *seams_.observer,
+                                         *accumulator_);
   recorder_ = config.flight_record.empty() ? std::make_unique<FlightRecorder>()
                                            : std::make_unique<FlightRecorder>(config.flight_record);
   executor_->SetFlightRecorder(recorder_.get());
@@ -239,7 +233,7 @@ RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankRe
 void PipelineTrainer::RunTimingSteps(RankResult& result) {
   const int64_t steps = config_.train.steps;
   const int64_t judged = steps - static_cast<int64_t>(reference::FirstTimedStep(static_cast<size_t>(steps)));
-  if (config_.fault != "none" || config_.timed_samples <= judged || result.step_ms.empty()) return;
+  if (!seams_.correct || config_.timed_samples <= judged || result.step_ms.empty()) return;
   // The pace: this rank's slowest timed judged step (the warm-up's where it is the only one).
   const auto first = result.step_ms.begin() + (judged > 0 ? steps - judged : 0);
   const double pace_ms = std::max(1e-3, *std::max_element(first, result.step_ms.end()));

@@ -44,9 +44,6 @@ Schedule BuildSchedule(const PipelineConfig& config);
 // memory model) whose schedule has been validated already, or will be by the ranks that run it.
 std::optional<Schedule> LoweredScheduleWithin(const PipelineConfig& config, int64_t budget);
 
-// What the fault injected on `rank` knows of the run.
-FaultContext FaultContextOf(const PipelineConfig& config, int rank);
-
 // Every ordered pair of ranks (from, to) that carries a message in a step of `schedule` (its
 // sends, and the tied sum's exchange), sorted, each once: the same list on every rank, handed to
 // Transport::OpenChannels before the first step.
@@ -96,8 +93,9 @@ class PipelineTrainer {
   Transport* replicas_ = nullptr;  // the data-parallel group; null with one replica
   bool averaged_this_step_ = false;
   ReplicaBuckets replica_buckets_;  // the data-parallel average's flat buckets, kept from step to step
-  std::unique_ptr<Fault> fault_;  // the injected fault: the correct pipeline's no-op hooks unless a scenario names one
-  GradientPath gradient_path_;    // after the schedule's actions: the correct path, or the fault's
+  Seams seams_;  // the correct pipeline's, unless the scenario injects a bug (faults.h)
+  std::unique_ptr<Transport> messages_;  // the executor's transport: transport_ behind the message seam
+  GradientPath& gradient_path_ = seams_.gradient_path;  // after the schedule's actions
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending
   int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed
