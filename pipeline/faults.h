@@ -52,8 +52,9 @@ class Fault : public TensorSeams, public ExecutionObserver {
                                             const std::optional<MessageShape>& expected);
 
   // --- the trainer, after the schedule's actions: the gradient path (tied sum, replica average,
-  // clip, optimizer step), which a fault may reorder, drop, alter or add to. Called once, when
-  // the trainer is built; a stage added may keep `this` (the fault outlives the trainer's steps).
+  // clip, optimizer step), which a fault may reorder, drop, alter or add to. Called once for each
+  // Seams bundle SeamsFor builds (a trainer's, and the one the lowering asks for its receive
+  // order); a stage added may keep `this` (the bundle owns the fault).
   virtual void EditGradientPath(GradientPath& /*path*/) {}
 
  protected:
