@@ -61,13 +61,9 @@ TensorError Compare(const torch::Tensor& pipeline, const torch::Tensor& referenc
 }
 
 reports::SummaryRow ScenarioColumns(const scenarios::Scenario& s) {
-  reports::SummaryRow row;
-  for (const auto& [name, value] : scenarios::SummaryValues(s)) {
-    const auto& fields = reports::SummaryFields();
-    const auto field = std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return f.name == name; });
-    if (field == fields.end()) throw std::logic_error("summary.csv has no column '" + name + "' for the scenario's");
-    field->parse(row, value);
-  }
+  std::vector<std::string> names, values;
+  for (const auto& [name, value] : scenarios::SummaryValues(s)) names.push_back(name), values.push_back(value);
+  auto row = reports::ParseCells(reports::SummaryFields(), names, values);
   row.config = scenarios::Configuration(s);
   row.fingerprint = scenarios::Fingerprint(row.config);
   row.transport = s.ExternalTrainer() ? "" : ResolveTransport(s);  // another trainer picks its own

@@ -217,9 +217,7 @@ class ClipBeforeTiedSync : public Fault {
  public:
   using Fault::Fault;
   void EditGradientPath(GradientPath& path) override {
-    const GradientStage clip = *Find(path, GradientOp::kClip);
-    Drop(path, GradientOp::kClip);
-    path.insert(path.begin(), clip);
+    path.insert(path.begin(), Take(path, GradientOp::kClip));
   }
 };
 
@@ -450,9 +448,8 @@ class DpAverageBeforeTiedSum : public Fault {
  public:
   using Fault::Fault;
   void EditGradientPath(GradientPath& path) override {
-    GradientStage average = *Find(path, GradientOp::kReplicaAverage);
+    GradientStage average = Take(path, GradientOp::kReplicaAverage);
     average.tied_copy_averaged = false;
-    Drop(path, GradientOp::kReplicaAverage);
     path.insert(path.begin(), average);
   }
 };
@@ -464,9 +461,7 @@ class ClipAfterOptimizerStep : public Fault {
  public:
   using Fault::Fault;
   void EditGradientPath(GradientPath& path) override {
-    const GradientStage clip = *Find(path, GradientOp::kClip);
-    Drop(path, GradientOp::kClip);
-    path.push_back(clip);
+    path.push_back(Take(path, GradientOp::kClip));
   }
 };
 

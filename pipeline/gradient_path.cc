@@ -2,6 +2,7 @@
 #include "pipeline/gradient_path.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace pipecheck::pipeline {
 
@@ -22,6 +23,14 @@ GradientStage* Find(GradientPath& path, GradientOp op) {
 void Drop(GradientPath& path, GradientOp op) {
   path.erase(std::remove_if(path.begin(), path.end(), [op](const GradientStage& stage) { return stage.op == op; }),
              path.end());
+}
+
+GradientStage Take(GradientPath& path, GradientOp op) {
+  const auto found = std::find_if(path.begin(), path.end(), [op](const GradientStage& stage) { return stage.op == op; });
+  if (found == path.end()) throw std::logic_error("the gradient path has no such stage to take");
+  GradientStage stage = *found;
+  path.erase(found);
+  return stage;
 }
 
 }  // namespace pipecheck::pipeline

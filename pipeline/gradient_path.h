@@ -58,4 +58,7 @@ GradientStage* Find(GradientPath& path, GradientOp op);
 // `path` without its stages of `op`.
 void Drop(GradientPath& path, GradientOp op);
 
+// The first stage of `op`, taken out of `path` (to be put back elsewhere: a reordering).
+GradientStage Take(GradientPath& path, GradientOp op);
+
 }  // namespace pipecheck::pipeline

@@ -170,16 +170,19 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   if (config_.train.record_gradients && judged) result.weights.push_back(WeightCopies());
   accumulator_->Begin();
   transport_.Start(step);
-  // A fresh optimizer, if the path asks for one, before the step's memory is metered (the old
-  // moments freed first).
-  const GradientStage* optimizer = Find(gradient_path_, GradientOp::kOptimizerStep);
-  if (optimizer != nullptr && optimizer->fresh_optimizer) {
+  // The gradient path runs up to its optimizer step once the actions are done, the rest after the
+  // step's record is taken. A fresh optimizer, if the path asks for one, is made before the
+  // step's memory is metered (the old moments freed first).
+  auto& path = seams_.gradient_path;
+  const auto tail = std::find_if(path.begin(), path.end(),
+                                 [](const GradientStage& stage) { return stage.op == GradientOp::kOptimizerStep; });
+  if (tail != path.end() && tail->fresh_optimizer) {
     for (auto& stage : stages_) stage->optimizer = reference::MakeOptimizer(config_.train.optimizer, stage->parameters);
   }
   reference::StepWindow window(baseline_bytes_, config_.train.device);
   const auto batch = reference::MakeBatch(config_.train.data, config_.train.seed, step);
   averaged_this_step_ = false;
-  const GradientStage* average = Find(gradient_path_, GradientOp::kReplicaAverage);
+  const GradientStage* average = Find(path, GradientOp::kReplicaAverage);
   if (replicas_ != nullptr && average != nullptr && average->after_first_microbatch) {
     executor_->SetAfterBackward([&](const Action& action) {
       if (action.microbatch == 0) AverageReplicas(step, result, *average);
@@ -188,10 +191,8 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   torch::Tensor loss = executor_->Run(step, batch, window, result.timeline, result.boundaries);
   executor_->SetAfterBackward({});
   accumulator_->Finish();
-  // The gradient path up to the optimizer step; the step's record is taken before it.
-  const auto tail = optimizer == nullptr ? gradient_path_.end() : gradient_path_.begin() + (optimizer - gradient_path_.data());
   RecordPhase(step, "gradient_sync", -1);  // tied sums and the clipping norm: collectives with every owner
-  for (auto stage = gradient_path_.begin(); stage != tail; ++stage) RunGradientStage(*stage, step, result, started);
+  for (auto stage = path.begin(); stage != tail; ++stage) RunGradientStage(*stage, step, result, started);
   EndPhase();
   if (replicas_ != nullptr && loss.defined()) {
     // The step's loss over the whole global batch: the replicas' terms averaged, as their gradients are.
@@ -205,7 +206,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   if (config_.train.record_gradients && judged) result.gradients.push_back(GradientCopies());
   window.ResumeAfterCopies();
   reference::GradientsToParameterDtype(OwnedParameters());
-  for (auto stage = tail; stage != gradient_path_.end(); ++stage) RunGradientStage(*stage, step, result, started);
+  for (auto stage = tail; stage != path.end(); ++stage) RunGradientStage(*stage, step, result, started);
   const auto measured = window.End();
 
   result.peak_bytes.push_back(measured.peak_bytes);

@@ -95,7 +95,6 @@ class PipelineTrainer {
   ReplicaBuckets replica_buckets_;  // the data-parallel average's flat buckets, kept from step to step
   Seams seams_;  // the correct pipeline's, unless the scenario injects a bug (faults.h)
   std::unique_ptr<Transport> messages_;  // the executor's transport: transport_ behind the message seam
-  GradientPath& gradient_path_ = seams_.gradient_path;  // after the schedule's actions
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending
   int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "reports/csv.h"
+#include "reports/report.h"
 #include "scenarios/dtypes.h"
 #include "scenarios/scenario.h"
 #include "harness/scenario_model.h"
@@ -491,6 +492,18 @@ TEST(ScenarioLoader, TheDocumentedColumnsAreTheLoadersTable) {
   EXPECT_EQ(documented, table) << "docs/scenarios.md's table differs from `pipecheck validate --columns`";
   for (const auto& column : scenarios::ColumnNames()) {
     EXPECT_NE(table.find("| `" + column + "` |"), std::string::npos) << column;
+  }
+}
+
+// The columns a summary repeats from its scenario are summary.csv columns of the same name, so
+// none is dropped on the way (the summary's reader ignores names it does not know).
+TEST(ScenarioLoader, EverySummaryValueIsASummaryColumn) {
+  const auto suite = harness::LoadSuite(PIPECHECK_SOURCE_DIR "/scenarios/core.csv");
+  const auto& columns = reports::SummaryColumns();
+  const auto values = scenarios::SummaryValues(suite.at(0));
+  EXPECT_EQ(values.size(), 13u);
+  for (const auto& [name, value] : values) {
+    EXPECT_NE(std::find(columns.begin(), columns.end(), name), columns.end()) << name;
   }
 }
 
