@@ -51,8 +51,8 @@ pipeline::PipelineConfig PipelineView(scenarios::Scenario scenario) {
   return ToPipelineConfig(scenario);
 }
 
-nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const std::vector<reference::Batch>& batches,
-                          const NamedTensors& weights) {
+nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
+                          const std::vector<reference::Batch>& batches, const NamedTensors& weights) {
   const auto effective = WithEffectiveValues(scenario);
   nlohmann::json config;
   config["protocol"] = 1;
@@ -86,7 +86,6 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const std::vector
     config["optimizer"]["weight_decay"] = reference::kAdamWeightDecay;
   }
   const auto view = PipelineView(scenario);
-  const auto shape = pipeline::BuildSchedule(view).shape;
   const auto slices = pipeline::StageSlicesOf(view, shape);
   for (int stage = 0; stage < shape.stages(); ++stage) {
     const auto& slice = slices[static_cast<size_t>(stage)];
@@ -375,7 +374,8 @@ bool EndsWith(const std::string& text, const std::string& suffix) {
 std::string ExchangeInputs(const std::string& directory) { return (fs::path(directory) / "exchange" / "in").string(); }
 std::string ExchangeOutputs(const std::string& directory) { return (fs::path(directory) / "exchange" / "out").string(); }
 
-void PrepareExchange(const scenarios::Scenario& scenario, const std::string& directory) {
+void PrepareExchange(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
+                     const std::string& directory) {
   const fs::path in = ExchangeInputs(directory);
   RemoveTree(fs::path(directory) / "exchange");
   fs::create_directories(in);
@@ -390,12 +390,12 @@ void PrepareExchange(const scenarios::Scenario& scenario, const std::string& dir
     batches.push_back(reference::MakeBatch(train.data, train.seed, step));
     SaveBatch(batches.back(), (in / fmt::format("batch_{}.pt", step)).string());
   }
-  reports::WriteFileAtomically((in / "config.json").string(), ConfigJson(scenario, batches, weights).dump(2) + "\n");
+  reports::WriteFileAtomically((in / "config.json").string(), ConfigJson(scenario, shape, batches, weights).dump(2) + "\n");
 }
 
-reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const std::string& directory) {
+reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
+                                      const std::string& directory) {
   const auto view = PipelineView(scenario);
-  const auto shape = pipeline::BuildSchedule(view).shape;
   // The reference taps the stage boundaries, as for pipecheck's own ranks; they are judged where
   // the trainer handed some back.
   auto train = view.train;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/schedule.h"
 #include "reports/report.h"
 #include "scenarios/scenario.h"
 
@@ -20,12 +21,16 @@ std::string ExchangeOutputs(const std::string& directory);  // DIR/exchange/out
 
 // Writes config.json, weights.pt and batch_K.pt (every step) into ExchangeInputs(directory), and
 // empties ExchangeOutputs(directory).
-void PrepareExchange(const scenarios::Scenario& scenario, const std::string& directory);
+// `shape` as JudgeExchange's.
+void PrepareExchange(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
+                     const std::string& directory);
 
 // Reads ExchangeOutputs(directory) and judges it against the reference. A breach of the protocol
 // (a missing file or step, an unknown name, a wrong shape, a non-finite number) is an ERROR
 // naming the rank, step, file and what is wrong; otherwise the verdict of harness/parity.h.
-reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const std::string& directory);
+// `shape`: where pipecheck's own schedule of the same layout puts the stages (the plan's).
+reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
+                                      const std::string& directory);
 
 // The Python that runs trainer=torch and external:*.py trainers: $PIPECHECK_PYTHON, else the one
 // this build was configured with (its torch is the LibTorch pipecheck links).

@@ -18,6 +18,7 @@
 
 #include "harness/errors.h"
 #include "harness/launcher.h"
+#include "harness/plan.h"
 #include "harness/parity.h"
 #include "harness/scenario_model.h"
 #include "pipeline/partition.h"
@@ -566,12 +567,10 @@ namespace {
 // Runs every variant as a scenario of its own (ranks save their tensors), printing a line each
 // and rewriting the run reports after each; `failed` counts those that missed their expectation.
 // A SIGINT or SIGTERM ends it: `interrupted` gets the signal, and what ran so far is returned.
-std::vector<reports::ScenarioReport> RunVariants(const std::vector<Variant>& variants, const std::string& suite_path,
-                                                 const InvarianceOptions& options, std::ostream& out, int& failed,
-                                                 int& interrupted) {
+std::vector<reports::ScenarioReport> RunVariants(const std::vector<Variant>& variants, const InvarianceOptions& options,
+                                                 std::ostream& out, int& failed, int& interrupted) {
   LaunchOptions launch;
   launch.executable = CurrentExecutable();
-  launch.scenarios_path = suite_path;
   launch.work_directory = (std::filesystem::path(options.out) / "work").string();
   launch.threads_per_rank = options.threads;
   launch.worker_args = {"--save-tensors"};
@@ -582,11 +581,12 @@ std::vector<reports::ScenarioReport> RunVariants(const std::vector<Variant>& var
   for (const auto& variant : variants) width = std::max(width, variant.label.size());
   for (size_t i = 0; i < variants.size(); ++i) {
     const auto& scenario = variants[i].scenario;
-    launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : DefaultDeadlineSeconds(scenario);
     const auto scenario_start = std::chrono::steady_clock::now();
     reports::ScenarioReport report;
     try {
-      report = LaunchScenario(scenario, launch);
+      const Plan plan = ResolvePlan(scenario);  // handed to the variant's ranks: they load no suite
+      launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : plan.deadline_seconds;
+      report = LaunchScenario(plan, launch);
     } catch (const Interrupted& signal) {
       fmt::print(out, "\ninterrupted by signal {} during {}\n", signal.signal, scenario.name);
       interrupted = signal.signal;
@@ -638,6 +638,8 @@ int RunInvariance(const Scenario& base, const InvarianceOptions& options, std::o
   std::filesystem::create_directories(directory);
   std::vector<Scenario> suite;
   for (const auto& variant : variants) suite.push_back(variant.scenario);
+  // For people: the variants as a suite, which `pipecheck run --scenarios` reruns (their ranks read
+  // the plans the launcher writes, not this file).
   const auto suite_path = std::filesystem::absolute(directory / "variants.csv");
   reports::WriteFileAtomically(suite_path.string(), scenarios::ToCsv(suite));
   // The bitwise claim holds for float64 on the host, every variant with the same threads.
@@ -650,7 +652,7 @@ int RunInvariance(const Scenario& base, const InvarianceOptions& options, std::o
   for (const auto& skip : skipped) fmt::print(out, "  skipped {}: {}\n", skip.label, skip.reason);
 
   int failed_variants = 0, interrupted = 0;
-  const auto reports = RunVariants(variants, suite_path.string(), options, out, failed_variants, interrupted);
+  const auto reports = RunVariants(variants, options, out, failed_variants, interrupted);
   if (interrupted != 0) return 128 + interrupted;
   const auto entries = MatrixEntries(base, variants, reports, directory, out);
   const auto matrix = BuildMatrix(entries, scenarios::DtypeOf(base.dtype).floor_fraction, asserts);

@@ -79,8 +79,7 @@ struct Binding {
 
 Binding BindingOf(const scenarios::Scenario& scenario, const LaunchOptions& options, int rank) {
   Binding binding;
-  const std::string device = options.device.empty() ? scenario.device : options.device;
-  if (!options.bind_cpus || device != "cpu") return binding;
+  if (!options.bind_cpus || scenario.device != "cpu") return binding;
   const auto allowed = AllowedCpus();
   const auto mine = CpusOfRank(allowed, rank, static_cast<int>(scenario.Processes()));
   if (mine.empty()) return binding;
@@ -136,13 +135,13 @@ struct ProcessCommand {
   std::vector<std::pair<std::string, std::string>> environment;
 };
 
-// Rank `rank` of pipecheck's own trainer, or a single phase of another trainer's scenario.
-ProcessCommand WorkerCommand(const scenarios::Scenario& scenario, const LaunchOptions& options,
-                             const std::string& directory, const std::string& phase = "") {
+// Rank `rank` of pipecheck's own trainer, or a single phase of another trainer's scenario: a
+// worker handed the scenario's plan.
+ProcessCommand WorkerCommand(const LaunchOptions& options, const std::string& plan, const std::string& directory,
+                             const std::string& phase = "") {
   ProcessCommand command;
-  command.argv = {options.executable, "worker", "--scenarios", options.scenarios_path, "--scenario", scenario.name,
-                  "--out", directory, "--threads", std::to_string(options.threads_per_rank)};
-  if (!options.device.empty()) command.argv.insert(command.argv.end(), {"--device", options.device});
+  command.argv = {options.executable, "worker", "--plan", plan, "--out", directory, "--threads",
+                  std::to_string(options.threads_per_rank)};
   if (!phase.empty()) command.argv.insert(command.argv.end(), {"--phase", phase});
   if (phase.empty()) command.argv.insert(command.argv.end(), {"--timed-steps", std::to_string(options.timed_steps)});
   command.argv.insert(command.argv.end(), options.worker_args.begin(), options.worker_args.end());
@@ -496,6 +495,7 @@ reports::ScenarioReport Delivered(const scenarios::Scenario& scenario, const fs:
 // one fails, the deadline passes or an interrupt arrives (the report saying so).
 struct Group {
   const scenarios::Scenario& scenario;
+  std::string plan;  // the plan file every worker of the scenario reads
   const LaunchOptions& options;
   fs::path directory;
   fs::path result_path;  // the file rank 0 writes its verdict to; empty when none of them does
@@ -574,7 +574,7 @@ reports::ScenarioReport AttemptExternal(const Group& group, int port, bool& port
   Group single = group;
   single.flight_records = false;
   single.result_path.clear();
-  auto prepare = Spawn(scenario, group.options, 1, port, [&](int) { return WorkerCommand(scenario, group.options, directory, "prepare"); },
+  auto prepare = Spawn(scenario, group.options, 1, port, [&](int) { return WorkerCommand(group.options, group.plan, directory, "prepare"); },
                        [&](int) { return (group.directory / "prepare.log").string(); });
   if (auto failed = Watch(single, prepare, port_busy)) {
     failed->summary.message = "preparing the trainer's inputs: " + failed->summary.message;
@@ -592,24 +592,26 @@ reports::ScenarioReport AttemptExternal(const Group& group, int port, bool& port
     return *failed;
   }
   single.result_path = group.result_path;
-  auto judge = Spawn(scenario, group.options, 1, port, [&](int) { return WorkerCommand(scenario, group.options, directory, "judge"); },
+  auto judge = Spawn(scenario, group.options, 1, port, [&](int) { return WorkerCommand(group.options, group.plan, directory, "judge"); },
                      [&](int) { return (group.directory / "judge.log").string(); });
   if (auto failed = Watch(single, judge, port_busy)) return *failed;
   return Delivered(scenario, group.result_path, judge.front());
 }
 
 // One attempt at the scenario on `port`; sets `port_busy` when rank 0 could not listen on it.
-reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const LaunchOptions& options, int port,
-                                bool& port_busy) {
+reports::ScenarioReport Attempt(const Plan& plan, const LaunchOptions& options, int port, bool& port_busy) {
+  const auto& scenario = plan.scenario;
   const fs::path directory = fs::path(options.work_directory) / scenario.name;
   fs::create_directories(directory);
   const fs::path result_path = directory / kResultFile;
   fs::remove(result_path);
   for (int r = 0; r < scenario.Processes(); ++r) fs::remove(FlightRecordPath(directory.string(), r));
-  const Group group{scenario, options, directory, result_path, true, std::chrono::steady_clock::now()};
+  const std::string plan_path = (directory / kPlanFile).string();
+  WritePlan(plan, plan_path);
+  const Group group{scenario, plan_path, options, directory, result_path, true, std::chrono::steady_clock::now()};
   if (scenario.ExternalTrainer()) return AttemptExternal(group, port, port_busy);
   auto ranks = Spawn(scenario, options, static_cast<int>(scenario.Processes()), port,
-                     [&](int) { return WorkerCommand(scenario, options, directory.string()); },
+                     [&](int) { return WorkerCommand(options, plan_path, directory.string()); },
                      [&](int r) { return (directory / fmt::format("rank{}.log", r)).string(); });
   if (auto failed = Watch(group, ranks, port_busy)) return *failed;
   return Delivered(scenario, result_path, ranks.front());
@@ -617,16 +619,22 @@ reports::ScenarioReport Attempt(const scenarios::Scenario& scenario, const Launc
 
 }  // namespace
 
-reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, const LaunchOptions& options) {
+reports::ScenarioReport LaunchScenario(const Plan& plan, const LaunchOptions& options) {
   // A port found free can be taken before rank 0 listens on it; then try another.
   constexpr int kAttempts = 3;
   int port = options.port > 0 ? options.port : FreeLoopbackPort();
   for (int attempt = 1;; ++attempt) {
     bool port_busy = false;
-    auto report = Attempt(scenario, options, port, port_busy);
-    if (!port_busy || attempt == kAttempts || scenario.Processes() == 1) return report;
+    auto report = Attempt(plan, options, port, port_busy);
+    // What ran is the plan's, whoever wrote the row (rank 0, or this launcher for a failed rank).
+    report.summary.transport = plan.scenario.ExternalTrainer() ? "" : plan.transport;
+    if (!port_busy || attempt == kAttempts || plan.scenario.Processes() == 1) return report;
     port = FreeLoopbackPort();
   }
+}
+
+reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, const LaunchOptions& options) {
+  return LaunchScenario(ResolvePlan(scenario), options);
 }
 
 }  // namespace pipecheck::harness

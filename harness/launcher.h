@@ -11,6 +11,7 @@
 #include <sys/types.h>
 #include <vector>
 
+#include "harness/plan.h"
 #include "reports/report.h"
 #include "scenarios/scenario.h"
 
@@ -18,12 +19,10 @@ namespace pipecheck::harness {
 
 struct LaunchOptions {
   std::string executable;      // the pipecheck binary
-  std::string scenarios_path;  // the suite the workers load the scenario from
-  std::string work_directory;  // each scenario gets work_directory/NAME for logs and results
+  std::string work_directory;  // each scenario gets work_directory/NAME for logs, its plan and results
   double timeout_seconds = 300.0;
   int threads_per_rank = 1;
   int port = 0;  // rendezvous port; 0 lets the kernel pick a free one
-  std::string device;  // run-level --device override handed to every rank ("" keeps the scenario's)
   // Timed steps each rank takes for tokens/s's spread (worker --timed-steps): timing-only steps
   // after the judged ones make up the difference; 0 none (parity alone).
   int timed_steps = 0;
@@ -73,7 +72,14 @@ struct Interrupted {
 // Makes SIGINT and SIGTERM end the scenario in flight (its ranks killed) instead of the process.
 void InstallInterruptHandlers();
 
+// Writes the plan into the scenario's work directory (kPlanFile) and starts its workers on it.
+reports::ScenarioReport LaunchScenario(const Plan& plan, const LaunchOptions& options);
+
+// The same for a scenario resolved here (ResolvePlan), as tests launch one.
 reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, const LaunchOptions& options);
+
+// The plan's file in a scenario's work directory.
+constexpr const char* kPlanFile = "plan.json";
 
 // A deadline sized to the scenario: 30 s plus three times its steps' arithmetic at a
 // pessimistic 1 GFLOP/s, so a healthy run never meets it and a hung one is found in minutes.

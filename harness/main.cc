@@ -542,7 +542,12 @@ Command AddWorker(CLI::App& app) {
   auto* command = app.add_subcommand("worker", "One rank of one scenario (environment: RANK, WORLD_SIZE, "
                                                "MASTER_ADDR, MASTER_PORT, as torchrun and SLURM set them)");
   AddScenarios(command, options->scenarios_path);
-  command->add_option("--scenario", options->scenario, "Scenario name")->required();
+  auto* plan = command->add_option("--plan", options->plan,
+                                   "The scenario's plan, as `pipecheck run` writes it (work/NAME/plan.json): "
+                                   "nothing is loaded or resolved again");
+  auto* scenario = command->add_option("--scenario", options->scenario, "Scenario name (without --plan)");
+  plan->excludes(scenario);
+  scenario->excludes(plan);
   command->add_option("--out", options->out, "Where rank 0 writes the reports (default reports/latest)");
   AddDevice(command, options->device, "Override the scenario's device");
   AddThreads(command, options->threads, "Intra-op threads (0: LibTorch's default)");

@@ -60,13 +60,18 @@ TensorError Compare(const torch::Tensor& pipeline, const torch::Tensor& referenc
   return error;
 }
 
-reports::SummaryRow ScenarioColumns(const scenarios::Scenario& s) {
+// `transport`: what the ranks ran over (the plan's); none given, what they would run over here.
+reports::SummaryRow ScenarioColumns(const scenarios::Scenario& s, const std::optional<std::string>& transport) {
   std::vector<std::string> names, values;
   for (const auto& [name, value] : scenarios::SummaryValues(s)) names.push_back(name), values.push_back(value);
   auto row = reports::ParseCells(reports::SummaryFields(), names, values);
   row.config = scenarios::Configuration(s);
   row.fingerprint = scenarios::Fingerprint(row.config);
-  row.transport = s.ExternalTrainer() ? "" : ResolveTransport(s);  // another trainer picks its own
+  if (s.ExternalTrainer()) {
+    row.transport = "";  // another trainer picks its own
+  } else {
+    row.transport = transport ? *transport : ResolveTransport(s);
+  }
   return row;
 }
 
@@ -649,9 +654,9 @@ bool MeetsExpectation(reports::Status status, const std::string& expect) {
 }
 
 reports::ScenarioReport FailedScenarioReport(const scenarios::Scenario& scenario, reports::Status status,
-                                             const std::string& message) {
+                                             const std::string& message, const std::optional<std::string>& transport) {
   reports::ScenarioReport report;
-  report.summary = ScenarioColumns(scenario);
+  report.summary = ScenarioColumns(scenario, transport);
   report.summary.status = status;
   report.summary.ok = MeetsExpectation(status, scenario.expect);
   report.summary.message = message;
@@ -667,16 +672,21 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
     if (!diverged.empty()) {
       return FailedScenarioReport(scenario, reports::Status::kError,
                                   fmt::format("reference diverged at step {}: {}; lower lr or enable clip", step.step,
-                                              diverged));
+                                              diverged),
+                                  input.transport);
     }
   }
   Verdicts verdicts;
   reports::ScenarioReport report;
-  const auto config = input.pipeline_config != nullptr ? *input.pipeline_config : ToPipelineConfig(scenario);
+  const auto config = input.pipeline_config != nullptr ? *input.pipeline_config
+                      : input.transport                ? ToPipelineConfig(scenario, *input.transport)
+                                                       : ToPipelineConfig(scenario);
   if (input.check_communication) JudgeCommunication(input, config, verdicts, report);
   const NamedTensors final_pp = JudgeSteps(input, config, verdicts, report);
-  if (!verdicts.diverged.empty()) return FailedScenarioReport(scenario, reports::Status::kError, verdicts.diverged);
-  report.summary = ScenarioColumns(scenario);
+  if (!verdicts.diverged.empty()) {
+    return FailedScenarioReport(scenario, reports::Status::kError, verdicts.diverged, input.transport);
+  }
+  report.summary = ScenarioColumns(scenario, input.transport);
   JudgeTrajectory(input.ranks, final_pp, input.oracle, scenario, report, verdicts);
   ParamRows(input, verdicts, report);
   SpeedAndMemoryRows({scenario, input.ranks, input.schedule, input.simulation, input.memory, input.replica_memory},

@@ -20,6 +20,7 @@
 // dtype alone, never on `tol`, so a loose tolerance cannot make real gradients look like noise.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,14 +61,19 @@ struct ParityInput {
   // With several replicas (data_parallel), each replica's prediction, by replica (its shard's
   // sequences differ); null: `memory` for every replica.
   const std::vector<pipeline::MemoryPrediction>* replica_memory = nullptr;
+  // What the ranks ran over (the plan's transport), for the summary; none: what they would run over
+  // on this host (ResolveTransport).
+  std::optional<std::string> transport = std::nullopt;
 };
 
 reports::ScenarioReport CompareWithReference(const ParityInput& input);
 
 // The summary row of a scenario that produced no results (ERROR, TIMEOUT): every column
 // known from the scenario filled, the measurements empty.
+// `transport` as ParityInput's.
 reports::ScenarioReport FailedScenarioReport(const scenarios::Scenario& scenario, reports::Status status,
-                                             const std::string& message);
+                                             const std::string& message,
+                                             const std::optional<std::string>& transport = std::nullopt);
 
 // Whether `status` meets `expect` ("pass": PASS; "fail": FAIL, ERROR or TIMEOUT).
 bool MeetsExpectation(reports::Status status, const std::string& expect);

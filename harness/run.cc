@@ -16,6 +16,7 @@
 #include "harness/errors.h"
 #include "harness/launcher.h"
 #include "harness/parity.h"
+#include "harness/plan.h"
 #include "harness/scenario_model.h"
 #include "reports/csv.h"
 #include "reports/junit.h"
@@ -97,23 +98,20 @@ void WriteInterruptedCiReports(const RunOptions& options, const std::vector<scen
 LaunchOptions SuiteLaunchOptions(const RunOptions& options) {
   LaunchOptions launch;
   launch.executable = CurrentExecutable();
-  launch.scenarios_path = std::filesystem::absolute(options.scenarios_path).string();
   launch.work_directory = (std::filesystem::path(options.out) / "work").string();
-  launch.device = options.device;
   launch.bind_cpus = options.bind_cpus;
   launch.timed_steps = options.timed_steps;
   return launch;
 }
 
-// One scenario, launched (or skipped for an unmet requirement) with its own deadline and threads,
-// its progress printed as "[i/n] NAME ... what it is doing"; a launcher failure is its ERROR row.
-// Interrupted propagates.
+// One scenario, planned (plan.h), then launched (or skipped for an unmet requirement) with its own
+// deadline and threads, its progress printed as "[i/n] NAME ... what it is doing"; a failure to
+// plan or launch is its ERROR row. Interrupted propagates.
 reports::ScenarioReport RunScenario(const scenarios::Scenario& scenario, const RunOptions& options,
                                     LaunchOptions& launch, const std::string& position, size_t name_width,
                                     std::ostream& out) {
   // Threads per rank so that the ranks together use the cores this process may use, no more.
   const int cores = UsableCores();
-  launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : DefaultDeadlineSeconds(scenario);
   launch.threads_per_rank = options.threads_per_rank > 0 ? options.threads_per_rank
                                                          : std::max(1, cores / static_cast<int>(scenario.Processes()));
   const auto start = std::chrono::steady_clock::now();
@@ -124,9 +122,11 @@ reports::ScenarioReport RunScenario(const scenarios::Scenario& scenario, const R
   };
   reports::ScenarioReport report;
   try {
-    const std::string unmet = UnmetRequirement(scenario);
-    report = unmet.empty() ? LaunchScenario(scenario, launch)
-                           : FailedScenarioReport(scenario, reports::Status::kSkipped, unmet);
+    const Plan plan = ResolvePlan(scenario);
+    launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : plan.deadline_seconds;
+    report = plan.unmet.empty()
+                 ? LaunchScenario(plan, launch)
+                 : FailedScenarioReport(scenario, reports::Status::kSkipped, plan.unmet, plan.transport);
   } catch (const Interrupted&) {
     throw;
   } catch (const std::exception& error) {

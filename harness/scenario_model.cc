@@ -190,6 +190,10 @@ reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario) {
 }
 
 pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario) {
+  return ToPipelineConfig(scenario, ResolveTransport(scenario));
+}
+
+pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario, const std::string& transport) {
   pipeline::PipelineConfig config;
   config.train = ToTrainConfig(scenario);
   config.world_size = static_cast<int>(scenario.world_size);
@@ -201,8 +205,8 @@ pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario) {
   config.fault = pipeline::ParseFault(scenario.fault);
   config.data_parallel = static_cast<int>(scenario.data_parallel);
   config.recompute = scenario.recompute;
-  config.communication = ResolveTransport(scenario) == "nccl" ? pipeline::CommunicationModel::kDeviceStreams
-                                                              : pipeline::CommunicationModel::kHost;
+  config.communication =
+      transport == "nccl" ? pipeline::CommunicationModel::kDeviceStreams : pipeline::CommunicationModel::kHost;
   return config;
 }
 

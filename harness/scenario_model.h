@@ -39,6 +39,9 @@ std::string ResolveTransport(const scenarios::Scenario& scenario);
 std::string UnmetRequirement(const scenarios::Scenario& scenario);
 
 pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario);
+// The same for ranks connected over `transport` (ResolveTransport's names; "nccl" runs on device
+// streams, any other on the host).
+pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario, const std::string& transport);
 
 // The scenario with every default made explicit (ffn resolved from the flavour).
 scenarios::Scenario WithEffectiveValues(scenarios::Scenario scenario);

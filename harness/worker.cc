@@ -13,6 +13,7 @@
 #include "harness/external.h"
 #include "harness/invariance.h"
 #include "harness/parity.h"
+#include "harness/plan.h"
 #include "harness/scenario_model.h"
 #include "pipeline/trainer.h"
 #include "pipeline/transport.h"
@@ -126,38 +127,98 @@ int Deliver(const scenarios::Scenario& scenario, const reports::ScenarioReport& 
   return report.summary.ok ? 0 : 1;
 }
 
-// Rank 0's part after the pipeline: the reference, the comparison, the reports.
-int FinishOnRankZero(const scenarios::Scenario& scenario, const pipeline::PipelineConfig& config,
+// Rank 0's part after the pipeline: the reference, the comparison, the reports, all with the
+// plan's schedule, simulation and memory predictions.
+int FinishOnRankZero(const Plan& plan, const pipeline::PipelineConfig& config,
                      const std::vector<pipeline::RankResult>& ranks, const std::string& out, bool save_tensors) {
-  const auto schedule = pipeline::BuildSchedule(config);
   auto oracle_config = config.train;
-  oracle_config.boundary_layers = BoundaryLayers(pipeline::StageSlicesOf(config, schedule.shape));
+  oracle_config.boundary_layers = BoundaryLayers(pipeline::StageSlicesOf(config, plan.schedule.shape));
   // The reference cuts the global batch as the replicas do (data_parallel x microbatches), so its
   // boundary taps line up with every replica's microbatches.
   Oracle oracle(oracle_config, config.microbatches * config.data_parallel);
-  const auto simulation = pipeline::ValidateSchedule(schedule, pipeline::UnitCosts(config), config.communication);
-  std::vector<pipeline::MemoryPrediction> replica_memory;
-  for (int replica = 0; replica < config.data_parallel; ++replica) {
-    auto replica_config = config;
-    replica_config.replica = replica;
-    replica_memory.push_back(pipeline::PredictMemory(replica_config, schedule));
-  }
-  const auto report = CompareWithReference({scenario, oracle, ranks, schedule, simulation, replica_memory.front(),
-                                            /*check_communication=*/true, nullptr, &replica_memory});
+  const auto report = CompareWithReference({plan.scenario, oracle, ranks, plan.schedule, plan.simulation,
+                                            plan.memory.front(), /*check_communication=*/true, nullptr, &plan.memory,
+                                            plan.transport});
   std::filesystem::create_directories(out);
   if (save_tensors) SaveTrainedTensors(FromRanks(ranks), (std::filesystem::path(out) / kTensorsFile).string());
-  return Deliver(scenario, report, out);
+  return Deliver(plan.scenario, report, out);
 }
 
 // A phase of another trainer's scenario (external.h): its inputs written, or its outputs judged
 // into the reports and result.json, as rank 0 of pipecheck's own trainer leaves them.
-int RunExternalPhase(const scenarios::Scenario& scenario, const WorkerOptions& options) {
+int RunExternalPhase(const Plan& plan, const WorkerOptions& options) {
   std::filesystem::create_directories(options.out);
   if (options.phase == "prepare") {
-    PrepareExchange(scenario, options.out);
+    PrepareExchange(plan.scenario, plan.schedule.shape, options.out);
     return 0;
   }
-  return Deliver(scenario, JudgeExchange(scenario, options.out), options.out);
+  return Deliver(plan.scenario, JudgeExchange(plan.scenario, plan.schedule.shape, options.out), options.out);
+}
+
+// The plan handed over (--plan), or, for a worker that torchrun or srun started, the scenario
+// resolved here from its suite.
+Plan WorkerPlan(const WorkerOptions& options) {
+  if (!options.plan.empty()) return ReadPlan(options.plan);
+  if (options.scenario.empty()) {
+    throw scenarios::ScenarioError("a worker needs --plan FILE, or --scenario NAME (with --scenarios) to plan itself");
+  }
+  const auto suite = harness::LoadSuite(options.scenarios_path, options.device);
+  const auto& scenario = scenarios::FindScenario(suite, options.scenario, options.scenarios_path);
+  if (scenario.ExternalTrainer() && options.phase.empty()) {
+    throw scenarios::ScenarioError(fmt::format(
+        "{}: scenario '{}' is trained by trainer {}, whose ranks are its own processes: `pipecheck run` launches "
+        "them between a --phase prepare and a --phase judge worker", scenario.source, scenario.name, scenario.trainer));
+  }
+  return ResolvePlan(scenario);
+}
+
+// One rank of pipecheck's own trainer: connect, train, hand the results to rank 0, which judges.
+int RunRank(const Plan& plan, const WorkerOptions& options, std::string& rank) {
+  auto config = plan.config;
+  const std::string needs =
+      config.data_parallel == 1 ? fmt::format("world_size {}", config.world_size)
+                                : fmt::format("world_size {} x data_parallel {} = {} processes", config.world_size,
+                                              config.data_parallel, config.world_size * config.data_parallel);
+  const auto rendezvous =
+      ReadRendezvous(config.world_size * config.data_parallel, needs, options.rendezvous_timeout_seconds);
+  rank = std::to_string(rendezvous.rank);
+  std::filesystem::create_directories(options.out);
+  config.flight_record = FlightRecordPath(options.out, rendezvous.rank);
+  config.timed_samples = options.timed_steps;
+  if (options.threads > 0) {
+    at::set_num_threads(options.threads);
+    at::set_num_interop_threads(1);
+  }
+  if (config.train.device.is_cuda()) {
+    config.train.device = CudaDeviceOfThisRank();
+    reference::MakeCurrent(config.train.device);
+    reference::WarmUpDevice(config.train.device);
+  }
+  if (!plan.unmet.empty()) throw std::runtime_error(plan.unmet);  // `run` skips these; a worker started anyway fails
+  auto groups = ConnectRanks(rendezvous, config.world_size, plan.transport, config.train.device,
+                             options.rendezvous_timeout_seconds);
+  config.replica = groups.replica;
+  auto& transport = groups.pipeline;
+  pipeline::PipelineTrainer trainer(config, plan.schedule, *transport, groups.data_parallel.get());
+  // The rank of the last stage knows the loss: it reports progress in its log, which `run` shows.
+  const auto& shape = trainer.schedule().shape;
+  const bool reports_progress = groups.replica == 0 && groups.pipeline_rank == shape.RankOfStage(shape.stages() - 1);
+  auto own = trainer.Train([&](int64_t step, const pipeline::RankResult& r) {
+    if (!reports_progress) return;
+    fmt::print("{}step {}/{} loss {:.6g}\n", kProgressPrefix, step + 1, config.train.steps, r.losses.back());
+    std::fflush(stdout);
+  });
+  trainer.RecordPhase(config.train.steps, "results_to_rank_0", rendezvous.rank == 0 ? -1 : 0);
+  auto results = pipeline::GatherResults(*transport, std::move(own));
+  if (groups.pipeline_rank == 0) results = pipeline::GatherReplicas(*groups.data_parallel, std::move(results));
+  trainer.EndPhase();
+  const int code = rendezvous.rank == 0 ? FinishOnRankZero(plan, config, results, options.out, options.save_tensors) : 0;
+  // What this process worked out again that a plan could have handed it: nothing, when it was
+  // handed one (rank 0's simulations replay the measured action times, for the step-time prediction).
+  fmt::print("{}rank {}: {} suite(s) loaded, {} schedule(s) built, {} validated; {} simulation(s) run\n", kPlanPrefix,
+             rendezvous.rank, scenarios::SuitesLoaded(), pipeline::SchedulesBuilt(), pipeline::ValidationsRun(),
+             pipeline::SimulationsRun());
+  return code;
 }
 
 }  // namespace
@@ -175,59 +236,11 @@ int RunWorker(const WorkerOptions& options) {
   const char* rank_text = std::getenv("RANK") ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
   std::string rank = rank_text ? rank_text : "?";
   try {
-    const auto suite = harness::LoadSuite(options.scenarios_path, options.device);
-    auto scenario = scenarios::FindScenario(suite, options.scenario, options.scenarios_path);
-    if (!options.phase.empty()) {
-      rank = options.phase;
-      if (options.threads > 0) at::set_num_threads(options.threads);
-      return RunExternalPhase(scenario, options);
-    }
-    if (scenario.ExternalTrainer()) {
-      throw scenarios::ScenarioError(fmt::format(
-          "{}: scenario '{}' is trained by trainer {}, whose ranks are its own processes: `pipecheck run` launches "
-          "them between a --phase prepare and a --phase judge worker", scenario.source, scenario.name, scenario.trainer));
-    }
-    auto config = ToPipelineConfig(scenario);
-    const std::string needs =
-        config.data_parallel == 1 ? fmt::format("world_size {}", config.world_size)
-                                  : fmt::format("world_size {} x data_parallel {} = {} processes", config.world_size,
-                                                config.data_parallel, config.world_size * config.data_parallel);
-    const auto rendezvous =
-        ReadRendezvous(config.world_size * config.data_parallel, needs, options.rendezvous_timeout_seconds);
-    rank = std::to_string(rendezvous.rank);
-    std::filesystem::create_directories(options.out);
-    config.flight_record = FlightRecordPath(options.out, rendezvous.rank);
-    config.timed_samples = options.timed_steps;
-    if (options.threads > 0) {
-      at::set_num_threads(options.threads);
-      at::set_num_interop_threads(1);
-    }
-    if (config.train.device.is_cuda()) {
-      config.train.device = CudaDeviceOfThisRank();
-      reference::MakeCurrent(config.train.device);
-      reference::WarmUpDevice(config.train.device);
-    }
-    const std::string unmet = UnmetRequirement(scenario);
-    if (!unmet.empty()) throw std::runtime_error(unmet);  // `run` skips these; a worker started anyway fails
-    auto groups = ConnectRanks(rendezvous, config.world_size, ResolveTransport(scenario), config.train.device,
-                               options.rendezvous_timeout_seconds);
-    config.replica = groups.replica;
-    auto& transport = groups.pipeline;
-    pipeline::PipelineTrainer trainer(config, *transport, groups.data_parallel.get());
-    // The rank of the last stage knows the loss: it reports progress in its log, which `run` shows.
-    const auto& shape = trainer.schedule().shape;
-    const bool reports_progress = groups.replica == 0 && groups.pipeline_rank == shape.RankOfStage(shape.stages() - 1);
-    auto own = trainer.Train([&](int64_t step, const pipeline::RankResult& r) {
-      if (!reports_progress) return;
-      fmt::print("{}step {}/{} loss {:.6g}\n", kProgressPrefix, step + 1, config.train.steps, r.losses.back());
-      std::fflush(stdout);
-    });
-    trainer.RecordPhase(config.train.steps, "results_to_rank_0", rendezvous.rank == 0 ? -1 : 0);
-    auto results = pipeline::GatherResults(*transport, std::move(own));
-    if (groups.pipeline_rank == 0) results = pipeline::GatherReplicas(*groups.data_parallel, std::move(results));
-    trainer.EndPhase();
-    if (rendezvous.rank != 0) return 0;
-    return FinishOnRankZero(scenario, config, results, options.out, options.save_tensors);
+    const Plan plan = WorkerPlan(options);
+    if (options.phase.empty()) return RunRank(plan, options, rank);
+    rank = options.phase;
+    if (options.threads > 0) at::set_num_threads(options.threads);
+    return RunExternalPhase(plan, options);
   } catch (const scenarios::ScenarioError& error) {
     fmt::print(stderr, "pipecheck worker: {}\n", error.what());
     return kExitBadInput;

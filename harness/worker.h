@@ -10,6 +10,9 @@
 namespace pipecheck::harness {
 
 struct WorkerOptions {
+  // The scenario resolved by the launcher (plan.h: `run` and `invariance` write one per scenario);
+  // "" resolves `scenario` from the suite at `scenarios_path` here, as under torchrun or srun.
+  std::string plan;
   std::string scenarios_path;
   std::string scenario;
   std::string out;
@@ -40,5 +43,9 @@ std::string FlightRecordPath(const std::string& out, int rank);
 
 // Lines a worker prints to its log as steps finish; the launcher shows the latest.
 constexpr const char* kProgressPrefix = "pipecheck progress: ";
+
+// The line each rank of pipecheck's own trainer prints as it ends: how many suites it loaded,
+// schedules it built and validated (none for a rank handed a plan), and simulations it ran.
+constexpr const char* kPlanPrefix = "pipecheck plan: ";
 
 }  // namespace pipecheck::harness

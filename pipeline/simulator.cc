@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -521,9 +522,16 @@ class DeviceStreams {
   std::vector<Walk> walks_;                                        // [rank], between passes
 };
 
+std::atomic<int64_t> g_simulations{0};
+std::atomic<int64_t> g_validations{0};
+
 }  // namespace
 
+int64_t SimulationsRun() { return g_simulations.load(); }
+int64_t ValidationsRun() { return g_validations.load(); }
+
 SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, const CostModel& costs) {
+  ++g_simulations;
   const std::string problem = CheckStatically(schedule);
   if (!problem.empty()) {
     SimulationResult result;
@@ -553,6 +561,7 @@ std::string MessageOrderProblem(const Schedule& schedule) {
 }
 
 SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs, CommunicationModel model) {
+  ++g_validations;
   const auto invalid = [&](const std::string& how, const std::string& why) {
     return ScheduleError(fmt::format("schedule {} ({} ranks, {} microbatches) is invalid{}: {}", schedule.name,
                                      schedule.shape.ranks, schedule.shape.microbatches, how, why));

@@ -6,6 +6,7 @@
 // microbatches under a cost model. Not a performance model of any real machine.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,6 +59,11 @@ struct SimulationResult {
 // Simulates a lowered schedule (with communication).
 SimulationResult Simulate(const Schedule& schedule, SendSemantics semantics, const CostModel& costs = {});
 
+// How many times this process has called Simulate (a lowering's deadlock search, a validation, a
+// replay of measured action times): with ValidationsRun and SchedulesBuilt (trainer.h), how a
+// worker shows it built no schedule its plan already held.
+int64_t SimulationsRun();
+
 // Empty when every rank posts its receives from each peer in the order that peer sends them;
 // otherwise the first pair and message where they differ.
 std::string MessageOrderProblem(const Schedule& schedule);
@@ -72,6 +78,9 @@ enum class CommunicationModel { kHost, kDeviceStreams };
 // failure's report. Returns the buffered run's result.
 SimulationResult ValidateSchedule(const Schedule& schedule, const CostModel& costs = {},
                                   CommunicationModel model = CommunicationModel::kHost);
+
+// How many times this process has called ValidateSchedule.
+int64_t ValidationsRun();
 
 // A generated schedule's makespan as published for its algorithm, under `costs` (per stage, so
 // per chunk for several stages per rank) with free communication, or none where no closed form

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -19,7 +20,14 @@
 
 namespace pipecheck::pipeline {
 
+namespace {
+std::atomic<int64_t> g_schedules_built{0};
+}  // namespace
+
+int64_t SchedulesBuilt() { return g_schedules_built.load(); }
+
 std::optional<Schedule> LoweredScheduleWithin(const PipelineConfig& config, int64_t budget) {
+  ++g_schedules_built;
   TORCH_CHECK(config.accumulation >= 1 && config.microbatches % config.accumulation == 0, "microbatches ",
               config.microbatches, " are not ", config.accumulation, " rounds of the same count");
   const PipelineShape round{config.world_size, config.virtual_stages, config.microbatches / config.accumulation};
@@ -46,9 +54,13 @@ std::vector<std::pair<int, int>> MessageChannels(const PipelineConfig& config, c
 }
 
 PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Transport& transport, Transport* replicas)
+    : PipelineTrainer(config, BuildSchedule(config), transport, replicas) {}
+
+PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Schedule schedule, Transport& transport,
+                                 Transport* replicas)
     : config_(config), transport_(transport), replicas_(config.data_parallel > 1 ? replicas : nullptr),
       seams_(SeamsFor(config, transport.rank())), messages_(seams_.wrap_messages(transport_)),
-      schedule_(BuildSchedule(config)), baseline_bytes_(reference::HeldTensorBytes(config.train.device)) {
+      schedule_(std::move(schedule)), baseline_bytes_(reference::HeldTensorBytes(config.train.device)) {
   TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
               " but ", transport.world_size(), " ranks were started");
   TORCH_CHECK(config.data_parallel == 1 || (replicas != nullptr && replicas->world_size() == config.data_parallel),

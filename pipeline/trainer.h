@@ -44,6 +44,10 @@ Schedule BuildSchedule(const PipelineConfig& config);
 // memory model) whose schedule has been validated already, or will be by the ranks that run it.
 std::optional<Schedule> LoweredScheduleWithin(const PipelineConfig& config, int64_t budget);
 
+// How many schedules this process has built for a configuration (LoweredScheduleWithin, which
+// BuildSchedule calls): none in a worker handed a plan.
+int64_t SchedulesBuilt();
+
 // Every ordered pair of ranks (from, to) that carries a message in a step of `schedule` (its
 // sends, and the tied sum's exchange), sorted, each once: the same list on every rank, handed to
 // Transport::OpenChannels before the first step.
@@ -54,6 +58,9 @@ class PipelineTrainer {
   // `replicas`: the data-parallel group of this pipeline rank (ConnectGroups), borrowed; null
   // with one replica.
   PipelineTrainer(const PipelineConfig& config, Transport& transport, Transport* replicas = nullptr);
+  // With the schedule already built for this configuration (BuildSchedule, as a plan holds it):
+  // nothing is lowered or simulated again.
+  PipelineTrainer(const PipelineConfig& config, Schedule schedule, Transport& transport, Transport* replicas = nullptr);
   ~PipelineTrainer();
 
   // One training step on MakeBatch(seed, step); returns this rank's record of it. A step that is

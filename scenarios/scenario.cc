@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -965,7 +966,14 @@ std::vector<Scenario> ParseScenarios(const std::string& raw_text, const std::str
   return scenarios;
 }
 
+namespace {
+std::atomic<int64_t> g_suites_loaded{0};
+}  // namespace
+
+int64_t SuitesLoaded() { return g_suites_loaded.load(); }
+
 std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& vocabulary) {
+  ++g_suites_loaded;
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
     throw ScenarioError(fmt::format("{}: is a directory: expected a scenario CSV file", path));

@@ -155,6 +155,9 @@ std::string ColumnsMarkdown(const Vocabulary& vocabulary);
 // Loads and validates a suite; throws ScenarioError.
 std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& vocabulary);
 
+// How many suites this process has loaded from files (LoadScenarios): a worker handed a plan loads none.
+int64_t SuitesLoaded();
+
 // The same from text in memory; `display_name` stands for the file in messages.
 std::vector<Scenario> ParseScenarios(const std::string& text, const std::string& display_name,
                                      const Vocabulary& vocabulary);

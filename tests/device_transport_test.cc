@@ -395,7 +395,7 @@ TEST_P(GpuSuite, MatchesReference) {
     GTEST_SKIP() << unmet;
   }
   const auto report =
-      harness::LaunchScenario(scenario, testing::TestLaunchOptions(kGpuSuite, "gpu_" + scenario.name, 300));
+      harness::LaunchScenario(scenario, testing::TestLaunchOptions("gpu_" + scenario.name, 300));
   EXPECT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
   EXPECT_EQ(report.summary.transport, scenario.world_size == 1 ? "none" : scenario.transport);
   EXPECT_EQ(report.summary.device, "cuda");

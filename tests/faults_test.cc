@@ -60,7 +60,7 @@ class Fault : public ::testing::TestWithParam<std::string> {};
 TEST_P(Fault, IsCaughtAndItsControlPasses) {
   const auto suite = harness::LoadSuite(kFaultSuite);
   auto scenario = scenarios::FindScenario(suite, GetParam(), kFaultSuite);
-  const auto options = testing::TestLaunchOptions(kFaultSuite, GetParam(), scenario.fault == "hang_rank" ? 8 : 60);
+  const auto options = testing::TestLaunchOptions(GetParam(), scenario.fault == "hang_rank" ? 8 : 60);
   const auto caught = harness::LaunchScenario(scenario, options);
   EXPECT_NE(caught.summary.status, reports::Status::kPass);
   EXPECT_EQ(caught.summary.ok, true);
@@ -83,7 +83,7 @@ TEST_P(Fault, IsCaughtAndItsControlPasses) {
   const std::string control_suite = options.work_directory + "/control.csv";
   std::ofstream(control_suite) << testing::ScenariosCsv({scenario});
   const auto control =
-      harness::LaunchScenario(scenario, testing::TestLaunchOptions(control_suite, GetParam() + "_control"));
+      harness::LaunchScenario(scenario, testing::TestLaunchOptions(GetParam() + "_control"));
   EXPECT_EQ(control.summary.status, reports::Status::kPass) << control.summary.message;
 }
 

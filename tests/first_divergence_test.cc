@@ -70,7 +70,7 @@ TEST(Fingerprint, WithoutHashesSameBytesAllowsOnlyRounding) {
 void ExpectCompleteAndClean(const std::string& suite_path, const std::string& name) {
   const auto suite = harness::LoadSuite(suite_path);
   const auto scenario = scenarios::FindScenario(suite, name, suite_path);
-  const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(suite_path, name));
+  const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(name));
   ASSERT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
   const auto config = harness::ToPipelineConfig(scenario);
   const auto schedule = pipeline::BuildSchedule(config);

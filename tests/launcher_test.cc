@@ -84,7 +84,7 @@ TEST(Launcher, ABusyPortIsReplacedByAFreeOne) {
   ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
   const std::string suite = testing::ScratchDirectory("busy_port") + "/suite.csv";
   std::ofstream(suite) << "name,world_size,layers,hidden,batch,microbatches,seq_len\nbusy,2,2,16,4,2,8\n";
-  auto options = testing::TestLaunchOptions(suite, "busy_port_work");
+  auto options = testing::TestLaunchOptions("busy_port_work");
   options.port = ntohs(address.sin_port);
   const auto report = harness::LaunchScenario(harness::LoadSuite(suite)[0], options);
   close(listener);
@@ -122,7 +122,7 @@ TEST(Launcher, CpuRanksAreBoundToTheirShares) {
   const std::string suite = testing::ScratchDirectory("cpu_binding") + "/suite.csv";
   std::ofstream(suite) << "name,world_size,layers,hidden,batch,microbatches,seq_len\nbound,2,2,16,4,2,8\n";
   for (const bool bind : {true, false}) {
-    auto options = testing::TestLaunchOptions(suite, bind ? "cpu_binding_on" : "cpu_binding_off");
+    auto options = testing::TestLaunchOptions(bind ? "cpu_binding_on" : "cpu_binding_off");
     options.bind_cpus = bind;
     const auto report = harness::LaunchScenario(harness::LoadSuite(suite)[0], options);
     EXPECT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;

@@ -20,7 +20,7 @@ class LongRun : public ::testing::TestWithParam<std::string> {};
 TEST_P(LongRun, CorrectPipelinePasses) {
   const auto suite = harness::LoadSuite(kLongSuite);
   const scenarios::Scenario scenario = scenarios::FindScenario(suite, GetParam(), kLongSuite);
-  const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(kLongSuite, "long_" + GetParam(), 900));
+  const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions("long_" + GetParam(), 900));
   EXPECT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
 }
 

@@ -34,7 +34,7 @@ reports::ScenarioReport Launch(std::string row) {
   const std::string suite = testing::ScratchDirectory("memory_" + name) + "/suite.csv";
   std::ofstream(suite) << kHeader << row << "\n";
   const auto report =
-      harness::LaunchScenario(harness::LoadSuite(suite)[0], testing::TestLaunchOptions(suite, "memory_" + name + "_work"));
+      harness::LaunchScenario(harness::LoadSuite(suite)[0], testing::TestLaunchOptions("memory_" + name + "_work"));
   EXPECT_EQ(report.summary.status, reports::Status::kPass) << name << ": " << report.summary.message;
   return report;
 }

@@ -27,7 +27,7 @@ class Parity : public ::testing::TestWithParam<std::string> {};
 TEST_P(Parity, PipelineMatchesReference) {
   const auto suite = harness::LoadSuite(kSuite);
   const scenarios::Scenario scenario = scenarios::FindScenario(suite, GetParam(), kSuite);
-  const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions(kSuite, "parity_" + scenario.name));
+  const auto report = harness::LaunchScenario(scenario, testing::TestLaunchOptions("parity_" + scenario.name));
   EXPECT_EQ(report.summary.status, reports::Status::kPass) << report.summary.message;
   EXPECT_EQ(report.summary.ok, true);
   EXPECT_LE(report.summary.grad_max_rel_err.value_or(1.0), scenario.tol);
@@ -53,7 +53,7 @@ TEST(ScheduleMemory, OneFOneBFirstRankPeaksBelowGPipe) {
                         "gpipe,4,64,4,4,gpipe,16,16,32,2\n"
                         "onefoneb,4,64,4,4,1f1b,16,16,32,2\n";
   const auto suite = harness::LoadSuite(csv);
-  const auto options = testing::TestLaunchOptions(csv, "schedule_memory_work");
+  const auto options = testing::TestLaunchOptions("schedule_memory_work");
   std::map<std::string, int64_t> first_rank_peak;
   for (const auto& scenario : suite) {
     const auto report = harness::LaunchScenario(scenario, options);

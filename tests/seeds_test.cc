@@ -22,7 +22,7 @@ TEST_P(CoreSuiteSeed, EveryRowPasses) {
   const std::string path = directory + "/core_seed.csv";
   for (auto& scenario : suite) scenario.seed = seed;
   std::ofstream(path) << testing::ScenariosCsv(suite);
-  const auto options = testing::TestLaunchOptions(path, "seed_work" + std::to_string(GetParam()));
+  const auto options = testing::TestLaunchOptions("seed_work" + std::to_string(GetParam()));
   for (const auto& scenario : harness::LoadSuite(path)) {
     const auto report = harness::LaunchScenario(scenario, options);
     EXPECT_EQ(report.summary.status, reports::Status::kPass) << scenario.name << " seed " << seed << ": " << report.summary.message;

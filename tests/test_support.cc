@@ -35,10 +35,9 @@ std::string ScratchDirectory(const std::string& name) {
   return path.string();
 }
 
-harness::LaunchOptions TestLaunchOptions(const std::string& suite, const std::string& name, double timeout_seconds) {
+harness::LaunchOptions TestLaunchOptions(const std::string& name, double timeout_seconds) {
   harness::LaunchOptions options;
   options.executable = PIPECHECK_BINARY;
-  options.scenarios_path = suite;
   options.work_directory = ScratchDirectory(name);
   options.timeout_seconds = timeout_seconds;
   options.threads_per_rank = 1;

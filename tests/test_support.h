@@ -46,7 +46,7 @@ std::string ScratchDirectory(const std::string& name);
 
 // Launch options for real ranks of the pipecheck binary under test: one thread per rank, work
 // in a fresh scratch directory called `name`.
-harness::LaunchOptions TestLaunchOptions(const std::string& suite, const std::string& name, double timeout_seconds = 120);
+harness::LaunchOptions TestLaunchOptions(const std::string& name, double timeout_seconds = 120);
 
 // A scenario CSV (header and one row per scenario) with every column at its value.
 std::string ScenariosCsv(const std::vector<scenarios::Scenario>& scenarios);

@@ -1,0 +1,52 @@
+// A scenario resolved for this host, once: the device, dtype and transport its ranks use, the
+// pipeline configuration, the lowered and validated schedule with its simulation, each
+// replica's memory prediction, the deadline, and why the row cannot run here if it cannot.
+//
+// `pipecheck run` and `invariance` resolve a plan in the parent and hand it to every rank as a
+// file (`worker --plan`); a worker started by torchrun or srun resolves it once itself from the
+// suite. Rank 0 judges with the same plan, and the summary's transport is the plan's: what ran,
+// not what a later process would work out again. A worker handed a plan loads no suite and
+// builds no schedule (SimulationsRun and SuitesLoaded stay at zero; a test counts them).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pipeline/memory_model.h"
+#include "pipeline/simulator.h"
+#include "pipeline/trainer.h"
+#include "scenarios/scenario.h"
+
+namespace pipecheck::harness {
+
+struct Plan {
+  scenarios::Scenario scenario;  // as loaded, a run-level --device already applied
+  // "none" (world size 1), "gloo", "staged" or "nccl"; "" for another trainer, which picks its own.
+  std::string transport;
+  // The scenario's configuration for `transport` (ToPipelineConfig); per-rank settings (flight
+  // record, replica, device index, timed steps) are the worker's to add. Derived, not stored.
+  pipeline::PipelineConfig config;
+  // The lowered, validated schedule every rank runs. For another trainer: pipecheck's own schedule
+  // of the same layout, for its shape (where stages sit) alone.
+  pipeline::Schedule schedule;
+  pipeline::SimulationResult simulation;  // under unit costs; empty for another trainer
+  // What each replica's ranks should hold (memory_model.h), by replica; empty for another trainer.
+  std::vector<pipeline::MemoryPrediction> memory;
+  double deadline_seconds = 0;  // DefaultDeadlineSeconds
+  std::string unmet;  // why this host cannot run the row as asked (a SKIPPED row); "" when it can
+};
+
+// Resolves `scenario` on this host. A row whose requirement is unmet gets `unmet` and no
+// schedule (its ranks never start). Throws what building the schedule throws (a schedule the
+// loader left to the ranks, too long to check at load, and invalid).
+Plan ResolvePlan(const scenarios::Scenario& scenario);
+
+// A plan as text (JSON) and back; the text holds the scenario as a one-row suite plus where the
+// row came from, so messages still point into the suite (`core.csv:7:3`). Reading throws
+// ScenarioError naming `file` for text that is not a plan.
+std::string PlanToJson(const Plan& plan);
+Plan PlanFromJson(const std::string& text, const std::string& file);
+void WritePlan(const Plan& plan, const std::string& path);
+Plan ReadPlan(const std::string& path);
+
+}  // namespace pipecheck::harness
