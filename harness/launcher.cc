@@ -620,6 +620,7 @@ reports::ScenarioReport Attempt(const Plan& plan, const LaunchOptions& options, 
 }  // namespace
 
 reports::ScenarioReport LaunchScenario(const Plan& plan, const LaunchOptions& options) {
+  if (!plan.error.empty()) return FailedScenarioReport(plan.scenario, reports::Status::kError, plan.error, plan.transport);
   // A port found free can be taken before rank 0 listens on it; then try another.
   constexpr int kAttempts = 3;
   int port = options.port > 0 ? options.port : FreeLoopbackPort();

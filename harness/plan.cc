@@ -133,15 +133,26 @@ Plan ResolvePlan(const scenarios::Scenario& scenario) {
   plan.unmet = UnmetRequirement(scenario);
   if (scenario.ExternalTrainer()) {
     plan.config = ViewOf(scenario);
-    if (plan.unmet.empty()) plan.schedule = pipeline::BuildSchedule(plan.config);
+    if (!plan.unmet.empty()) return plan;
+    try {
+      plan.schedule = pipeline::BuildSchedule(plan.config);
+    } catch (const pipeline::ScheduleError& error) {
+      plan.error = error.what();
+    }
     return plan;
   }
   plan.transport = ResolveTransport(scenario);
   plan.config = ToPipelineConfig(scenario, plan.transport);
   if (!plan.unmet.empty()) return plan;
-  plan.schedule = pipeline::BuildSchedule(plan.config);
-  plan.simulation =
-      pipeline::ValidateSchedule(plan.schedule, pipeline::UnitCosts(plan.config), plan.config.communication);
+  try {
+    plan.schedule = pipeline::BuildSchedule(plan.config);
+    plan.simulation =
+        pipeline::ValidateSchedule(plan.schedule, pipeline::UnitCosts(plan.config), plan.config.communication);
+  } catch (const pipeline::ScheduleError& error) {
+    plan.schedule = {};
+    plan.error = error.what();
+    return plan;
+  }
   for (int replica = 0; replica < plan.config.data_parallel; ++replica) {
     auto replica_config = plan.config;
     replica_config.replica = replica;
@@ -158,6 +169,7 @@ std::string PlanToJson(const Plan& plan) {
             {"transport", plan.transport},
             {"deadline_seconds", plan.deadline_seconds},
             {"unmet", plan.unmet},
+            {"error", plan.error},
             {"schedule", ScheduleJson(plan.schedule)},
             {"simulation", SimulationJson(plan.simulation)},
             {"memory", MemoryJson(plan.memory)}};
@@ -182,6 +194,7 @@ Plan PlanFromJson(const std::string& text, const std::string& file) {
     j.at("transport").get_to(plan.transport);
     j.at("deadline_seconds").get_to(plan.deadline_seconds);
     j.at("unmet").get_to(plan.unmet);
+    j.at("error").get_to(plan.error);
     plan.schedule = ScheduleOf(j.at("schedule"));
     plan.simulation = SimulationOf(j.at("simulation"));
     plan.memory = MemoryOf(j.at("memory"));

@@ -34,11 +34,13 @@ struct Plan {
   std::vector<pipeline::MemoryPrediction> memory;
   double deadline_seconds = 0;  // DefaultDeadlineSeconds
   std::string unmet;  // why this host cannot run the row as asked (a SKIPPED row); "" when it can
+  // Why the schedule cannot run (a deadlock the loader left unchecked, a fault that breaks the
+  // lowering): the scenario's ERROR, found before any rank starts; "" when it can.
+  std::string error;
 };
 
-// Resolves `scenario` on this host. A row whose requirement is unmet gets `unmet` and no
-// schedule (its ranks never start). Throws what building the schedule throws (a schedule the
-// loader left to the ranks, too long to check at load, and invalid).
+// Resolves `scenario` on this host. A row whose requirement is unmet gets `unmet`, and one whose
+// schedule cannot run gets `error`; neither has a schedule (their ranks never start).
 Plan ResolvePlan(const scenarios::Scenario& scenario);
 
 // A plan as text (JSON) and back; the text holds the scenario as a one-row suite plus where the

@@ -195,6 +195,7 @@ int RunRank(const Plan& plan, const WorkerOptions& options, std::string& rank) {
     reference::WarmUpDevice(config.train.device);
   }
   if (!plan.unmet.empty()) throw std::runtime_error(plan.unmet);  // `run` skips these; a worker started anyway fails
+  if (!plan.error.empty()) throw std::runtime_error(plan.error);
   auto groups = ConnectRanks(rendezvous, config.world_size, plan.transport, config.train.device,
                              options.rendezvous_timeout_seconds);
   config.replica = groups.replica;

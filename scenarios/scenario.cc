@@ -905,11 +905,23 @@ std::string Configuration(const Scenario& scenario) {
   return fmt::format("{}", fmt::join(pairs, " "));
 }
 
+namespace {
+
+// A cell as the loader reads it back: quoted (quotes doubled) where it holds a comma or a quote.
+std::string CsvCell(const std::string& value) {
+  if (value.find_first_of(",\"") == std::string::npos) return value;
+  std::string quoted = "\"";
+  for (const char c : value) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
+}
+
+}  // namespace
+
 std::string ToCsv(const std::vector<Scenario>& scenarios) {
   std::string text = fmt::format("{}\n", fmt::join(ColumnNames(), ","));
   for (const auto& scenario : scenarios) {
     std::vector<std::string> cells;
-    for (size_t i = 0; i < kColumnCount; ++i) cells.push_back(Columns()[i].format(scenario));
+    for (size_t i = 0; i < kColumnCount; ++i) cells.push_back(CsvCell(Columns()[i].format(scenario)));
     text += fmt::format("{}\n", fmt::join(cells, ","));
   }
   return text;

@@ -32,13 +32,23 @@ void ExpectSameSchedule(const pipeline::Schedule& a, const pipeline::Schedule& b
 
 // Every row of the default suite: through the file and back, the same plan, down to the bit.
 TEST(Plan, ComesBackFromItsFileWhole) {
-  for (const auto& scenario : harness::LoadSuite(kCoreSuite)) {
+  std::vector<scenarios::Scenario> rows = harness::LoadSuite(kCoreSuite);
+  // Another trainer's rows, whose notes hold commas and quotes, and csv: schedules.
+  for (const auto& scenario : harness::LoadSuite(PIPECHECK_SOURCE_DIR "/scenarios/torch-pipelining.csv")) {
+    rows.push_back(scenario);
+  }
+  rows.back().note = "a note, with \"quotes\", and commas";
+  for (const auto& scenario : rows) {
     SCOPED_TRACE(scenario.name);
     const auto plan = harness::ResolvePlan(scenario);
     const auto back = harness::PlanFromJson(harness::PlanToJson(plan), "plan.json");
     EXPECT_EQ(scenarios::ToCsv({back.scenario}), scenarios::ToCsv({plan.scenario}));
     EXPECT_EQ(scenarios::Configuration(back.scenario), scenarios::Configuration(plan.scenario));
     EXPECT_EQ(back.scenario.source, plan.scenario.source);
+    EXPECT_EQ(back.scenario.note, plan.scenario.note);
+    EXPECT_EQ(back.scenario.schedule, plan.scenario.schedule);
+    EXPECT_EQ(back.scenario.trainer_path, plan.scenario.trainer_path);
+    EXPECT_EQ(back.error, plan.error);
     EXPECT_EQ(scenarios::ValuePlace(back.scenario, "seq_len"), scenarios::ValuePlace(plan.scenario, "seq_len"));
     EXPECT_EQ(back.transport, plan.transport);
     EXPECT_EQ(back.deadline_seconds, plan.deadline_seconds);
@@ -57,6 +67,21 @@ TEST(Plan, ComesBackFromItsFileWhole) {
       EXPECT_EQ(back.memory[i].peak_during, plan.memory[i].peak_during);
     }
   }
+}
+
+// A schedule that cannot run is the plan's error, found before any rank starts: the scenario's
+// ERROR row, naming the deadlock.
+TEST(Plan, AScheduleThatCannotRunIsItsError) {
+  auto scenario = harness::LoadSuite(kCoreSuite).front();
+  scenario.world_size = 2;
+  scenario.schedule = "1f1b";
+  scenario.fault = "send_before_recv";
+  const auto plan = harness::ResolvePlan(scenario);
+  EXPECT_NE(plan.error.find("deadlock"), std::string::npos) << plan.error;
+  EXPECT_TRUE(plan.schedule.ranks.empty());
+  const auto report = harness::LaunchScenario(plan, testing::TestLaunchOptions("plan_error"));
+  EXPECT_EQ(report.summary.status, reports::Status::kError);
+  EXPECT_EQ(report.summary.message, plan.error);
 }
 
 TEST(Plan, ASuiteOrBrokenTextIsNotAPlan) {
