@@ -18,7 +18,7 @@
 
 #include "harness/errors.h"
 #include "harness/launcher.h"
-#include "harness/plan.h"
+#include "harness/suite_runner.h"
 #include "harness/parity.h"
 #include "harness/scenario_model.h"
 #include "pipeline/partition.h"
@@ -564,48 +564,36 @@ void PrintMatrix(std::ostream& out, const InvarianceMatrix& matrix) {
 
 namespace {
 
-// Runs every variant as a scenario of its own (ranks save their tensors), printing a line each
-// and rewriting the run reports after each; `failed` counts those that missed their expectation.
-// A SIGINT or SIGTERM ends it: `interrupted` gets the signal, and what ran so far is returned.
+// Runs every variant as a scenario of its own (ranks save their tensors) with the suite runner,
+// each line naming the variant and its axis, the run reports rewritten after each; `failed`
+// counts those that missed their expectation. A SIGINT or SIGTERM ends it: `interrupted` gets the
+// signal, and what ran so far is returned.
 std::vector<reports::ScenarioReport> RunVariants(const std::vector<Variant>& variants, const InvarianceOptions& options,
                                                  std::ostream& out, int& failed, int& interrupted) {
-  LaunchOptions launch;
-  launch.executable = CurrentExecutable();
-  launch.work_directory = (std::filesystem::path(options.out) / "work").string();
-  launch.threads_per_rank = options.threads;
-  launch.worker_args = {"--save-tensors"};
-  launch.timed_steps = 0;  // the variants are compared for their numbers; their speed is not gated
-  InstallInterruptHandlers();
-  std::vector<reports::ScenarioReport> reports;
+  SuiteRunOptions suite;
+  suite.launch.executable = CurrentExecutable();
+  suite.launch.work_directory = (std::filesystem::path(options.out) / "work").string();
+  suite.launch.worker_args = {"--save-tensors"};
+  suite.launch.timed_steps = 0;  // the variants are compared for their numbers; their speed is not gated
+  suite.timeout_seconds = options.timeout_seconds;
+  suite.threads_per_rank = options.threads;  // the same in every variant: the matrix compares their bits
+  std::vector<Scenario> scenarios;
+  std::vector<std::string> labels;
   size_t width = 8;
   for (const auto& variant : variants) width = std::max(width, variant.label.size());
-  for (size_t i = 0; i < variants.size(); ++i) {
-    const auto& scenario = variants[i].scenario;
-    const auto scenario_start = std::chrono::steady_clock::now();
-    reports::ScenarioReport report;
-    try {
-      const Plan plan = ResolvePlan(scenario);  // handed to the variant's ranks: they load no suite
-      launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : plan.deadline_seconds;
-      report = LaunchScenario(plan, launch);
-    } catch (const Interrupted& signal) {
-      fmt::print(out, "\ninterrupted by signal {} during {}\n", signal.signal, scenario.name);
-      interrupted = signal.signal;
-      return reports;
-    } catch (const std::exception& error) {
-      report = FailedScenarioReport(scenario, reports::Status::kError, "launcher: " + ErrorMessage(error));
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - scenario_start).count();
-    const auto& r = report.summary;
-    if (!r.ok) ++failed;
-    fmt::print(out, "[{}/{}] {:<{}} {:<12} {:<7} grad_rel {:>8} {:6.1f} s{}\n", i + 1, variants.size(),
-               variants[i].label, width, variants[i].axis, reports::StatusName(r.status),
-               r.grad_max_rel_err ? Short(*r.grad_max_rel_err) : "-", seconds,
-               r.ok ? "" : "  <- expected " + scenario.expect + ": " + r.message);
-    out.flush();
-    reports.push_back(std::move(report));
-    reports::WriteReports(options.out, reports);
+  for (const auto& variant : variants) {
+    scenarios.push_back(variant.scenario);
+    labels.push_back(fmt::format("{:<{}} {:<12}", variant.label, width, variant.axis));
   }
-  return reports;
+  auto run = RunScenarios(scenarios, labels, suite, out, [&](const std::vector<reports::ScenarioReport>& finished) {
+    reports::WriteReports(options.out, finished);
+  });
+  if (run.interrupted != 0) {
+    fmt::print(out, "\ninterrupted by signal {} during {}\n", run.interrupted, scenarios[run.reports.size()].name);
+  }
+  interrupted = run.interrupted;
+  failed = run.not_ok;
+  return std::move(run.reports);
 }
 
 // The matrix's entries: the reference (trained here) first, then every variant that left its tensors.

@@ -16,7 +16,7 @@
 #include "harness/errors.h"
 #include "harness/launcher.h"
 #include "harness/parity.h"
-#include "harness/plan.h"
+#include "harness/suite_runner.h"
 #include "harness/scenario_model.h"
 #include "reports/csv.h"
 #include "reports/junit.h"
@@ -33,12 +33,6 @@ std::string Short(const std::optional<double>& value, const char* format) {
   if (!value || std::isnan(*value)) return "-";
   if (*value != 0.0 && std::abs(*value) < 1e-99) return "~0";
   return fmt::format(fmt::runtime(format), *value);
-}
-
-size_t NameWidth(const std::vector<std::string>& names) {
-  size_t width = 8;
-  for (const auto& name : names) width = std::max(width, name.size());
-  return width;
 }
 
 void PrintTable(const std::vector<reports::ScenarioReport>& reports, std::ostream& out) {
@@ -94,52 +88,16 @@ void WriteInterruptedCiReports(const RunOptions& options, const std::vector<scen
   WriteCiReports(options, cases, nullptr, out);
 }
 
-// The launch settings every scenario of the run shares.
-LaunchOptions SuiteLaunchOptions(const RunOptions& options) {
-  LaunchOptions launch;
-  launch.executable = CurrentExecutable();
-  launch.work_directory = (std::filesystem::path(options.out) / "work").string();
-  launch.bind_cpus = options.bind_cpus;
-  launch.timed_steps = options.timed_steps;
-  return launch;
-}
-
-// One scenario, planned (plan.h), then launched (or skipped for an unmet requirement) with its own
-// deadline and threads, its progress printed as "[i/n] NAME ... what it is doing"; a failure to
-// plan or launch is its ERROR row. Interrupted propagates.
-reports::ScenarioReport RunScenario(const scenarios::Scenario& scenario, const RunOptions& options,
-                                    LaunchOptions& launch, const std::string& position, size_t name_width,
-                                    std::ostream& out) {
-  // Threads per rank so that the ranks together use the cores this process may use, no more.
-  const int cores = UsableCores();
-  launch.threads_per_rank = options.threads_per_rank > 0 ? options.threads_per_rank
-                                                         : std::max(1, cores / static_cast<int>(scenario.Processes()));
-  const auto start = std::chrono::steady_clock::now();
-  launch.progress = [&](const std::string& line) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    fmt::print(out, "{} {:<{}} ... {} ({:.0f} s)\n", position, scenario.name, name_width, line, elapsed);
-    out.flush();
-  };
-  reports::ScenarioReport report;
-  try {
-    const Plan plan = ResolvePlan(scenario);
-    launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : plan.deadline_seconds;
-    report = plan.unmet.empty()
-                 ? LaunchScenario(plan, launch)
-                 : FailedScenarioReport(scenario, reports::Status::kSkipped, plan.unmet, plan.transport);
-  } catch (const Interrupted&) {
-    throw;
-  } catch (const std::exception& error) {
-    report = FailedScenarioReport(scenario, reports::Status::kError, "launcher: " + ErrorMessage(error));
-  }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report.summary.wall_s = seconds;
-  const auto& r = report.summary;
-  fmt::print(out, "{} {:<{}} {:<7} grad_rel {:>8} pp {:>7} tok/s {:6.1f} s{}\n", position, scenario.name, name_width,
-             reports::StatusName(r.status), Short(r.grad_max_rel_err, "{:.1e}"), Short(r.pp_tokens_per_s, "{:.0f}"),
-             seconds, r.ok ? "" : "  <- expected " + scenario.expect + ": " + r.message);
-  out.flush();
-  return report;
+// The settings every scenario of the run shares.
+SuiteRunOptions SuiteOptions(const RunOptions& options) {
+  SuiteRunOptions suite;
+  suite.launch.executable = CurrentExecutable();
+  suite.launch.work_directory = (std::filesystem::path(options.out) / "work").string();
+  suite.launch.bind_cpus = options.bind_cpus;
+  suite.launch.timed_steps = options.timed_steps;
+  suite.timeout_seconds = options.timeout_seconds;
+  suite.threads_per_rank = options.threads_per_rank;
+  return suite;
 }
 
 // The finished run, as it is in memory, against its baseline (none without one).
@@ -163,7 +121,7 @@ void ReportComparison(const RunOptions& options, const reports::Comparison& comp
 // slows both. The faster run stands in the reports; the notes say both. Returns them by scenario.
 std::map<std::string, std::string> TimeSlowerRowsAgain(const std::vector<scenarios::Scenario>& scenarios,
                                                        const reports::Comparison& comparison,
-                                                       const RunOptions& options, LaunchOptions& launch,
+                                                       const RunOptions& options, SuiteRunOptions& suite,
                                                        size_t name_width, std::vector<reports::ScenarioReport>& reports,
                                                        std::ostream& out) {
   std::map<std::string, std::string> notes;
@@ -180,8 +138,8 @@ std::map<std::string, std::string> TimeSlowerRowsAgain(const std::vector<scenari
   for (size_t n = 0; n < again.size(); ++n) {
     const size_t i = again[n];
     const auto first = reports[i].summary.pp_tokens_per_s;
-    auto second = RunScenario(scenarios[i], options, launch, fmt::format("[again {}/{}]", n + 1, again.size()),
-                              name_width, out);
+    auto second = RunScenario(scenarios[i], scenarios[i].name, suite,
+                              fmt::format("[again {}/{}]", n + 1, again.size()), name_width, out);
     const auto& redone = second.summary;
     if (!redone.ok || redone.status != reports[i].summary.status || !redone.pp_tokens_per_s || !first) {
       notes[scenarios[i].name] = "timed again, but the second run did not pass as the first did: the first kept";
@@ -201,35 +159,30 @@ std::map<std::string, std::string> TimeSlowerRowsAgain(const std::vector<scenari
 
 int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions& options, std::ostream& out) {
   const auto start = std::chrono::steady_clock::now();
-  LaunchOptions launch = SuiteLaunchOptions(options);
+  SuiteRunOptions suite = SuiteOptions(options);
   std::vector<std::string> names;
   for (const auto& scenario : scenarios) names.push_back(scenario.name);
   const size_t name_width = NameWidth(names);
-  std::vector<reports::ScenarioReport> reports;
-  bool wrote_views = false;
-  InstallInterruptHandlers();
   // The previous run's rows go first: an interrupted run must not leave them mixed with its own.
   std::vector<std::string> paths = reports::WriteReports(options.out, {});
-  int not_ok = 0;
-  for (size_t i = 0; i < scenarios.size(); ++i) {
-    try {
-      const std::string position = fmt::format("[{}/{}]", i + 1, scenarios.size());
-      reports.push_back(RunScenario(scenarios[i], options, launch, position, name_width, out));
-    } catch (const Interrupted& interrupted) {
-      fmt::print(out, "\ninterrupted by signal {} during {}: its ranks were ended; the reports hold the {} "
-                      "scenario(s) that finished{}\n",
-                 interrupted.signal, scenarios[i].name, reports.size(),
-                 paths.empty() ? "" : fmt::format(": {}", fmt::join(paths, ", ")));
-      WriteInterruptedCiReports(options, scenarios, i, reports, interrupted.signal, out);
-      return 128 + interrupted.signal;
-    }
-    if (!reports.back().summary.ok) ++not_ok;
-    paths = reports::WriteReports(options.out, reports);
+  bool wrote_views = false;
+  auto run = RunScenarios(scenarios, {}, suite, out, [&](const std::vector<reports::ScenarioReport>& finished) {
+    paths = reports::WriteReports(options.out, finished);
     // A finished scenario's views never change: written once, not with every rewrite of the CSVs.
-    wrote_views = !reports::WriteTimelineViews(options.out, reports.back()).empty() || wrote_views;
+    wrote_views = !reports::WriteTimelineViews(options.out, finished.back()).empty() || wrote_views;
     if (wrote_views) {
       paths.push_back((std::filesystem::path(options.out) / "views").string() + "/SCENARIO/{trace.json,timeline.svg}");
     }
+  });
+  auto& reports = run.reports;
+  const int not_ok = run.not_ok;
+  if (run.interrupted != 0) {
+    fmt::print(out, "\ninterrupted by signal {} during {}: its ranks were ended; the reports hold the {} "
+                    "scenario(s) that finished{}\n",
+               run.interrupted, scenarios[reports.size()].name, reports.size(),
+               paths.empty() ? "" : fmt::format(": {}", fmt::join(paths, ", ")));
+    WriteInterruptedCiReports(options, scenarios, reports.size(), reports, run.interrupted, out);
+    return 128 + run.interrupted;
   }
   PrintTable(reports, out);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -237,7 +190,7 @@ int RunSuite(const std::vector<scenarios::Scenario>& scenarios, const RunOptions
              scenarios.size() - not_ok, not_ok, seconds, fmt::join(paths, ", "));
   auto comparison = Compared(options, reports);
   if (comparison) {
-    const auto again = TimeSlowerRowsAgain(scenarios, *comparison, options, launch, name_width, reports, out);
+    const auto again = TimeSlowerRowsAgain(scenarios, *comparison, options, suite, name_width, reports, out);
     if (!again.empty()) {
       paths = reports::WriteReports(options.out, reports);
       comparison = Compared(options, reports);
