@@ -165,6 +165,69 @@ std::vector<Variant> RunnableVariants(const Scenario& base,
 
 }  // namespace
 
+namespace {
+
+// Variants to try, in the order they are listed: (scenario, partition label, axis).
+class Candidates {
+ public:
+  explicit Candidates(const Scenario& base) : base_(base) {}
+
+  Scenario& Add(int64_t ws, const std::string& schedule, int64_t virtual_stages, const std::string& partition,
+                const std::string& partition_label, int64_t microbatches, const std::string& axis) {
+    Scenario s = base_;
+    s.world_size = ws;
+    s.schedule = schedule;
+    s.virtual_stages = virtual_stages;
+    s.partition = partition;
+    s.microbatches = microbatches;
+    s.transport = "auto";  // each variant's own ranks pick theirs
+    list_.emplace_back(s, partition_label, axis);
+    return std::get<0>(list_.back());
+  }
+  // The base with one thing changed (axis), its shape and partition kept.
+  Scenario& AddBase(const std::string& axis, int64_t microbatches) {
+    return Add(base_.world_size, base_.schedule, base_.virtual_stages, base_.partition, PartitionLabel(base_.partition),
+               microbatches, axis);
+  }
+  std::vector<std::tuple<Scenario, std::string, std::string>> Take() { return std::move(list_); }
+
+ private:
+  const Scenario& base_;
+  std::vector<std::tuple<Scenario, std::string, std::string>> list_;
+};
+
+// The shapes: with --full every world size x schedule x partition; else one axis at a time.
+void AddShapes(const Scenario& base, const InvarianceOptions& options, const std::vector<int64_t>& world_sizes,
+               const std::vector<std::string>& schedules, Candidates& candidates) {
+  if (options.full) {
+    for (const int64_t ws : world_sizes) {
+      for (const auto& schedule : schedules) {
+        const int64_t v = VirtualStagesFor(schedule, base);
+        for (const auto& [label, partition] : PartitionsFor(ws * v, base.layers)) {
+          candidates.Add(ws, schedule, v, partition, label, base.microbatches, "full");
+        }
+      }
+    }
+    return;
+  }
+  // Another shape keeps the base's partition only if it is a rule (uniform, params).
+  const std::string portable = ExplicitPartition(base.partition) ? "uniform" : base.partition;
+  for (const int64_t ws : world_sizes) {
+    candidates.Add(ws, base.schedule, base.virtual_stages, portable, PartitionLabel(portable), base.microbatches,
+                   "world_size");
+  }
+  for (const auto& [label, partition] : PartitionsFor(base.world_size * base.virtual_stages, base.layers)) {
+    candidates.Add(base.world_size, base.schedule, base.virtual_stages, partition, label, base.microbatches,
+                   "partition");
+  }
+  for (const auto& schedule : schedules) {
+    const int64_t v = VirtualStagesFor(schedule, base);
+    candidates.Add(base.world_size, schedule, v, portable, PartitionLabel(portable), base.microbatches, "schedule");
+  }
+}
+
+}  // namespace
+
 std::vector<Variant> InvarianceVariants(const Scenario& base, const InvarianceOptions& options,
                                         std::vector<SkippedVariant>* skipped) {
   std::vector<int64_t> world_sizes = options.world_sizes;
@@ -175,62 +238,17 @@ std::vector<Variant> InvarianceVariants(const Scenario& base, const InvarianceOp
   if (std::find(schedules.begin(), schedules.end(), base.schedule) == schedules.end()) {
     schedules.push_back(base.schedule);  // a csv: schedule, for the base's shape
   }
-  // (scenario, partition label, axis) candidates, in the order they are listed.
-  std::vector<std::tuple<Scenario, std::string, std::string>> candidates;
-  auto with = [&](int64_t ws, const std::string& schedule, int64_t virtual_stages, const std::string& partition,
-                  const std::string& partition_label, int64_t microbatches, const std::string& axis) {
-    Scenario s = base;
-    s.world_size = ws;
-    s.schedule = schedule;
-    s.virtual_stages = virtual_stages;
-    s.partition = partition;
-    s.microbatches = microbatches;
-    s.transport = "auto";  // each variant's own ranks pick theirs
-    candidates.emplace_back(s, partition_label, axis);
-  };
-  const std::string base_partition_label = PartitionLabel(base.partition);
-  // Another shape keeps the base's partition only if it is a rule (uniform, params).
-  const std::string portable = ExplicitPartition(base.partition) ? "uniform" : base.partition;
-  with(base.world_size, base.schedule, base.virtual_stages, base.partition, base_partition_label, base.microbatches,
-       "base");
-  if (options.full) {
-    for (const int64_t ws : world_sizes) {
-      for (const auto& schedule : schedules) {
-        const int64_t v = VirtualStagesFor(schedule, base);
-        for (const auto& [label, partition] : PartitionsFor(ws * v, base.layers)) {
-          with(ws, schedule, v, partition, label, base.microbatches, "full");
-        }
-      }
-    }
-  } else {
-    for (const int64_t ws : world_sizes) {
-      with(ws, base.schedule, base.virtual_stages, portable, PartitionLabel(portable), base.microbatches, "world_size");
-    }
-    for (const auto& [label, partition] : PartitionsFor(base.world_size * base.virtual_stages, base.layers)) {
-      with(base.world_size, base.schedule, base.virtual_stages, partition, label, base.microbatches, "partition");
-    }
-    for (const auto& schedule : schedules) {
-      const int64_t v = VirtualStagesFor(schedule, base);
-      with(base.world_size, schedule, v, portable, PartitionLabel(portable), base.microbatches, "schedule");
-    }
-  }
-  for (const int64_t m : options.microbatches) {
-    with(base.world_size, base.schedule, base.virtual_stages, base.partition, base_partition_label, m, "microbatches");
-  }
+  Candidates candidates(base);
+  candidates.AddBase("base", base.microbatches);
+  AddShapes(base, options, world_sizes, schedules, candidates);
+  for (const int64_t m : options.microbatches) candidates.AddBase("microbatches", m);
   // Replicas of the base's pipeline (data parallelism changes the order of the gradient sum), and
   // the base with recomputation switched (which changes no arithmetic).
   std::vector<int64_t> replica_counts = options.data_parallel;
   if (replica_counts.empty()) replica_counts = {1, 2};
-  for (const int64_t dp : replica_counts) {
-    with(base.world_size, base.schedule, base.virtual_stages, base.partition, base_partition_label, base.microbatches,
-         "data_parallel");
-    std::get<0>(candidates.back()).data_parallel = dp;
-  }
-  with(base.world_size, base.schedule, base.virtual_stages, base.partition, base_partition_label, base.microbatches,
-       "recompute");
-  std::get<0>(candidates.back()).recompute = !base.recompute;
-
-  return RunnableVariants(base, std::move(candidates), skipped);
+  for (const int64_t dp : replica_counts) candidates.AddBase("data_parallel", base.microbatches).data_parallel = dp;
+  candidates.AddBase("recompute", base.microbatches).recompute = !base.recompute;
+  return RunnableVariants(base, candidates.Take(), skipped);
 }
 
 ArithmeticKey ArithmeticOf(const Scenario& scenario) {

@@ -27,6 +27,7 @@
 #include "harness/run.h"
 #include "harness/run_directory.h"
 #include "harness/scenario_model.h"
+#include "harness/schedule_command.h"
 #include "harness/worker.h"
 #include "pipeline/schedule.h"
 #include "pipeline/lowering.h"
@@ -619,99 +620,6 @@ Command AddInvariance(CLI::App& app) {
           }};
 }
 
-struct ScheduleOptions {
-  std::string schedule = "1f1b";
-  std::string csv;
-  std::string csv_format = "compute_only";
-  int stages = 2;
-  int microbatches = 4;
-  int virtual_stages = 1;
-  bool virtual_given = false;
-  bool stages_given = false, microbatches_given = false;  // else the defaults, said in the header
-  double backward_cost = 2.0;
-  bool recompute = false;     // every B and I runs its stage's forward again first
-  int data_parallel = 1;      // replicas, each rank's gradients averaged after its last backward
-  double allreduce_cost = 1.0;
-  int accumulation = 1;       // rounds of the schedule per optimizer step
-};
-
-int PrintSchedule(ScheduleOptions options) {
-  using namespace pipecheck::pipeline;
-  // Without --virtual, the schedule's own default: interleaved, zbv and dualpipev run two stages per rank.
-  const auto* info = FindSchedule(options.schedule);
-  if (!options.virtual_given && info) options.virtual_stages = info->default_virtual_stages;
-  if (!WritableFile(options.csv, "schedule", "--csv")) return kExitBadInput;
-  const PipelineShape shape{options.stages, options.virtual_stages, options.microbatches};
-  const Schedule compute = RepeatRounds(ScheduleByName(options.schedule, shape), options.accumulation);
-  // Said first: lowering and simulating thousands of actions per rank takes seconds.
-  fmt::print("schedule {}: {} ranks{}, {} microbatches{} ({} stages){}\n\n", options.schedule, shape.ranks,
-             options.stages_given ? "" : " (the default: --stages)", shape.microbatches,
-             options.microbatches_given ? "" : " (the default: --microbatches)", shape.stages(),
-             options.accumulation > 1
-                 ? fmt::format("; accumulation: {} rounds per optimizer step, one step's schedule of {} microbatches "
-                               "(round k is microbatches k x {} .. k x {} + {})",
-                               options.accumulation, compute.shape.microbatches, shape.microbatches,
-                               shape.microbatches, shape.microbatches - 1)
-                 : "");
-  std::fflush(stdout);
-  const Schedule lowered = LowerSchedule(compute);
-  CostModel equal;
-  CostModel weighted;
-  weighted.backward = options.backward_cost;
-  weighted.backward_input = weighted.backward_weight = options.backward_cost / 2;  // a split B costs what B does
-  if (options.recompute) {
-    // The forward again at the start of every B and I (the trainer's recompute=1).
-    for (CostModel* costs : {&equal, &weighted}) {
-      costs->backward += costs->forward;
-      costs->backward_input += costs->forward;
-    }
-    fmt::print("recompute: every B and I first runs its stage's forward again (B = {:g}, I = {:g}, W = {:g} with "
-               "F = 1)\n\n", weighted.backward, weighted.backward_input, weighted.backward_weight);
-  }
-  const auto result = ValidateSchedule(lowered, weighted, CommunicationModel::kDeviceStreams);
-  const auto equal_result = ValidateSchedule(lowered, equal, CommunicationModel::kDeviceStreams);
-  const auto streams = Simulate(lowered, SendSemantics::kDeviceStreams, weighted);
-  fmt::print("actions per rank (communication included):\n{}\n", FormatActions(lowered));
-  fmt::print("timeline with F=1, B={:g} (one column per time unit):\n{}\n", weighted.backward,
-             FormatTimeline(lowered, result, weighted));
-  fmt::print("bubble: {:.4f} with F=1, B={:g}; {:.4f} with {} (1F1B's (p-1)/(m+p-1) = {:.4f})\n", result.bubble,
-             weighted.backward, equal_result.bubble, options.recompute ? "F=1, B=2 (equal costs, recomputed)" : "equal costs",
-             static_cast<double>(shape.ranks - 1) / (shape.microbatches + shape.ranks - 1));
-  fmt::print("peak in-flight microbatches per rank: {}\n", fmt::join(result.peak_in_flight, " "));
-  if (options.data_parallel > 1) {
-    // Each rank averages its gradients across the replicas once its last action is done; every
-    // replica runs the same list, so each rank's all-reduce meets its peers' at the same time.
-    double step = 0.0;
-    std::vector<std::string> spans;
-    for (int rank = 0; rank < shape.ranks; ++rank) {
-      const double start = result.finish[rank];
-      step = std::max(step, start + options.allreduce_cost);
-      spans.push_back(fmt::format("rank {} [{:g}, {:g})", rank, start, start + options.allreduce_cost));
-    }
-    fmt::print("data parallel over {} replicas: each rank's gradient all-reduce (cost {:g}) after its last backward: "
-               "{}; step makespan {:g} (the pipeline alone {:g})\n",
-               options.data_parallel, options.allreduce_cost, fmt::join(spans, ", "), step, result.makespan);
-  }
-  std::string formula;
-  if (const auto published = PublishedMakespan(compute.name, compute.shape, weighted, &formula)) {
-    const double busy = std::accumulate(result.busy.begin(), result.busy.end(), 0.0);
-    fmt::print("makespan with F=1, B={:g}: {:g} simulated; published for {}: {} (bubble {:.4f})\n", weighted.backward,
-               result.makespan, compute.name, formula, 1.0 - busy / (shape.ranks * *published));
-  }
-  fmt::print("valid on every transport: gloo and staged (messages wait on the host: makespan {:g} with F=1, B={}), "
-             "nccl (on device streams, one channel per ordered pair of ranks: makespan {:g})\n",
-             result.makespan, weighted.backward, streams.makespan);
-  if (!options.csv.empty()) {
-    const bool comms = options.csv_format == "compute_comms";
-    pipecheck::reports::WriteFileAtomically(options.csv, comms ? ScheduleToCsv(lowered, CsvFormat::kComputeComms)
-                                                               : ScheduleToCsv(compute));
-    fmt::print("wrote {} (PyTorch pipelining's {} CSV{})\n", options.csv, options.csv_format,
-               comms ? ": pipecheck's communication plan, for PyTorch's _PipelineScheduleRuntime to run as written"
-                     : "");
-  }
-  return 0;
-}
-
 // --schedule: a registry name or csv:PATH.
 CLI::Validator ScheduleName() {
   return CLI::Validator(
@@ -725,7 +633,7 @@ CLI::Validator ScheduleName() {
 }
 
 Command AddSchedule(CLI::App& app) {
-  auto options = std::make_shared<ScheduleOptions>();
+  auto options = std::make_shared<pipecheck::harness::ScheduleOptions>();
   auto* command = app.add_subcommand("schedule", "Print a schedule's per-rank actions, timeline and bubble");
   std::string schedule_help = "Schedule: ";
   for (const auto& info : pipecheck::pipeline::ScheduleRegistry()) {
@@ -762,11 +670,12 @@ Command AddSchedule(CLI::App& app) {
                       "The gradient all-reduce's duration relative to a forward (with --data-parallel)")
       ->check(FiniteIn(0.0, 1000, "an all-reduce/forward cost ratio from 0 to 1000"))->capture_default_str();
   return {command, "schedule", [options, virtual_stages, stages, microbatches] {
-            ScheduleOptions given = *options;
+            pipecheck::harness::ScheduleOptions given = *options;
             given.virtual_given = virtual_stages->count() > 0;
             given.stages_given = stages->count() > 0;
             given.microbatches_given = microbatches->count() > 0;
-            return PrintSchedule(given);
+            if (!WritableFile(given.csv, "schedule", "--csv")) return kExitBadInput;
+            return pipecheck::harness::PrintSchedule(given, std::cout);
           }};
 }
 

@@ -646,6 +646,18 @@ std::string MoreFailures(size_t more, const Verdicts& verdicts, double tol) {
                      verdicts.worst_step, verdicts.worst_where, verdicts.grad_max_rel);
 }
 
+// A passing row's message: its worst figures, judge by judge.
+std::string PassMessage(const Verdicts& verdicts, const scenarios::Scenario& scenario) {
+  return fmt::format("worst gradient {} at step {} (rel err {:.3g}); {}weights after each step match the reference's "
+                     "update (worst rel err {:.3g}); {}",
+                     verdicts.worst_param, verdicts.worst_step, verdicts.grad_max_rel,
+                     JudgesAccumulation(scenario)
+                         ? fmt::format("bfloat16 gradients summed as the reference's float32 sums (worst rel err "
+                                       "{:.3g}); ", verdicts.accumulation_max_rel)
+                         : std::string(),
+                     verdicts.update_max_rel, verdicts.trajectory_note);
+}
+
 }  // namespace
 
 bool MeetsExpectation(reports::Status status, const std::string& expect) {
@@ -708,16 +720,8 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   row.worst_param = verdicts.worst_param;
   row.params_checked = static_cast<int64_t>(reference.final_weights.size());
   row.weights_max_rel_err = verdicts.update_max_rel;
-  row.message = failures.empty()
-                       ? fmt::format("worst gradient {} at step {} (rel err {:.3g}); {}weights after each step match "
-                                     "the reference's update (worst rel err {:.3g}); {}",
-                                     verdicts.worst_param, verdicts.worst_step, verdicts.grad_max_rel,
-                                     JudgesAccumulation(scenario)
-                                         ? fmt::format("bfloat16 gradients summed as the reference's float32 sums "
-                                                       "(worst rel err {:.3g}); ", verdicts.accumulation_max_rel)
-                                         : std::string(),
-                                     verdicts.update_max_rel, verdicts.trajectory_note)
-                       : failures.front() + MoreFailures(failures.size() - 1, verdicts, scenario.tol);
+  row.message = failures.empty() ? PassMessage(verdicts, scenario)
+                                 : failures.front() + MoreFailures(failures.size() - 1, verdicts, scenario.tol);
   // A row that should have failed and passed must not read as a success in summary.csv.
   if (status == reports::Status::kPass && scenario.expect == "fail") {
     row.message = "no failure found where one was expected (expect=fail): " + row.message;

@@ -63,6 +63,90 @@ struct Tally {
   }
 };
 
+// A row's needs by place: host memory for cpu rows, each GPU its ranks use for cuda rows.
+class Needs {
+ public:
+  explicit Needs(const scenarios::Scenario& scenario)
+      : gpus_(scenario.device == "cuda" ? std::max(1, reference::CudaDeviceCount()) : 0) {}
+
+  bool OnGpus() const { return gpus_ > 0; }
+  std::string PlaceOf(int64_t rank) const {
+    return gpus_ == 0 ? std::string("host memory") : fmt::format("cuda:{}", rank % gpus_);
+  }
+  Tally& At(const std::string& place) { return tallies[place]; }
+
+  // Each place with what it needs, how that adds up (then `note`) and what it has.
+  std::vector<MemoryNeed> Result(const std::string& note) const;
+  bool Fits() const {
+    for (const auto& need : Result("")) {
+      if (need.needed > static_cast<double>(need.available)) return false;
+    }
+    return true;
+  }
+
+  std::map<std::string, Tally> tallies;
+
+ private:
+  int gpus_;
+};
+
+std::vector<MemoryNeed> Needs::Result(const std::string& note) const {
+  std::vector<MemoryNeed> needs;
+  for (const auto& [place, tally] : tallies) {
+    MemoryNeed need;
+    need.where = place;
+    need.needed = tally.needed;
+    need.detail = fmt::format("{}{}", fmt::join(tally.parts, " + "), note);
+    need.column = tally.column;
+    need.available = place == "host memory" ? AvailableHostBytes() : reference::DeviceTotalBytes(std::stoi(place.substr(5)));
+    needs.push_back(need);
+  }
+  return needs;
+}
+
+// What every run of the row holds whatever its schedule: its processes, and rank 0's copies of
+// every rank's weights and gradients of every step for parity, in the model dtype.
+void AddEveryRunsNeeds(const scenarios::Scenario& scenario, double weights, Needs& needs) {
+  const int64_t processes = scenario.Processes();
+  needs.At("host memory").Add(static_cast<double>(processes) * kProcessOverheadBytes,
+                              fmt::format("{} process{}", processes, processes == 1 ? "" : "es"),
+                              scenario.data_parallel > scenario.world_size ? "data_parallel" : "world_size",
+                              processes == 1 ? "" : fmt::format(" ({} each)", HumanBytes(kProcessOverheadBytes)));
+  needs.At("host memory").Add(weights * static_cast<double>(2 * scenario.steps + 1) *
+                                  static_cast<double>(scenario.data_parallel),
+                              "rank 0's recorded weights and gradients", scenario.steps > 10 ? "steps" : "hidden");
+}
+
+// Each rank's predicted peak at its place; every replica holds what replica 0 does (give or take
+// a sequence of its shard). Many ranks: a sum per place, and the rank that needs the most.
+void AddRankPeaks(const pipeline::PipelineConfig& config, const pipeline::MemoryPrediction& prediction, Needs& needs) {
+  const int ranks = static_cast<int>(prediction.peak_bytes.size());
+  const int64_t all = static_cast<int64_t>(ranks) * config.data_parallel;
+  if (all <= 4) {
+    for (int replica = 0; replica < config.data_parallel; ++replica) {
+      for (int rank = 0; rank < ranks; ++rank) {
+        needs.At(needs.PlaceOf(int64_t{replica} * ranks + rank))
+            .Add(static_cast<double>(prediction.peak_bytes[rank]),
+                 fmt::format("{}rank {}", config.data_parallel > 1 ? fmt::format("replica {} ", replica) : "", rank),
+                 "batch");
+      }
+    }
+    return;
+  }
+  std::map<std::string, std::pair<double, int64_t>> per_place;  // bytes, ranks
+  for (int64_t index = 0; index < all; ++index) {
+    auto& [bytes, count] = per_place[needs.PlaceOf(index)];
+    bytes += static_cast<double>(prediction.peak_bytes[index % ranks]);
+    ++count;
+  }
+  const auto most = std::max_element(prediction.peak_bytes.begin(), prediction.peak_bytes.end());
+  for (const auto& [place, sum] : per_place) {
+    needs.At(place).Add(sum.first, fmt::format("{} ranks (the most: rank {}, {})", sum.second,
+                                               most - prediction.peak_bytes.begin(),
+                                               HumanBytes(static_cast<double>(*most))), "batch");
+  }
+}
+
 }  // namespace
 
 std::string HumanBytes(double bytes) {
@@ -95,50 +179,18 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
   // schedule that deadlocks, which the run itself must show, not this check.
   auto config = ToPipelineConfig(scenario);
   config.fault = "none";
-  const auto& model = config.train.model;
   const double element = static_cast<double>(c10::elementSize(config.train.dtype));
-  const double weights = static_cast<double>(model.ParameterCount()) * element;
-  const int gpus = scenario.device == "cuda" ? std::max(1, reference::CudaDeviceCount()) : 0;
-  auto place_of = [&](int64_t rank) {
-    return gpus == 0 ? std::string("host memory") : fmt::format("cuda:{}", rank % gpus);
-  };
-  std::map<std::string, Tally> tallies;
-  auto result = [&](const std::string& floor_note) {
-    std::vector<MemoryNeed> needs;
-    for (auto& [place, tally] : tallies) {
-      MemoryNeed need;
-      need.where = place;
-      need.needed = tally.needed;
-      need.detail = fmt::format("{}{}", fmt::join(tally.parts, " + "), floor_note);
-      need.column = tally.column;
-      need.available = place == "host memory" ? AvailableHostBytes() : reference::DeviceTotalBytes(std::stoi(place.substr(5)));
-      needs.push_back(need);
-    }
-    return needs;
-  };
-  auto fits = [&] {
-    for (const auto& need : result("")) {
-      if (need.needed > static_cast<double>(need.available)) return false;
-    }
-    return true;
-  };
-  // What every run of the row holds whatever its schedule: its processes, and rank 0's copies of
-  // every rank's weights and gradients of every step for parity, in the model dtype.
-  const int64_t processes = scenario.Processes();
-  tallies["host memory"].Add(static_cast<double>(processes) * kProcessOverheadBytes,
-                             fmt::format("{} process{}", processes, processes == 1 ? "" : "es"),
-                             scenario.data_parallel > scenario.world_size ? "data_parallel" : "world_size",
-                             processes == 1 ? "" : fmt::format(" ({} each)", HumanBytes(kProcessOverheadBytes)));
-  tallies["host memory"].Add(weights * static_cast<double>(2 * scenario.steps + 1) * static_cast<double>(scenario.data_parallel),
-                             "rank 0's recorded weights and gradients", scenario.steps > 10 ? "steps" : "hidden");
+  const double weights = static_cast<double>(config.train.model.ParameterCount()) * element;
+  Needs needs(scenario);
+  AddEveryRunsNeeds(scenario, weights, needs);
 
   // First a floor in floating point: the pipeline's weights and the reference's weights and
   // whole-batch activations. Too big already, the row is refused on it; else every figure the
   // exact model sums stays far inside int64.
-  std::map<std::string, Tally> exact = tallies;
-  if (gpus == 0) {
-    tallies["host memory"].Add(weights * static_cast<double>(scenario.data_parallel),
-                               config.data_parallel > 1 ? "the replicas' weights" : "the pipeline's weights", "hidden");
+  const auto exact = needs.tallies;
+  if (!needs.OnGpus()) {
+    needs.At("host memory").Add(weights * static_cast<double>(scenario.data_parallel),
+                                config.data_parallel > 1 ? "the replicas' weights" : "the pipeline's weights", "hidden");
   }
   // The reference's part grows with the sequences' length where attention's scores are most of
   // it (t squared), else with the batch, or with the width where its weights are.
@@ -146,52 +198,27 @@ std::vector<MemoryNeed> MemoryNeeds(const scenarios::Scenario& scenario) {
   const std::string grows_with = floor.weights > floor.activations ? "hidden"
                                  : 2 * floor.attention > floor.activations ? "seq_len"
                                                                            : "batch";
-  tallies[place_of(0)].Add(floor.total(), "the reference's weights and whole-batch activations", grows_with);
+  needs.At(needs.PlaceOf(0)).Add(floor.total(), "the reference's weights and whole-batch activations", grows_with);
   constexpr const char* kFloor = "; a floor from the memory model's terms";
-  if (!fits()) return result(kFloor);
+  if (!needs.Fits()) return needs.Result(kFloor);
   const int64_t per_step = ActionsPerStep(config);
   if (2 * per_step > kSizingActions) {
-    return result(fmt::format("{}, the schedule's {} actions a step being too many to walk here", kFloor, per_step));
+    return needs.Result(fmt::format("{}, the schedule's {} actions a step being too many to walk here", kFloor, per_step));
   }
 
   // The memory model, over as many steps as kSizingActions allows (2 at least: the first step
   // creates the optimizer state), each rank's peak and the reference's.
   config.train.steps = std::min<int64_t>(config.train.steps, std::max<int64_t>(2, kSizingActions / per_step));
   const auto schedule = pipeline::LoweredScheduleWithin(config, kLoweringBudget);
-  if (!schedule) return result(fmt::format("{}, the schedule's lowering being too long a search here", kFloor));
+  if (!schedule) return needs.Result(fmt::format("{}, the schedule's lowering being too long a search here", kFloor));
   const auto prediction = pipeline::PredictMemory(config, *schedule);
   auto whole = ReferenceConfig(config);
   const int64_t reference = pipeline::PredictMemory(whole, *pipeline::LoweredScheduleWithin(whole, -1)).peak_bytes.at(0);
-  tallies = exact;
-  // Every replica holds what replica 0 does (give or take a sequence of its shard).
-  const int ranks = static_cast<int>(prediction.peak_bytes.size());
-  const int64_t all = static_cast<int64_t>(ranks) * config.data_parallel;
-  if (all <= 4) {
-    for (int replica = 0; replica < config.data_parallel; ++replica) {
-      for (int rank = 0; rank < ranks; ++rank) {
-        tallies[place_of(int64_t{replica} * ranks + rank)].Add(
-            static_cast<double>(prediction.peak_bytes[rank]),
-            fmt::format("{}rank {}", config.data_parallel > 1 ? fmt::format("replica {} ", replica) : "", rank), "batch");
-      }
-    }
-  } else {
-    // Many ranks: a sum per place, and the rank that needs the most.
-    std::map<std::string, std::pair<double, int64_t>> per_place;  // bytes, ranks
-    for (int64_t index = 0; index < all; ++index) {
-      auto& [bytes, count] = per_place[place_of(index)];
-      bytes += static_cast<double>(prediction.peak_bytes[index % ranks]);
-      ++count;
-    }
-    const auto most = std::max_element(prediction.peak_bytes.begin(), prediction.peak_bytes.end());
-    for (const auto& [place, sum] : per_place) {
-      tallies[place].Add(sum.first, fmt::format("{} ranks (the most: rank {}, {})", sum.second,
-                                                most - prediction.peak_bytes.begin(),
-                                                HumanBytes(static_cast<double>(*most))), "batch");
-    }
-  }
+  needs.tallies = exact;
+  AddRankPeaks(config, prediction, needs);
   // The reference trains on rank 0's device after the pipeline, beside the pipeline's stages.
-  tallies[place_of(0)].Add(static_cast<double>(reference), "the reference", grows_with);
-  return result(", predicted by the memory model");
+  needs.At(needs.PlaceOf(0)).Add(static_cast<double>(reference), "the reference", grows_with);
+  return needs.Result(", predicted by the memory model");
 }
 
 std::string MemoryProblem(const scenarios::Scenario& scenario) { return MemoryRefusalOf(scenario).why; }

@@ -76,8 +76,8 @@ struct FaultInfo {
 };
 
 // Every fault, "none" (the correct pipeline) first: the only list. A new fault is its class in
-// faults.cc plus its entry here (name, summary, factory, the message it is caught with), and a
-// row of scenarios/faults.csv that exposes it.
+// faults.cc plus its line in faults.cc's table (name, summary, factory, the message it is caught
+// with), and a row of scenarios/faults.csv that exposes it.
 const std::vector<FaultInfo>& FaultRegistry();
 
 // The registry's names, in order.

@@ -271,58 +271,89 @@ Schedule EmptyVSchedule(const std::string& name, const PipelineShape& shape) {
 
 }  // namespace
 
+namespace {
+
+// ZB-V's greedy placement, tick by tick: what has run on which stage, and what each rank runs next.
+class ZeroBubbleV {
+ public:
+  static constexpr int kKinds = 3;  // F, I, W: each (stage, kind) runs its microbatches in order
+
+  ZeroBubbleV(int ranks, int microbatches)
+      : p_(ranks), m_(microbatches), last_(2 * ranks - 1),
+        finished_(kKinds, std::vector<std::vector<int>>(last_ + 1, std::vector<int>(m_, -1))),
+        next_(kKinds, std::vector<int>(last_ + 1, 0)), held_(p_, 0) {}
+
+  // (kind, stage) rank `rank` runs at `tick`: an I of the older ready microbatch of its two
+  // stages first, else an F (the upper stage's first) while it holds fewer than 2p activations,
+  // else a W; stage -1 when nothing is ready.
+  std::pair<int, int> Choose(int rank, int tick) const {
+    const int upper = 2 * p_ - 1 - rank, lower = rank;  // the V's two stages here, upper first
+    int kind = 1, stage = Oldest(1, upper, lower, tick);
+    if (stage < 0 && held_[rank] < 2 * p_) {
+      kind = 0;
+      stage = Ready(0, upper, tick) >= 0 ? upper : (Ready(0, lower, tick) >= 0 ? lower : -1);
+    }
+    if (stage < 0) {
+      kind = 2;
+      stage = Oldest(2, upper, lower, tick);
+    }
+    return {stage < 0 ? -1 : kind, stage};
+  }
+
+  // Runs (kind, stage)'s next microbatch on `rank`, ending at tick + 1; returns the microbatch.
+  int Run(int rank, int kind, int stage, int tick) {
+    const int mb = next_[kind][stage]++;
+    finished_[kind][stage][mb] = tick + 1;
+    held_[rank] += kind == 0 ? 1 : (kind == 2 ? -1 : 0);
+    return mb;
+  }
+
+ private:
+  bool DoneBy(int kind, int stage, int mb, int tick) const {
+    return finished_[kind][stage][mb] >= 0 && finished_[kind][stage][mb] <= tick;
+  }
+  // The stage's next microbatch of `kind` if its inputs are done by `tick`, or -1.
+  int Ready(int kind, int stage, int tick) const {
+    const int mb = next_[kind][stage];
+    if (mb >= m_) return -1;
+    bool ok = false;
+    if (kind == 0) ok = stage == 0 || DoneBy(0, stage - 1, mb, tick);
+    if (kind == 1) ok = DoneBy(0, stage, mb, tick) && (stage == last_ || DoneBy(1, stage + 1, mb, tick));
+    if (kind == 2) ok = DoneBy(1, stage, mb, tick);
+    return ok ? mb : -1;
+  }
+  // The ready one of the two stages with the older microbatch, or -1.
+  int Oldest(int kind, int upper, int lower, int tick) const {
+    const int a = Ready(kind, upper, tick), b = Ready(kind, lower, tick);
+    if (a < 0 && b < 0) return -1;
+    return (b < 0 || (a >= 0 && a <= b)) ? upper : lower;
+  }
+
+  int p_, m_, last_;
+  std::vector<std::vector<std::vector<int>>> finished_;  // [kind][stage][mb]: the tick it ends, -1 not run
+  std::vector<std::vector<int>> next_;                   // [kind][stage]: its next microbatch
+  std::vector<int> held_;                                // per rank: stage-microbatches between F and W
+};
+
+}  // namespace
+
 Schedule ZeroBubbleVSchedule(const PipelineShape& shape) {
   Schedule schedule = EmptyVSchedule("zbv", shape);
-  const PipelineShape& v_shape = schedule.shape;
-  const int p = v_shape.ranks, m = v_shape.microbatches, last = v_shape.stages() - 1;
-  constexpr int kKinds = 3;  // F, I, W: each (stage, kind) runs its microbatches in order
-  const ActionKind kinds[kKinds] = {ActionKind::kForward, ActionKind::kBackwardInput, ActionKind::kBackwardWeight};
-  // finished[kind][stage][mb]: the tick the action ends, or -1 while it has not run.
-  std::vector<std::vector<std::vector<int>>> finished(kKinds, std::vector<std::vector<int>>(last + 1, std::vector<int>(m, -1)));
-  std::vector<std::vector<int>> next(kKinds, std::vector<int>(last + 1, 0));  // next microbatch per (kind, stage)
-  auto done_by = [&](int kind, int stage, int mb, int tick) {
-    return finished[kind][stage][mb] >= 0 && finished[kind][stage][mb] <= tick;
-  };
-  auto ready = [&](int kind, int stage, int tick) {  // the stage's next microbatch of `kind`, or -1
-    const int mb = next[kind][stage];
-    if (mb >= m) return -1;
-    bool ok = false;
-    if (kind == 0) ok = stage == 0 || done_by(0, stage - 1, mb, tick);
-    if (kind == 1) ok = done_by(0, stage, mb, tick) && (stage == last || done_by(1, stage + 1, mb, tick));
-    if (kind == 2) ok = done_by(1, stage, mb, tick);
-    return ok ? mb : -1;
-  };
-  std::vector<int> held(p, 0);  // stage-microbatches between F and W, per rank
-  const int total = kKinds * (last + 1) * m;
+  const int p = schedule.shape.ranks, m = schedule.shape.microbatches;
+  const ActionKind kinds[ZeroBubbleV::kKinds] = {ActionKind::kForward, ActionKind::kBackwardInput,
+                                                 ActionKind::kBackwardWeight};
+  ZeroBubbleV placement(p, m);
+  const int total = ZeroBubbleV::kKinds * schedule.shape.stages() * m;
   int scheduled = 0;
   for (int tick = 0; scheduled < total; ++tick) {
     std::vector<std::pair<int, int>> chosen;  // (kind, stage) per rank that runs this tick
-    for (int rank = 0; rank < p; ++rank) {
-      const int upper = 2 * p - 1 - rank, lower = rank;  // the V's two stages here, upper first
-      auto oldest = [&](int kind) {  // the ready one of the two with the older microbatch
-        const int a = ready(kind, upper, tick), b = ready(kind, lower, tick);
-        if (a < 0 && b < 0) return -1;
-        return (b < 0 || (a >= 0 && a <= b)) ? upper : lower;
-      };
-      int kind = 1, stage = oldest(1);
-      if (stage < 0 && held[rank] < 2 * p) {
-        kind = 0;
-        stage = ready(0, upper, tick) >= 0 ? upper : (ready(0, lower, tick) >= 0 ? lower : -1);
-      }
-      if (stage < 0) {
-        kind = 2;
-        stage = oldest(2);
-      }
-      chosen.push_back({stage < 0 ? -1 : kind, stage});
-    }
+    for (int rank = 0; rank < p; ++rank) chosen.push_back(placement.Choose(rank, tick));
     bool progressed = false;
     for (int rank = 0; rank < p; ++rank) {
       const auto [kind, stage] = chosen[rank];
       if (stage < 0) continue;
-      const int mb = next[kind][stage]++;
-      finished[kind][stage][mb] = tick + 1;
+      const int mb = placement.Run(rank, kind, stage, tick);
       schedule.ranks[rank].push_back({kinds[kind], stage, mb});
-      held[rank] += kind == 0 ? 1 : (kind == 2 ? -1 : 0);
       ++scheduled;
       progressed = true;
     }

@@ -50,16 +50,15 @@ std::string At(int rank, size_t index, const Action& action) {
   return fmt::format("rank {} step {} ({})", rank, index, action.ToString());
 }
 
-// Checks that need no execution: placement, ranges, duplicates, completeness, message pairs
-// and same-rank ordering. Returns "" or the first problem. One list of independent rules, read
-// top to bottom, each its few lines, in the order a problem is reported.
-std::string CheckStatically(const Schedule& schedule) {
-  const auto& shape = schedule.shape;
-  if (static_cast<int>(schedule.ranks.size()) != shape.ranks) {
-    return fmt::format("schedule has {} rank lists for {} ranks", schedule.ranks.size(), shape.ranks);
-  }
+// Where each action sits, and which rank sends and receives each message.
+struct Placed {
   std::map<Key, std::pair<int, size_t>> where;  // action -> (rank, index)
   std::map<Message, int> sends, recvs;          // message -> rank
+};
+
+// Each action on its stage's rank, in range, once.
+std::string PlacementProblem(const Schedule& schedule, Placed& placed) {
+  const auto& shape = schedule.shape;
   for (int rank = 0; rank < shape.ranks; ++rank) {
     for (size_t i = 0; i < schedule.ranks[rank].size(); ++i) {
       const Action& a = schedule.ranks[rank][i];
@@ -70,15 +69,20 @@ std::string CheckStatically(const Schedule& schedule) {
       if (shape.RankOfStage(a.stage) != rank) {
         return fmt::format("{}: stage {} runs on rank {}", At(rank, i, a), a.stage, shape.RankOfStage(a.stage));
       }
-      auto [previous, inserted] = where.emplace(KeyOf(a), std::make_pair(rank, i));
+      auto [previous, inserted] = placed.where.emplace(KeyOf(a), std::make_pair(rank, i));
       if (!inserted) return fmt::format("{}: repeated (first at step {})", At(rank, i, a), previous->second.second);
-      if (a.IsSend()) sends[MessageOf(a)] = rank;
-      if (a.IsRecv()) recvs[MessageOf(a)] = rank;
+      if (a.IsSend()) placed.sends[MessageOf(a)] = rank;
+      if (a.IsRecv()) placed.recvs[MessageOf(a)] = rank;
     }
   }
+  return "";
+}
+
+// Every stage's microbatches forwarded and backwarded (whole or split, not both), in order.
+std::string CompletenessProblem(const PipelineShape& shape, const Placed& placed) {
   auto index_of = [&](ActionKind kind, int stage, int mb) -> std::optional<size_t> {
-    auto found = where.find(KeyOf(kind, stage, mb));
-    if (found == where.end()) return std::nullopt;
+    auto found = placed.where.find(KeyOf(kind, stage, mb));
+    if (found == placed.where.end()) return std::nullopt;
     return found->second.second;
   };
   for (int stage = 0; stage < shape.stages(); ++stage) {
@@ -107,21 +111,39 @@ std::string CheckStatically(const Schedule& schedule) {
       }
     }
   }
-  for (const auto& [message, rank] : sends) {
-    if (!recvs.count(message)) {
+  return "";
+}
+
+// Every send received and every receive sent.
+std::string MessagePairProblem(const Placed& placed) {
+  for (const auto& [message, rank] : placed.sends) {
+    if (!placed.recvs.count(message)) {
       const bool activation = message.direction == Direction::kActivation;
       return fmt::format("rank {}: a send of stage {}'s {} for microbatch {} has no matching receive", rank,
                          message.FromStage(), activation ? "activation" : "gradient", message.microbatch);
     }
   }
-  for (const auto& [message, rank] : recvs) {
-    if (!sends.count(message)) {
+  for (const auto& [message, rank] : placed.recvs) {
+    if (!placed.sends.count(message)) {
       const bool activation = message.direction == Direction::kActivation;
       return fmt::format("rank {}: a receive of stage {}'s {} for microbatch {} has no matching send", rank,
                          message.stage, activation ? "input" : "output gradient", message.microbatch);
     }
   }
   return "";
+}
+
+// Checks that need no execution: placement, ranges, duplicates, completeness, message pairs
+// and same-rank ordering. Returns "" or the first problem, in the order the rules are listed.
+std::string CheckStatically(const Schedule& schedule) {
+  if (static_cast<int>(schedule.ranks.size()) != schedule.shape.ranks) {
+    return fmt::format("schedule has {} rank lists for {} ranks", schedule.ranks.size(), schedule.shape.ranks);
+  }
+  Placed placed;
+  std::string problem = PlacementProblem(schedule, placed);
+  if (problem.empty()) problem = CompletenessProblem(schedule.shape, placed);
+  if (problem.empty()) problem = MessagePairProblem(placed);
+  return problem;
 }
 
 // Lockstep execution state.
@@ -391,77 +413,96 @@ class DeviceStreams {
     std::vector<size_t> started;  // messages started whose other end may not have
   };
 
-  // One pass over every rank; true when some time became known. Long on purpose: it is one step
-  // of a fixed-point iteration whose parts (the queued messages, the walk down the list, the
-  // messages whose other end has started) share the walk's state, and it reads best in one piece
-  // beside the stream model it implements (simulator.h, kDeviceStreams).
+  // One pass over every rank; true when some time became known: one step of a fixed-point
+  // iteration over the stream model (simulator.h, kDeviceStreams). Each rank starts the messages
+  // queued behind a finished one, then walks on down its list; then every message whose two ends
+  // have started is done.
   bool Pass() {
+    if (walks_.empty()) walks_.resize(schedule_.shape.ranks);
     bool changed = false;
-    const auto& shape = schedule_.shape;
-    if (walks_.empty()) walks_.resize(shape.ranks);
-    const auto learn = [&changed](std::optional<double>& slot, double value) {
-      if (slot) return;
-      slot = value;
-      changed = true;
-    };
-    for (int r = 0; r < shape.ranks; ++r) {
-      const auto& actions = schedule_.ranks[r];
-      Walk& walk = walks_[r];
-      // Messages queued behind their channel's previous one start once it is done.
-      auto& queued = walk.queued;
-      for (auto it = queued.begin(); it != queued.end();) {
-        const auto [index, frontier, before] = *it;
-        if (!done_[r][before]) {
-          ++it;
-          continue;
-        }
-        learn(start_[r][index], std::max(frontier, *done_[r][before]));
-        walk.started.push_back(index);
-        it = queued.erase(it);
-      }
-      for (; walk.next < actions.size(); ++walk.next) {
-        const size_t i = walk.next;
-        const Action& a = actions[i];
-        if (a.IsCompute()) {
-          double ready = walk.frontier;
-          const auto input = InputOf(r, i);
-          if (input) {
-            if (!done_[r][*input]) break;  // the compute stream stops here, and everything after it
-            ready = std::max(ready, *done_[r][*input]);
-          }
-          learn(start_[r][i], ready);
-          walk.frontier = ready + CostAt(schedule_, costs_, r, i);
-          continue;
-        }
-        const int peer = PeerOf(shape, a);
-        if (a.IsSend()) {
-          // The executor waits for the previous message to the same peer and direction before it
-          // sends the next: on a GPU the compute stream waits for that send's end.
-          const std::pair<int, bool> key{peer, a.kind == ActionKind::kSendForward};
-          const auto previous = walk.last_send.find(key);
-          if (previous != walk.last_send.end()) {
-            if (!done_[r][previous->second]) break;
-            walk.frontier = std::max(walk.frontier, *done_[r][previous->second]);
-          }
-          walk.last_send[key] = i;
-        }
-        // Issued now: its channel's stream takes it once the compute stream has done everything
-        // issued before it and the channel's previous message is done.
-        const std::pair<int, bool> channel{peer, a.IsSend()};
-        const auto last = walk.channel_last.find(channel);
-        const std::optional<size_t> before =
-            last == walk.channel_last.end() ? std::nullopt : std::optional<size_t>(last->second);
-        walk.channel_last[channel] = i;
-        if (before && !done_[r][*before]) {
-          queued.emplace_back(i, walk.frontier, *before);  // later messages on this channel wait; others do not
-          continue;
-        }
-        learn(start_[r][i], before ? std::max(walk.frontier, *done_[r][*before]) : walk.frontier);
-        walk.started.push_back(i);
-      }
+    for (int r = 0; r < schedule_.shape.ranks; ++r) {
+      changed = StartQueued(r) || changed;
+      changed = WalkOn(r) || changed;
     }
-    // A message is done once both its ends have started.
-    for (int r = 0; r < shape.ranks; ++r) {
+    return FinishMessages() || changed;
+  }
+
+  // Sets a time not known yet; true when it was not.
+  static bool Learn(std::optional<double>& slot, double value) {
+    if (slot) return false;
+    slot = value;
+    return true;
+  }
+
+  // Messages queued behind their channel's previous one start once it is done.
+  bool StartQueued(int r) {
+    bool changed = false;
+    Walk& walk = walks_[r];
+    for (auto it = walk.queued.begin(); it != walk.queued.end();) {
+      const auto [index, frontier, before] = *it;
+      if (!done_[r][before]) {
+        ++it;
+        continue;
+      }
+      changed = Learn(start_[r][index], std::max(frontier, *done_[r][before])) || changed;
+      walk.started.push_back(index);
+      it = walk.queued.erase(it);
+    }
+    return changed;
+  }
+
+  // Rank r's walk down its list from where it stopped, until an action waits on an unknown time.
+  bool WalkOn(int r) {
+    bool changed = false;
+    const auto& actions = schedule_.ranks[r];
+    Walk& walk = walks_[r];
+    for (; walk.next < actions.size(); ++walk.next) {
+      const size_t i = walk.next;
+      const Action& a = actions[i];
+      if (a.IsCompute()) {
+        double ready = walk.frontier;
+        const auto input = InputOf(r, i);
+        if (input) {
+          if (!done_[r][*input]) break;  // the compute stream stops here, and everything after it
+          ready = std::max(ready, *done_[r][*input]);
+        }
+        changed = Learn(start_[r][i], ready) || changed;
+        walk.frontier = ready + CostAt(schedule_, costs_, r, i);
+        continue;
+      }
+      const int peer = PeerOf(schedule_.shape, a);
+      if (a.IsSend()) {
+        // The executor waits for the previous message to the same peer and direction before it
+        // sends the next: on a GPU the compute stream waits for that send's end.
+        const std::pair<int, bool> key{peer, a.kind == ActionKind::kSendForward};
+        const auto previous = walk.last_send.find(key);
+        if (previous != walk.last_send.end()) {
+          if (!done_[r][previous->second]) break;
+          walk.frontier = std::max(walk.frontier, *done_[r][previous->second]);
+        }
+        walk.last_send[key] = i;
+      }
+      // Issued now: its channel's stream takes it once the compute stream has done everything
+      // issued before it and the channel's previous message is done.
+      const std::pair<int, bool> channel{peer, a.IsSend()};
+      const auto last = walk.channel_last.find(channel);
+      const std::optional<size_t> before =
+          last == walk.channel_last.end() ? std::nullopt : std::optional<size_t>(last->second);
+      walk.channel_last[channel] = i;
+      if (before && !done_[r][*before]) {
+        walk.queued.emplace_back(i, walk.frontier, *before);  // later messages on this channel wait; others do not
+        continue;
+      }
+      changed = Learn(start_[r][i], before ? std::max(walk.frontier, *done_[r][*before]) : walk.frontier) || changed;
+      walk.started.push_back(i);
+    }
+    return changed;
+  }
+
+  // A message is done once both its ends have started.
+  bool FinishMessages() {
+    bool changed = false;
+    for (int r = 0; r < schedule_.shape.ranks; ++r) {
       auto& started = walks_[r].started;
       for (auto it = started.begin(); it != started.end();) {
         const auto& [peer, index] = other_end_[r][*it];
@@ -473,7 +514,7 @@ class DeviceStreams {
           ++it;
           continue;
         }
-        learn(done_[r][*it], std::max(*start_[r][*it], *start_[peer][index]));
+        changed = Learn(done_[r][*it], std::max(*start_[r][*it], *start_[peer][index])) || changed;
         it = started.erase(it);
       }
     }

@@ -63,9 +63,62 @@ std::string Arrow(const std::string& percent) {
   }
 }
 
+namespace {
+
+// The comparison's row of each scenario compared.
+using Compared = std::map<std::string, const ComparisonRow*>;
+
+const ComparisonRow* RowOf(const Compared& compared, const std::string& scenario) {
+  const auto found = compared.find(scenario);
+  return found == compared.end() ? nullptr : found->second;
+}
+
+// The failures first, each with its message; then the comparison's warnings (a drop that could
+// not be gated, a parity error that grew).
+std::string Problems(const std::vector<ScenarioReport>& reports, const Compared& compared) {
+  std::string text;
+  for (const auto& report : reports) {
+    const SummaryRow& r = report.summary;
+    const ComparisonRow* row = RowOf(compared, r.scenario);
+    const bool regressed = row != nullptr && Fails(*row);
+    if (r.ok && !regressed) continue;
+    text += fmt::format("- ❌ **{}**", Cell(r.scenario));
+    if (!r.ok) text += fmt::format(" (expected {}, got {}): {}", r.expect, StatusName(r.status), Cell(r.message, 600));
+    if (regressed) text += fmt::format("{}regression: {}", r.ok ? ": " : "; ", Cell(row->notes, 600));
+    text += "\n";
+  }
+  for (const auto& report : reports) {
+    const ComparisonRow* row = RowOf(compared, report.summary.scenario);
+    if (row == nullptr || row->verdict != "warning") continue;
+    text += fmt::format("- ⚠️ **{}**: {}\n", Cell(report.summary.scenario), Cell(row->notes, 600));
+  }
+  return text;
+}
+
+// One scenario's line of the table; `row` its comparison (null: none), `compared` whether the
+// table has the comparison's columns.
+std::string TableLine(const SummaryRow& r, const ComparisonRow* row, bool compared) {
+  const char* mark = Mark(!r.ok || (row && Fails(*row)), row && row->verdict == "warning");
+  // Another trainer's row says whose it is, beside pipecheck's rows on the same work.
+  std::string who = r.trainer == "pipecheck" ? "" : fmt::format(" ({})", Cell(r.trainer));
+  // The layout beside the name: replicas and recomputation change what the row measures.
+  if (r.data_parallel > 1) who += fmt::format(" ×{} replicas", r.data_parallel);
+  if (r.recompute) who += " (recompute)";
+  if (r.accumulation > 1) who += fmt::format(" ×{} rounds", r.accumulation);
+  std::string text = fmt::format("| {} | {}{} | {} | {} | {} | {} ", mark, Cell(r.scenario), who, StatusName(r.status),
+                                 Number(r.loss_max_abs_diff, "{:.1e}"), Number(r.grad_max_rel_err, "{:.1e}"),
+                                 Number(r.pp_tokens_per_s, "{:.0f}"));
+  if (!compared) return text + fmt::format("| {} |\n", Bytes(r.pp_peak_bytes_max));
+  return text + fmt::format("| {} | {} | {} | {} |\n", row ? Arrow(row->throughput_change) : "",
+                            row ? Cell(row->throughput_limit) : "", Bytes(r.pp_peak_bytes_max),
+                            row ? Arrow(row->memory_change) : "");
+}
+
+}  // namespace
+
 std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioReport>& reports,
                         const Comparison* comparison, const std::string& baseline) {
-  std::map<std::string, const ComparisonRow*> compared;
+  Compared compared;
   if (comparison) {
     for (const auto& row : comparison->rows) compared[row.scenario] = &row;
   }
@@ -81,23 +134,7 @@ std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioRepo
   }
   text += "\n\n";
   if (comparison && comparison->left_out > 0) text += Cell(LeftOutNote(*comparison), 600) + "\n\n";
-  // The failures first, each with its message.
-  for (const auto& report : reports) {
-    const SummaryRow& r = report.summary;
-    const auto found = compared.find(r.scenario);
-    const bool regressed = found != compared.end() && Fails(*found->second);
-    if (r.ok && !regressed) continue;
-    text += fmt::format("- ❌ **{}**", Cell(r.scenario));
-    if (!r.ok) text += fmt::format(" (expected {}, got {}): {}", r.expect, StatusName(r.status), Cell(r.message, 600));
-    if (regressed) text += fmt::format("{}regression: {}", r.ok ? ": " : "; ", Cell(found->second->notes, 600));
-    text += "\n";
-  }
-  // Then the comparison's warnings (a drop that could not be gated, a parity error that grew).
-  for (const auto& report : reports) {
-    const auto found = compared.find(report.summary.scenario);
-    if (found == compared.end() || found->second->verdict != "warning") continue;
-    text += fmt::format("- ⚠️ **{}**: {}\n", Cell(report.summary.scenario), Cell(found->second->notes, 600));
-  }
+  text += Problems(reports, compared);
   if (failed || warnings > 0) text += "\n";
   if (comparison) {
     text += "| | scenario | status | loss diff | grad rel err | tokens/s | vs baseline | limit | peak memory | vs baseline |\n";
@@ -107,26 +144,7 @@ std::string RunMarkdown(const std::string& suite, const std::vector<ScenarioRepo
     text += "|---|---|---|---:|---:|---:|---:|\n";
   }
   for (const auto& report : reports) {
-    const SummaryRow& r = report.summary;
-    const auto found = compared.find(r.scenario);
-    const ComparisonRow* row = found == compared.end() ? nullptr : found->second;
-    const char* mark = Mark(!r.ok || (row && Fails(*row)), row && row->verdict == "warning");
-    // Another trainer's row says whose it is, beside pipecheck's rows on the same work.
-    std::string who = r.trainer == "pipecheck" ? "" : fmt::format(" ({})", Cell(r.trainer));
-    // The layout beside the name: replicas and recomputation change what the row measures.
-    if (r.data_parallel > 1) who += fmt::format(" ×{} replicas", r.data_parallel);
-    if (r.recompute) who += " (recompute)";
-    if (r.accumulation > 1) who += fmt::format(" ×{} rounds", r.accumulation);
-    text += fmt::format("| {} | {}{} | {} | {} | {} | {} ", mark, Cell(r.scenario), who, StatusName(r.status),
-                        Number(r.loss_max_abs_diff, "{:.1e}"), Number(r.grad_max_rel_err, "{:.1e}"),
-                        Number(r.pp_tokens_per_s, "{:.0f}"));
-    if (comparison) {
-      text += fmt::format("| {} | {} | {} | {} |\n", row ? Arrow(row->throughput_change) : "",
-                          row ? Cell(row->throughput_limit) : "", Bytes(r.pp_peak_bytes_max),
-                          row ? Arrow(row->memory_change) : "");
-    } else {
-      text += fmt::format("| {} |\n", Bytes(r.pp_peak_bytes_max));
-    }
+    text += TableLine(report.summary, RowOf(compared, report.summary.scenario), comparison != nullptr);
   }
   return text;
 }

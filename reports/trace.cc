@@ -120,52 +120,72 @@ std::string ChromeTrace(const ScenarioReport& report) {
   return trace.dump(1) + "\n";
 }
 
-// Long on purpose: one SVG document written top to bottom (scale, lanes, steps, actions, legend),
-// each part a few lines that share the same coordinates.
-std::string TimelineSvg(const ScenarioReport& report) {
-  const auto events = EventsOf(report);
+namespace {
+
+constexpr double kLeft = 70, kWidth = 1100, kTop = 40, kRow = 34, kBar = 24, kLegendRow = 20;
+
+// The picture's time coordinates: the ranks shown, and the span from the first wait to the last end.
+struct Canvas {
   int ranks = 0;
-  double first = 0, last = 1;
+  double first = 0, span = 1;
+  double X(double us) const { return kLeft + (us - first) / span * kWidth; }
+};
+
+Canvas CanvasOf(const std::vector<Event>& events) {
+  Canvas canvas;
+  double last = 1;
   if (!events.empty()) {
-    first = events.front().wait_start;
+    canvas.first = events.front().wait_start;
     last = events.front().end;
   }
   for (const auto& e : events) {
-    ranks = std::max(ranks, e.rank + 1);
-    first = std::min(first, e.wait_start);
+    canvas.ranks = std::max(canvas.ranks, e.rank + 1);
+    canvas.first = std::min(canvas.first, e.wait_start);
     last = std::max(last, e.end);
   }
-  const double span = std::max(last - first, 1.0);
-  constexpr double kLeft = 70, kWidth = 1100, kTop = 40, kRow = 34, kBar = 24, kLegendRow = 20;
-  // The legend, laid out first: its entries wrap onto further rows rather than run off the
-  // picture's right edge, and the picture grows to hold them.
-  std::vector<std::pair<std::string, std::string>> legend = {
-      {"F forward", FillOf("F")}, {"B backward", FillOf("B")}, {"I input gradient", FillOf("I")},
-      {"W weight gradient", FillOf("W")}, {"send/receive", FillOf("SEND_F")}, {"waiting for a message", "url(#wait)"}};
+  canvas.span = std::max(last - canvas.first, 1.0);
+  return canvas;
+}
+
+// The legend's entries (label, fill; no fill: a note), laid out first: they wrap onto further rows
+// rather than run off the picture's right edge, and the picture grows to hold them.
+struct Legend {
+  std::vector<std::pair<std::string, std::string>> entries;
+  std::vector<std::pair<double, int>> at;  // x and row of each entry
+  int rows = 1;
+};
+
+Legend LegendOf(const std::vector<Event>& events) {
+  Legend legend;
+  legend.entries = {{"F forward", FillOf("F")}, {"B backward", FillOf("B")}, {"I input gradient", FillOf("I")},
+                    {"W weight gradient", FillOf("W")}, {"send/receive", FillOf("SEND_F")},
+                    {"waiting for a message", "url(#wait)"}};
   if (std::any_of(events.begin(), events.end(), [](const Event& e) { return e.kind == "ALLREDUCE"; })) {
-    legend.emplace_back("all-reduce across replicas", FillOf("ALLREDUCE"));
+    legend.entries.emplace_back("all-reduce across replicas", FillOf("ALLREDUCE"));
   }
-  legend.emplace_back("blank: idle (bubble)", "");
-  std::vector<std::pair<double, int>> legend_at;  // x and row of each entry
-  double legend_x = kLeft;
-  int legend_rows = 1;
-  for (const auto& [label, fill] : legend) {
+  legend.entries.emplace_back("blank: idle (bubble)", "");
+  double x = kLeft;
+  for (const auto& [label, fill] : legend.entries) {
     const double width = (fill.empty() ? 0 : 18) + 22 + 7.0 * static_cast<double>(label.size());
-    if (legend_x > kLeft && legend_x + width > kLeft + kWidth) {
-      legend_x = kLeft;
-      ++legend_rows;
+    if (x > kLeft && x + width > kLeft + kWidth) {
+      x = kLeft;
+      ++legend.rows;
     }
-    legend_at.emplace_back(legend_x, legend_rows - 1);
-    legend_x += width;
+    legend.at.emplace_back(x, legend.rows - 1);
+    x += width;
   }
-  const double height = kTop + ranks * kRow + 70 + kLegendRow * (legend_rows - 1);
-  // What the picture shows: its ranks, and with replicas, which one (each runs the same list).
+  return legend;
+}
+
+// The document's head: size, the wait pattern, the title (what the picture shows: its ranks, and
+// with replicas, which one, each running the same list).
+std::string SvgHead(const ScenarioReport& report, const Canvas& canvas, const Legend& legend) {
+  const double height = kTop + canvas.ranks * kRow + 70 + kLegendRow * (legend.rows - 1);
   const int64_t replicas = report.summary.data_parallel;
   const std::string shows =
-      fmt::format("{} rank{}{}", ranks, ranks == 1 ? "" : "s",
+      fmt::format("{} rank{}{}", canvas.ranks, canvas.ranks == 1 ? "" : "s",
                   replicas > 1 ? fmt::format(", replica 0 of {} (every replica runs the same actions)", replicas) : "");
-  auto x = [&](double us) { return kLeft + (us - first) / span * kWidth; };
-  std::string svg = fmt::format(
+  return fmt::format(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
       "font-size=\"12\">\n"
@@ -174,8 +194,13 @@ std::string TimelineSvg(const ScenarioReport& report) {
       "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#bbbbbb\" stroke-width=\"2\"/></pattern></defs>\n"
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"{:.0f}\" y=\"20\" font-size=\"14\">{} — {:.1f} ms, {}</text>\n",
-      kLeft + kWidth + 20, height, kLeft, Escape(report.summary.scenario), span / 1000.0, Escape(shows));
-  for (int r = 0; r < ranks; ++r) {
+      kLeft + kWidth + 20, height, kLeft, Escape(report.summary.scenario), canvas.span / 1000.0, Escape(shows));
+}
+
+// A lane per rank, and a dashed line where each step starts.
+std::string SvgLanes(const std::vector<Event>& events, const Canvas& canvas) {
+  std::string svg;
+  for (int r = 0; r < canvas.ranks; ++r) {
     const double y = kTop + r * kRow;
     svg += fmt::format("<text x=\"8\" y=\"{:.1f}\">rank {}</text>\n", y + kBar * 0.7, r);
     svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#dddddd\"/>\n", kLeft,
@@ -185,34 +210,47 @@ std::string TimelineSvg(const ScenarioReport& report) {
     svg += fmt::format("<line class=\"step\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
                        "stroke=\"#333333\" stroke-dasharray=\"4 3\"/><text x=\"{3:.1f}\" y=\"{4:.1f}\" "
                        "font-size=\"10\">step {5}</text>\n",
-                       x(start), kTop - 6, kTop + ranks * kRow, x(start) + 3, kTop - 8, step);
+                       canvas.X(start), kTop - 6, kTop + canvas.ranks * kRow, canvas.X(start) + 3, kTop - 8, step);
   }
+  return svg;
+}
+
+// Each action as a bar (compute full height, communication thin), after the wait before it.
+std::string SvgActions(const std::vector<Event>& events, const Canvas& canvas) {
+  std::string svg;
   for (const auto& e : events) {
     const double y = kTop + e.rank * kRow;
     if (e.start > e.wait_start) {
       svg += fmt::format("<rect class=\"wait\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" "
                          "fill=\"url(#wait)\"><title>rank {} step {}: waiting for {}'s input, {:.2f} ms</title></rect>\n",
-                         x(e.wait_start), y + kBar * 0.25, std::max(0.0, x(e.start) - x(e.wait_start)), kBar * 0.5,
-                         e.rank, e.step, e.Name(), (e.start - e.wait_start) / 1000.0);
+                         canvas.X(e.wait_start), y + kBar * 0.25,
+                         std::max(0.0, canvas.X(e.start) - canvas.X(e.wait_start)), kBar * 0.5, e.rank, e.step,
+                         e.Name(), (e.start - e.wait_start) / 1000.0);
     }
     const bool compute = IsCompute(e.kind);
     const double bar_y = compute ? y : y + kBar * 0.35, bar_h = compute ? kBar : kBar * 0.3;
     svg += fmt::format("<rect class=\"action\" data-rank=\"{}\" data-step=\"{}\" data-action=\"{}\" x=\"{:.2f}\" "
                        "y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" stroke=\"white\" "
                        "stroke-width=\"0.5\"><title>rank {} step {}: {} {:.2f}–{:.2f} ms</title></rect>\n",
-                       e.rank, e.step, e.Name(), x(e.start), bar_y, std::max(0.5, x(e.end) - x(e.start)), bar_h,
-                       FillOf(e.kind), e.rank, e.step, e.Name(), (e.start - first) / 1000.0, (e.end - first) / 1000.0);
+                       e.rank, e.step, e.Name(), canvas.X(e.start), bar_y,
+                       std::max(0.5, canvas.X(e.end) - canvas.X(e.start)), bar_h, FillOf(e.kind), e.rank, e.step,
+                       e.Name(), (e.start - canvas.first) / 1000.0, (e.end - canvas.first) / 1000.0);
   }
-  // Time axis and legend.
-  const double axis_y = kTop + ranks * kRow + 8;
+  return svg;
+}
+
+// The time axis under the lanes, and the legend under it.
+std::string SvgAxisAndLegend(const Canvas& canvas, const Legend& legend) {
+  std::string svg;
+  const double axis_y = kTop + canvas.ranks * kRow + 8;
   for (int tick = 0; tick <= 10; ++tick) {
     const double at = kLeft + kWidth * tick / 10.0;
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"middle\">{:.1f} ms</text>\n",
-                       at, axis_y + 10, span / 1000.0 * tick / 10.0);
+                       at, axis_y + 10, canvas.span / 1000.0 * tick / 10.0);
   }
-  for (size_t i = 0; i < legend.size(); ++i) {
-    const auto& [label, fill] = legend[i];
-    const auto [at_x, row] = legend_at[i];
+  for (size_t i = 0; i < legend.entries.size(); ++i) {
+    const auto& [label, fill] = legend.entries[i];
+    const auto [at_x, row] = legend.at[i];
     const double y = axis_y + kLegendRow * row;
     if (fill.empty()) {
       svg += fmt::format("<text class=\"legend\" x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" fill=\"#555555\">{}</text>\n",
@@ -223,8 +261,18 @@ std::string TimelineSvg(const ScenarioReport& report) {
                        "x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n",
                        at_x, y + 24, fill, at_x + 18, y + 35, label);
   }
-  svg += "</svg>\n";
   return svg;
+}
+
+}  // namespace
+
+// One SVG document written top to bottom: head, lanes and steps, actions, axis and legend.
+std::string TimelineSvg(const ScenarioReport& report) {
+  const auto events = EventsOf(report);
+  const Canvas canvas = CanvasOf(events);
+  const Legend legend = LegendOf(events);
+  return SvgHead(report, canvas, legend) + SvgLanes(events, canvas) + SvgActions(events, canvas) +
+         SvgAxisAndLegend(canvas, legend) + "</svg>\n";
 }
 
 std::vector<std::string> WriteTimelineViews(const std::string& directory, const ScenarioReport& report) {

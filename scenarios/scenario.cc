@@ -670,12 +670,56 @@ void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
   }
 }
 
-// Rules that involve several columns; defaults resolved first. One list of independent rules, each
-// its own few lines naming the columns it relates, in the order the first broken one is reported.
-void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
-  if (s.seq_len_min == 0) s.seq_len_min = s.seq_len;
+// The schedule's rules on virtual stages: a V's fixed count (resolved here), and several stages
+// per rank only where the schedule takes them.
+void CheckVirtualStages(Scenario& s, unsigned line, const Locator& at) {
+  const auto& rules = CurrentVocabulary()->schedule_rules;
+  const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == s.schedule; });
+  if (rule != rules.end() && rule->fixed_virtual_stages > 0) {
+    // A V is two stages per rank: that count, or the column's default.
+    if (s.virtual_stages > rule->fixed_virtual_stages) {
+      throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
+                  fmt::format("schedule '{}' places {} stages per rank in a V: virtual_stages must be {} (or left out)",
+                              s.schedule, rule->fixed_virtual_stages == 2 ? "two" : std::to_string(rule->fixed_virtual_stages),
+                              rule->fixed_virtual_stages));
+    }
+    s.virtual_stages = rule->fixed_virtual_stages;
+  }
+  const bool several = s.schedule.rfind("csv:", 0) == 0 || (rule != rules.end() && rule->several_stages_per_rank);
+  if (s.virtual_stages > 1 && !several) {
+    std::vector<std::string> allowing;
+    for (const auto& r : rules) {
+      if (r.several_stages_per_rank) allowing.push_back(r.name);
+    }
+    throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
+                fmt::format("schedule '{}' runs one stage per rank; virtual stages need schedule {} (or a csv: "
+                            "schedule)", s.schedule, fmt::join(allowing, " or ")));
+  }
+}
+
+// Explicit partition counts: one per stage, adding up to the model's layers.
+void CheckPartitionCounts(const Scenario& s, unsigned line, const Locator& at) {
+  const auto counts = s.PartitionCounts();
+  if (counts.empty()) return;
+  const int64_t stages = s.world_size * s.virtual_stages;
+  int64_t total = 0;
+  for (int64_t count : counts) total += count;
+  if (static_cast<int64_t>(counts.size()) != stages) {
+    throw at.At(line, "partition", s.partition,
+                fmt::format("{} counts given, but world_size {} x virtual_stages {} = {} stages", counts.size(),
+                            s.world_size, s.virtual_stages, stages));
+  }
+  if (total != s.layers) {
+    throw at.At(line, "partition", s.partition,
+                fmt::format("the counts add up to {} layers, but the model has {}", total, s.layers));
+  }
+}
+
+// The model's and the device's rules: tolerance and learning rate bounds, heads dividing hidden
+// (evenly for llama's rotary embedding), a transport the device can use, lengths and microbatches
+// the batch can hold.
+void CheckModelAndDevice(const Scenario& s, unsigned line, const Locator& at) {
   const DtypeTraits& dtype = DtypeOf(s.dtype);
-  if (s.tol == 0.0) s.tol = dtype.default_tol;
   if (s.tol > dtype.max_tol) {
     throw at.At(line, "tol", fmt::format("{}", s.tol),
                 fmt::format("tol for {} must be at most {:g} (default {:g}): a looser tolerance would let real bugs "
@@ -709,49 +753,22 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
     throw at.At(line, "microbatches", std::to_string(s.microbatches),
                 fmt::format("microbatches must not exceed batch ({}): every microbatch needs a sequence", s.batch));
   }
+}
+
+// Rules that involve several columns; defaults resolved first. Independent rules, each naming the
+// columns it relates, in the order the first broken one is reported.
+void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
+  if (s.seq_len_min == 0) s.seq_len_min = s.seq_len;
+  if (s.tol == 0.0) s.tol = DtypeOf(s.dtype).default_tol;
+  CheckModelAndDevice(s, line, at);
   CheckTrainer(s, line, at);
-  const auto& rules = CurrentVocabulary()->schedule_rules;
-  const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == s.schedule; });
-  if (rule != rules.end() && rule->fixed_virtual_stages > 0) {
-    // A V is two stages per rank: that count, or the column's default.
-    if (s.virtual_stages > rule->fixed_virtual_stages) {
-      throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
-                  fmt::format("schedule '{}' places {} stages per rank in a V: virtual_stages must be {} (or left out)",
-                              s.schedule, rule->fixed_virtual_stages == 2 ? "two" : std::to_string(rule->fixed_virtual_stages),
-                              rule->fixed_virtual_stages));
-    }
-    s.virtual_stages = rule->fixed_virtual_stages;
-  }
-  const bool several = s.schedule.rfind("csv:", 0) == 0 || (rule != rules.end() && rule->several_stages_per_rank);
-  if (s.virtual_stages > 1 && !several) {
-    std::vector<std::string> allowing;
-    for (const auto& r : rules) {
-      if (r.several_stages_per_rank) allowing.push_back(r.name);
-    }
-    throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
-                fmt::format("schedule '{}' runs one stage per rank; virtual stages need schedule {} (or a csv: "
-                            "schedule)", s.schedule, fmt::join(allowing, " or ")));
-  }
+  CheckVirtualStages(s, line, at);
   if (CurrentVocabulary()->schedule_problem) {
     const std::string problem = CurrentVocabulary()->schedule_problem(s);
     if (!problem.empty()) throw at.At(line, "schedule", s.schedule, problem);
   }
   CheckLayout(s, line, at);
-  const auto counts = s.PartitionCounts();
-  if (!counts.empty()) {
-    const int64_t stages = s.world_size * s.virtual_stages;
-    int64_t total = 0;
-    for (int64_t count : counts) total += count;
-    if (static_cast<int64_t>(counts.size()) != stages) {
-      throw at.At(line, "partition", s.partition,
-                  fmt::format("{} counts given, but world_size {} x virtual_stages {} = {} stages", counts.size(),
-                              s.world_size, s.virtual_stages, stages));
-    }
-    if (total != s.layers) {
-      throw at.At(line, "partition", s.partition,
-                  fmt::format("the counts add up to {} layers, but the model has {}", total, s.layers));
-    }
-  }
+  CheckPartitionCounts(s, line, at);
 }
 
 using Reader = io::CSVReader<kColumnCount, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>,
