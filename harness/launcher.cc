@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "harness/external.h"
+#include "harness/measurements.h"
 #include "harness/parity.h"
 #include "harness/scenario_model.h"
 #include "harness/worker.h"
@@ -336,22 +337,10 @@ void AttachPartialTimeline(reports::ScenarioReport& report, const std::string& s
   }
   for (size_t rank = 0; rank < records.size(); ++rank) {
     for (const auto& e : records[rank]) {
-      pipeline::Action action;
-      try {
-        action = pipeline::ParseAction(e.what);
-      } catch (const pipeline::ScheduleError&) {
-        continue;  // a phase outside the schedule (gradient_sync, results_to_rank_0)
+      // A phase outside the schedule (gradient_sync, results_to_rank_0) has no row.
+      if (const auto timing = pipeline::TimingOf(e, last)) {
+        report.timeline.push_back(TimelineRowOf(scenario, static_cast<int64_t>(rank), *timing, /*step_clock=*/false));
       }
-      reports::TimelineRow row;
-      row.scenario = scenario;
-      row.rank = static_cast<int64_t>(rank);
-      row.step = e.step;
-      row.action = pipeline::KindText(action.kind);
-      row.stage = action.stage;
-      row.microbatch = action.microbatch;
-      row.start_us = row.wait_start_us = e.start_us;
-      row.end_us = e.end_us.value_or(last);
-      report.timeline.push_back(row);
     }
   }
 }

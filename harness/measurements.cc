@@ -44,6 +44,31 @@ const pipeline::MemoryPrediction& MemoryOf(const MeasurementInput& input, int re
 // Bytes, or none where nothing was measured (-1).
 std::optional<int64_t> Measured(int64_t bytes) { return bytes >= 0 ? std::optional<int64_t>(bytes) : std::nullopt; }
 
+}  // namespace
+
+reports::TimelineRow TimelineRowOf(const std::string& scenario, int64_t rank, const pipeline::ActionTiming& action,
+                                   bool step_clock, std::optional<int64_t> held_predicted,
+                                   std::optional<int64_t> peak_predicted) {
+  reports::TimelineRow row;
+  row.scenario = scenario;
+  row.rank = rank;
+  row.step = action.step;
+  row.action = pipeline::KindText(action.action.kind);
+  row.stage = action.action.stage;
+  row.microbatch = action.action.microbatch;
+  row.start_us = std::round(action.start_us);
+  row.end_us = std::round(action.end_us);
+  row.held_bytes = Measured(action.held_bytes);
+  row.held_bytes_predicted = held_predicted;
+  row.wait_start_us = std::round(action.wait_start_us);
+  if (step_clock) row.step_start_us = std::round(action.step_start_us);
+  row.peak_bytes = Measured(action.peak_bytes);
+  row.peak_bytes_predicted = peak_predicted;
+  return row;
+}
+
+namespace {
+
 void TimelineRows(const MeasurementInput& input, reports::ScenarioReport& report) {
   for (const auto& rank : input.ranks) {
     if (rank.replica != 0) continue;
@@ -57,21 +82,8 @@ void TimelineRows(const MeasurementInput& input, reports::ScenarioReport& report
         if (static_cast<size_t>(rank.rank) >= ranks.size() || index >= ranks[rank.rank].size()) return std::nullopt;
         return Measured(ranks[rank.rank][index]);
       };
-      reports::TimelineRow row;
-      row.scenario = input.scenario.name;
-      row.rank = rank.rank;
-      row.step = t.step;
-      row.action = pipeline::KindText(t.action.kind);
-      row.stage = t.action.stage;
-      row.microbatch = t.action.microbatch;
-      row.start_us = std::round(t.start_us);
-      row.end_us = std::round(t.end_us);
-      row.held_bytes = Measured(t.held_bytes);
-      row.held_bytes_predicted = predicted(input.memory.held_after);
-      row.wait_start_us = std::round(t.wait_start_us);
-      row.step_start_us = std::round(t.step_start_us);
-      row.peak_bytes = Measured(t.peak_bytes);
-      row.peak_bytes_predicted = predicted(input.memory.peak_during);
+      const auto row = TimelineRowOf(input.scenario.name, rank.rank, t, /*step_clock=*/true,
+                                     predicted(input.memory.held_after), predicted(input.memory.peak_during));
       report.timeline.push_back(row);
     }
     // The data-parallel all-reduce, where the rank performed it.

@@ -7,6 +7,8 @@
 // Not a judge: nothing here decides PASS or FAIL.
 #pragma once
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "pipeline/memory_model.h"
@@ -33,6 +35,13 @@ struct MeasurementInput {
 
 void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainResult& reference,
                         reports::ScenarioReport& report);
+
+// An executed action as a timeline.csv row: the one place a row is made, from a rank's record of
+// a finished step (with the memory model's figures for it) or from a flight record (a failed run's
+// partial timeline, whose entries carry no step clock: `step_clock` false). Times rounded to µs.
+reports::TimelineRow TimelineRowOf(const std::string& scenario, int64_t rank, const pipeline::ActionTiming& action,
+                                   bool step_clock, std::optional<int64_t> held_predicted = std::nullopt,
+                                   std::optional<int64_t> peak_predicted = std::nullopt);
 
 // Step time predicted from the measured action costs, in ms. Each timed step is simulated on its
 // own actions' durations (plus each rank's time after its last action), and the medians are

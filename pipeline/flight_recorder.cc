@@ -86,4 +86,17 @@ std::string DescribeLastEntry(const std::vector<FlightEntry>& entries, std::opti
                      last.step, busy);
 }
 
+std::optional<ActionTiming> TimingOf(const FlightEntry& entry, double unfinished_end_us) {
+  ActionTiming timing;
+  try {
+    timing.action = ParseAction(entry.what);
+  } catch (const ScheduleError&) {
+    return std::nullopt;
+  }
+  timing.step = entry.step;
+  timing.start_us = timing.wait_start_us = entry.start_us;
+  timing.end_us = entry.end_us.value_or(unfinished_end_us);
+  return timing;
+}
+
 }  // namespace pipecheck::pipeline

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/action_timing.h"
+
 namespace pipecheck::pipeline {
 
 class FlightRecorder {
@@ -41,6 +43,11 @@ struct FlightEntry {
 
 // A recorder's file read back ({} when it is missing); a torn last line is ignored.
 std::vector<FlightEntry> ReadFlightRecord(const std::string& path);
+
+// An entry as an executed action on the run's clock (held and peak bytes unmetered, no wait
+// apart), one that had not ended ending at `unfinished_end_us`; none for a phase outside the
+// schedule (gradient_sync, results_to_rank_0).
+std::optional<ActionTiming> TimingOf(const FlightEntry& entry, double unfinished_end_us);
 
 // "blocked in 1RECV_B2 from rank 2 (step 1)", "last finished 0F3 (step 0); nothing started
 // since", or "recorded nothing (it had not reached its first action)". Where the caller knows

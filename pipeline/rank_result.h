@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/action_timing.h"
 #include "pipeline/comm_record.h"
 #include "pipeline/schedule.h"
 #include "pipeline/transport.h"
@@ -15,18 +16,6 @@
 #include "reference/trainer.h"
 
 namespace pipecheck::pipeline {
-
-// One action as executed: for timelines and measured bubbles.
-struct ActionTiming {
-  int64_t step = 0;
-  Action action;
-  double start_us = 0.0;  // since the step started
-  double end_us = 0.0;
-  int64_t held_bytes = -1;  // tensor bytes the trainer held right after the action; -1 unmetered
-  int64_t peak_bytes = -1;  // the most it held from the action's start (its wait included) to its end
-  double wait_start_us = 0.0;  // since the step started: when it began waiting for its input (= start_us: no wait)
-  double step_start_us = 0.0;  // when the step started, on the run's clock (see Executor::SetClockOrigin)
-};
 
 // Where a rank fingerprinted a tensor crossing a stage boundary.
 enum class BoundaryRole { kSent = 0, kReceived = 1, kHandedOver = 2 };  // handed over: both stages on this rank
