@@ -176,15 +176,12 @@ expect 1 "pp2 +REGRESSION.*tokens/s -50.0% \(limit" "$pipecheck" compare "$work/
 # The slower run is this one's own halved (not another run's, whose speed a loaded machine decides).
 expect 0 "1 met their expectation" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/r1" --timed-steps 0
 mkdir -p "$work/slow1"
-/usr/bin/python3 - "$work/r1/summary.csv" "$work/slow1/summary.csv" <<'PY'
-import csv, sys
+/usr/bin/python3 -c 'import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 rows[0]["pp_tokens_per_s"] = str(float(rows[0]["pp_tokens_per_s"]) / 2)
-with open(sys.argv[2], "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=rows[0].keys())
-    writer.writeheader()
-    writer.writerows(rows)
-PY
+out = csv.DictWriter(open(sys.argv[2], "w", newline=""), fieldnames=rows[0].keys())
+out.writeheader(); out.writerows(rows)' \
+  "$work/r1/summary.csv" "$work/slow1/summary.csv"
 expect 0 "pp2 +warning.*tokens/s -50.0%, not gated: the baseline recorded no spread" "$pipecheck" compare "$work/r1" "$work/slow1"
 expect 0 "recorded no tokens/s spread \(pp2\)" "$pipecheck" baseline update --from "$work/r1" --to "$work/bl1"
 expect 2 "not a pipecheck summary: column 'scenario' is missing" "$pipecheck" compare "$work/good.csv" "$work/r"
