@@ -271,8 +271,8 @@ int CheckRunnableHere(const std::vector<pipecheck::scenarios::Scenario>& scenari
 
 // ---- Option groups several subcommands share.
 
-void AddScenarios(CLI::App* command, std::string& scenarios) {
-  command->add_option("--scenarios", scenarios, "Scenario CSV file")->capture_default_str();
+CLI::Option* AddScenarios(CLI::App* command, std::string& scenarios) {
+  return command->add_option("--scenarios", scenarios, "Scenario CSV file")->capture_default_str();
 }
 
 void AddOnly(CLI::App* command, std::vector<std::string>& only) {
@@ -283,8 +283,8 @@ void AddThreads(CLI::App* command, int& threads, const char* help) {
   command->add_option("--threads", threads, help)->check(ThreadCount());
 }
 
-void AddDevice(CLI::App* command, std::string& device, const char* help) {
-  command->add_option("--device", device, help)->check(CLI::IsMember({"cpu", "cuda"}));
+CLI::Option* AddDevice(CLI::App* command, std::string& device, const char* help) {
+  return command->add_option("--device", device, help)->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
 void AddTimeout(CLI::App* command, double& timeout, const char* help) {
@@ -542,15 +542,15 @@ Command AddWorker(CLI::App& app) {
   options->out = kDefaultOut;
   auto* command = app.add_subcommand("worker", "One rank of one scenario (environment: RANK, WORLD_SIZE, "
                                                "MASTER_ADDR, MASTER_PORT, as torchrun and SLURM set them)");
-  AddScenarios(command, options->scenarios_path);
+  auto* scenarios = AddScenarios(command, options->scenarios_path);
   auto* plan = command->add_option("--plan", options->plan,
                                    "The scenario's plan, as `pipecheck run` writes it (work/NAME/plan.json): "
                                    "nothing is loaded or resolved again");
   auto* scenario = command->add_option("--scenario", options->scenario, "Scenario name (without --plan)");
-  plan->excludes(scenario);
-  scenario->excludes(plan);
   command->add_option("--out", options->out, "Where rank 0 writes the reports (default reports/latest)");
-  AddDevice(command, options->device, "Override the scenario's device");
+  auto* device = AddDevice(command, options->device, "Override the scenario's device (without --plan)");
+  // A plan holds the scenario, its suite's path and its device already: naming them again is a mistake.
+  for (auto* given : {scenario, scenarios, device}) plan->excludes(given);
   AddThreads(command, options->threads, "Intra-op threads (0: LibTorch's default)");
   command->add_option("--rendezvous-timeout", options->rendezvous_timeout_seconds,
                       "Seconds to wait for the other ranks to rendezvous; then exit 2 naming what was missing")

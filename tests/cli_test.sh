@@ -140,6 +140,12 @@ expect 2 "--out is empty" "$pipecheck" run --scenarios "$work/pp.csv" --out ''
 expect 2 "--backward-cost: value '1e-300' is not allowed" "$pipecheck" schedule --schedule 1f1b --backward-cost 1e-300
 expect 2 "--backward-cost: value 'nan' is not allowed" "$pipecheck" schedule --schedule 1f1b --backward-cost nan
 expect 2 "MASTER_PORT=99999 is not a TCP port" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=99999 "$pipecheck" worker --scenarios "$work/pp.csv" --scenario pp2 --out "$work/w"
+# A worker takes a plan (as `run` hands it over) or a scenario to plan itself, never both halves.
+expect 2 "plan excludes --device|--device excludes --plan" "$pipecheck" worker --plan "$work/plan.json" --device cpu
+expect 2 "a worker needs --plan FILE, or --scenario NAME" "$pipecheck" worker --out "$work/w"
+expect 2 "^pipecheck worker: $work/none.json: cannot open the plan" "$pipecheck" worker --plan "$work/none.json" --out "$work/w"
+printf 'name,world_size\nx,2\n' >"$work/notplan.json"
+expect 2 "notplan.json: not a plan \(JSON\)" "$pipecheck" worker --plan "$work/notplan.json" --out "$work/w"
 expect 0 "^pipecheck [0-9]+\.[0-9]+\.[0-9]+ \(LibTorch" "$pipecheck" --version
 expect 0 "^pp2  world_size 2 1f1b" "$pipecheck" run --scenarios "$work/pp.csv" --list
 expect 0 "^ws1_gpipe_llama .*\n?" "$pipecheck" run --scenarios "$source_dir/scenarios/core.csv" --only 'ws1_g*,ws4_m*' --list
