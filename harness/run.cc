@@ -27,14 +27,6 @@
 namespace pipecheck::harness {
 namespace {
 
-// A number column for the table: short, "-" when unmeasured, "~0" for magnitudes too small
-// to mean anything but zero (which {:.1e} would print with a three-digit exponent).
-std::string Short(const std::optional<double>& value, const char* format) {
-  if (!value || std::isnan(*value)) return "-";
-  if (*value != 0.0 && std::abs(*value) < 1e-99) return "~0";
-  return fmt::format(fmt::runtime(format), *value);
-}
-
 void PrintTable(const std::vector<reports::ScenarioReport>& reports, std::ostream& out) {
   std::vector<std::string> names;
   for (const auto& r : reports) names.push_back(r.summary.scenario);
@@ -44,10 +36,10 @@ void PrintTable(const std::vector<reports::ScenarioReport>& reports, std::ostrea
   for (const auto& report : reports) {
     const auto& r = report.summary;
     fmt::print(out, "{:<{}} {:<7} {:>2} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7} {:>8}\n", r.scenario, width,
-               reports::StatusName(r.status), r.ok ? 1 : 0, Short(r.loss_max_abs_diff, "{:.1e}"),
-               Short(r.grad_max_rel_err, "{:.1e}"), Short(r.weights_max_rel_err, "{:.1e}"), Short(r.ref_step_ms, "{:.1f}"),
-               Short(r.pp_step_ms, "{:.1f}"), Short(r.pp_tokens_per_s, "{:.0f}"), Short(r.bubble_theory, "{:.2f}"),
-               Short(r.bubble_measured, "{:.2f}"));
+               reports::StatusName(r.status), r.ok ? 1 : 0, Figure(r.loss_max_abs_diff, "{:.1e}"),
+               Figure(r.grad_max_rel_err, "{:.1e}"), Figure(r.weights_max_rel_err, "{:.1e}"), Figure(r.ref_step_ms, "{:.1f}"),
+               Figure(r.pp_step_ms, "{:.1f}"), Figure(r.pp_tokens_per_s, "{:.0f}"), Figure(r.bubble_theory, "{:.2f}"),
+               Figure(r.bubble_measured, "{:.2f}"));
   }
 }
 

@@ -20,12 +20,6 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::string Figure(const std::optional<double>& value, const char* format) {
-  if (!value || std::isnan(*value)) return "-";
-  if (*value != 0.0 && std::abs(*value) < 1e-99) return "~0";
-  return fmt::format(fmt::runtime(format), *value);
-}
-
 // The plan's report: launched, or SKIPPED with why this host cannot run it.
 reports::ScenarioReport PlanAndLaunch(const scenarios::Scenario& scenario, SuiteRunOptions& options) {
   const Plan plan = ResolvePlan(scenario);
@@ -37,6 +31,12 @@ reports::ScenarioReport PlanAndLaunch(const scenarios::Scenario& scenario, Suite
 }
 
 }  // namespace
+
+std::string Figure(const std::optional<double>& value, const char* format) {
+  if (!value || std::isnan(*value)) return "-";
+  if (*value != 0.0 && std::abs(*value) < 1e-99) return "~0";
+  return fmt::format(fmt::runtime(format), *value);
+}
 
 size_t NameWidth(const std::vector<std::string>& names) {
   size_t width = 8;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -40,6 +41,10 @@ struct SuiteRun {
 SuiteRun RunScenarios(const std::vector<scenarios::Scenario>& scenarios, const std::vector<std::string>& labels,
                       SuiteRunOptions& options, std::ostream& out,
                       const std::function<void(const std::vector<reports::ScenarioReport>&)>& finished);
+
+// A figure for a progress line or table: `format` applied, "-" when unmeasured, "~0" for
+// magnitudes too small to mean anything but zero (which {:.1e} would print with three exponent digits).
+std::string Figure(const std::optional<double>& value, const char* format);
 
 // The width of a column holding `names` (at least 8).
 size_t NameWidth(const std::vector<std::string>& names);
