@@ -12,6 +12,10 @@ each in a fresh process; each reports the median step time after its warm-up ste
 scenario, both medians with their ranges and the ratio reference / eager (below 1.0: the
 reference is the faster).
 
+--phases adds one more run of each, its step split by phase (data, forward, loss, backward, the
+optimizer, ...) with the device synchronised at each phase's end (`pipecheck reference --phases`
+for the reference), and prints both side by side: where the two differ.
+
     benchmarks/eager.py --pipecheck build/pipecheck --scenarios scenarios/gpu.csv --only gpu_throughput_fp32
 """
 import argparse
@@ -32,27 +36,61 @@ def suite_rows(path):
         return list(csv.DictReader(line for line in f if not line.lstrip().startswith("#")))
 
 
-def run_reference(pipecheck, suite, name, threads):
-    """`pipecheck reference` on one scenario: (median step ms, first step's loss)."""
-    done = subprocess.run([pipecheck, "reference", "--scenarios", suite, "--only", name, "--threads", str(threads)],
+def run_reference(pipecheck, suite, name, threads, phases=False):
+    """`pipecheck reference` on one scenario: (median step ms, first step's loss), or with `phases`
+    the median ms of each phase ({phase: ms})."""
+    done = subprocess.run([pipecheck, "reference", "--scenarios", suite, "--only", name, "--threads", str(threads)]
+                          + (["--phases"] if phases else []),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in done.stdout.splitlines():
         fields = line.split()
-        if fields and fields[0] == name and len(fields) >= 4 and fields[1] != "ERROR":
+        if phases and fields and fields[0] == "phases_ms":
+            return {key: float(value) for key, value in (field.split("=") for field in fields[1:])}
+        if not phases and fields and fields[0] == name and len(fields) >= 4 and fields[1] != "ERROR":
             return float(fields[1]), float(fields[3])
     sys.exit(f"eager: pipecheck reference failed on {name} (exit {done.returncode}):\n{done.stdout[-3000:]}")
 
 
-def run_eager(folder, threads):
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", folder, "--threads", str(threads)],
+def run_eager(folder, threads, phases=False):
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", folder, "--threads", str(threads)]
+                          + (["--phases"] if phases else []),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         sys.exit(f"eager: the eager run of {folder} failed (exit {done.returncode}):\n{done.stdout[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return result["step_ms"], result["losses"][0]
+    return result["phases_ms"] if phases else (result["step_ms"], result["losses"][0])
 
 
-def worker(folder, threads):
+class PhaseClock:
+    """The step's time by phase, the device synchronised at each phase's end (as the reference's)."""
+
+    def __init__(self, on, device):
+        self.on, self.device, self.steps = on, device, []
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            import torch
+            torch.cuda.synchronize(self.device)
+
+    def start(self):
+        if self.on:
+            self._sync()
+            self.steps.append({})
+            self.last = time.perf_counter()
+
+    def mark(self, phase):
+        if self.on:
+            self._sync()
+            now = time.perf_counter()
+            self.steps[-1][phase] = self.steps[-1].get(phase, 0.0) + (now - self.last) * 1000.0
+            self.last = now
+
+    def medians(self):
+        timed = self.steps[1:] or self.steps
+        return {phase: statistics.median(step.get(phase, 0.0) for step in timed) for phase in timed[0]} if timed else {}
+
+
+def worker(folder, threads, phases):
     """One eager training run from `pipecheck dump`'s folder; prints one JSON line."""
     import torch
     sys.path.insert(0, os.path.join(HERE, "..", "trainers"))
@@ -79,23 +117,47 @@ def worker(folder, threads):
         optimizer = torch.optim.AdamW(module.parameters(), lr=float(row["lr"]), betas=(0.9, 0.999), eps=1e-6,
                                       weight_decay=0.01)
     step_ms, losses = [], []
+    clock = PhaseClock(phases, device)
     for _ in range(int(row["steps"])):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         started = time.perf_counter()
+        clock.start()
         optimizer.zero_grad(set_to_none=True)
-        loss = token_loss(module(batch["tokens"]), batch["labels"], total_tokens)
+        clock.mark("data")
+        logits = module(batch["tokens"])
+        clock.mark("forward")
+        loss = token_loss(logits, batch["labels"], total_tokens)
+        clock.mark("loss")
         loss.backward()
+        clock.mark("backward")
         optimizer.step()
+        clock.mark("optimizer")
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         step_ms.append((time.perf_counter() - started) * 1000.0)
         losses.append(float(loss))
-    print(json.dumps({"step_ms": statistics.median(step_ms[1:] or step_ms), "losses": losses}))
+    print(json.dumps({"step_ms": statistics.median(step_ms[1:] or step_ms), "losses": losses,
+                      "phases_ms": clock.medians()}))
 
 
 def spread(values):
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def print_phases(args, names):
+    """One more run of each, its step split by phase; both side by side (ms, median of the timed steps)."""
+    for name in names:
+        reference = run_reference(args.pipecheck, args.scenarios, name, args.threads, phases=True)
+        if reference is None:
+            sys.exit(f"eager: pipecheck reference --phases printed no phases for {name}")
+        eager = run_eager(os.path.join(args.workdir, name), args.threads, phases=True)
+        print(f"\n{name}: step split by phase, the device synchronised at each phase's end (ms)\n")
+        print("| phase | reference | eager |")
+        print("| --- | --- | --- |")
+        for phase in list(reference) + [p for p in eager if p not in reference]:
+            print(f"| {phase} | {reference.get(phase, 0.0):.2f} | {eager.get(phase, 0.0):.2f} |")
+        print(f"| total | {sum(reference.values()):.2f} | {sum(eager.values()):.2f} |")
 
 
 def main():
@@ -106,10 +168,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads for both (0: the library's default)")
     parser.add_argument("--workdir", default="build/eager")
+    parser.add_argument("--phases", action="store_true",
+                        help="one more run of each with its step split by phase, printed side by side")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(args.worker, args.threads)
+        return worker(args.worker, args.threads, args.phases)
     if not args.pipecheck or not args.scenarios:
         parser.error("--pipecheck and --scenarios are required")
     rows = {row["name"]: row for row in suite_rows(args.scenarios)}
@@ -149,6 +213,8 @@ def main():
         print(f"| {name} | {dtype} | {spread(result['reference'])} | {spread(result['eager'])} | "
               f"{statistics.median(result['reference']) / statistics.median(result['eager']):.3f} | "
               f"{ref_loss:.6f}, {eager_loss:.6f} |")
+    if args.phases:
+        print_phases(args, names)
     if mismatched:
         sys.exit("eager: the first losses differ, so the two did not run the same model: " + "; ".join(mismatched))
 

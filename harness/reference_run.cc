@@ -16,10 +16,11 @@ namespace pipecheck::harness {
 namespace {
 
 // Trains one scenario; returns "" on success or what went wrong.
-std::string RunOne(const scenarios::Scenario& scenario, bool microbatched, std::ostream& out) {
+std::string RunOne(const scenarios::Scenario& scenario, const ReferenceRunOptions& options, std::ostream& out) {
   auto config = ToTrainConfig(scenario);
   config.record_gradients = false;
-  if (microbatched) config.microbatches = scenario.microbatches;
+  config.phase_times = options.phases;
+  if (options.microbatched) config.microbatches = scenario.microbatches;
   reference::ReferenceTrainer trainer(config);
   const auto result = trainer.Train();
   std::vector<std::string> losses;
@@ -31,20 +32,26 @@ std::string RunOne(const scenarios::Scenario& scenario, bool microbatched, std::
   const double median_ms = result.MedianStepMs();
   const double tokens_per_s = result.MedianTokensPerSecond();
   fmt::print(out, "{:<32} {:>8.2f} {:>12.0f}  {}\n", scenario.name, median_ms, tokens_per_s, fmt::join(losses, " "));
+  if (options.phases) {
+    std::vector<std::string> phases;
+    for (const auto& [phase, ms] : result.MedianPhaseMs()) phases.push_back(fmt::format("{}={:.3f}", phase, ms));
+    fmt::print(out, "  phases_ms {}\n", fmt::join(phases, " "));
+  }
   return finite ? "" : "non-finite loss";
 }
 
 }  // namespace
 
-int RunReferenceSuite(const std::vector<scenarios::Scenario>& scenarios, bool microbatched, std::ostream& out) {
-  if (microbatched) fmt::print(out, "each batch as its scenario's microbatches, one after another\n");
+int RunReferenceSuite(const std::vector<scenarios::Scenario>& scenarios, const ReferenceRunOptions& options,
+                      std::ostream& out) {
+  if (options.microbatched) fmt::print(out, "each batch as its scenario's microbatches, one after another\n");
   fmt::print(out, "{:<32} {:>8} {:>12}  {}\n", "scenario", "step_ms", "tokens/s", "loss per step");
   int failures = 0;
   const auto start = std::chrono::steady_clock::now();
   for (const auto& scenario : scenarios) {
     std::string problem;
     try {
-      problem = RunOne(scenario, microbatched, out);
+      problem = RunOne(scenario, options, out);
     } catch (const std::exception& error) {
       problem = ErrorMessage(error);
     }

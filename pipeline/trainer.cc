@@ -214,9 +214,11 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   }
   const auto messages = transport_.Stop();
   result.messages.insert(result.messages.end(), messages.begin(), messages.end());
-  window.PauseForCopies();
-  if (config_.train.record_gradients && judged) result.gradients.push_back(GradientCopies());
-  window.ResumeAfterCopies();
+  if (config_.train.record_gradients && judged) {  // a pause waits for the device: only for copies
+    window.PauseForCopies();
+    result.gradients.push_back(GradientCopies());
+    window.ResumeAfterCopies();
+  }
   reference::GradientsToParameterDtype(OwnedParameters());
   for (auto stage = tail; stage != path.end(); ++stage) RunGradientStage(*stage, step, result, started);
   const auto measured = window.End();

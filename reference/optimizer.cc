@@ -22,20 +22,26 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerConfig& co
                       .weight_decay(kAdamWeightDecay));
 }
 
-double GradSquaredSum(const std::vector<torch::Tensor>& parameters) {
+torch::Tensor GradSquares(const std::vector<torch::Tensor>& parameters) {
   std::vector<torch::Tensor> squares;
   for (const auto& parameter : parameters) {
     if (parameter.grad().defined()) squares.push_back(parameter.grad().to(torch::kFloat64).pow(2).sum());
   }
-  if (squares.empty()) return 0.0;
+  return squares.empty() ? torch::Tensor() : torch::stack(squares);
+}
+
+double SumOnHost(const torch::Tensor& squares) {
+  if (!squares.defined()) return 0.0;
   // One read for all of them (on a GPU, one wait instead of one per parameter), added up on the
-  // host in parameter order as before.
-  const auto host = torch::stack(squares).cpu();  // (parameters with a gradient) float64
+  // host in parameter order.
+  const auto host = squares.cpu();  // (parameters with a gradient) float64
   const double* values = host.data_ptr<double>();
   double sum = 0.0;
   for (int64_t i = 0; i < host.numel(); ++i) sum += values[i];
   return sum;
 }
+
+double GradSquaredSum(const std::vector<torch::Tensor>& parameters) { return SumOnHost(GradSquares(parameters)); }
 
 double ClipFactor(double total_norm, double max_norm) {
   if (max_norm <= 0.0) return 1.0;

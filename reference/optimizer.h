@@ -35,6 +35,11 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerConfig& co
 
 // Sum of squares of every defined gradient, accumulated in float64.
 double GradSquaredSum(const std::vector<torch::Tensor>& parameters);
+// The same in two halves, so that a GPU step need not wait for it mid-step: each defined
+// gradient's float64 sum of squares, queued on the gradients' device ((n,) float64; undefined
+// when no gradient is defined), then their sum read on the host in parameter order.
+torch::Tensor GradSquares(const std::vector<torch::Tensor>& parameters);
+double SumOnHost(const torch::Tensor& squares);
 
 // The factor clipping multiplies every gradient by: max_norm / (total_norm + 1e-6) when that
 // is below 1 (PyTorch's clip_grad_norm_ rule), else 1. max_norm <= 0 means no clipping.

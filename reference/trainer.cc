@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "reference/device.h"
 #include "reference/host_memory.h"
@@ -48,14 +49,58 @@ double TrainResult::MedianTokensPerSecond() const {
   return MedianOverTimedSteps(steps, [](const StepRecord& step) { return step.tokens / (step.step_ms / 1000.0); });
 }
 
+PhaseTimes TrainResult::MedianPhaseMs() const {
+  PhaseTimes medians;
+  for (size_t i = FirstTimedStep(steps.size()); i < steps.size(); ++i) {
+    for (const auto& [phase, ms] : steps[i].phase_ms) {
+      const bool seen = std::any_of(medians.begin(), medians.end(), [&](const auto& m) { return m.first == phase; });
+      if (seen) continue;
+      medians.emplace_back(phase, MedianOverTimedSteps(steps, [&phase](const StepRecord& step) {
+                             for (const auto& [name, value] : step.phase_ms) {
+                               if (name == phase) return value;
+                             }
+                             return 0.0;
+                           }));
+    }
+  }
+  return medians;
+}
+
+void PhaseClock::Start() {
+  if (!on_) return;
+  Synchronize(device_);
+  times_.clear();
+  last_ = std::chrono::steady_clock::now();
+}
+
+void PhaseClock::Mark(const std::string& phase) {
+  if (!on_) return;
+  Synchronize(device_);
+  const auto now = std::chrono::steady_clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(now - last_).count();
+  last_ = now;
+  for (auto& [name, total] : times_) {
+    if (name == phase) {
+      total += ms;
+      return;
+    }
+  }
+  times_.emplace_back(phase, ms);
+}
+
+PhaseTimes PhaseClock::Take() { return std::exchange(times_, {}); }
+
 int64_t TrainResult::PeakBytes() const {
   int64_t peak = -1;
   for (const auto& step : steps) peak = std::max(peak, step.peak_bytes);
   return peak;
 }
 
-ReferenceTrainer::ReferenceTrainer(const TrainConfig& config) : config_(config), baseline_bytes_(HeldTensorBytes(config.device)) {
+ReferenceTrainer::ReferenceTrainer(const TrainConfig& config)
+    : config_(config), baseline_bytes_(HeldTensorBytes(config.device)), phases_(config.phase_times, config.device) {
   CheckDtypeSupported(config.dtype, config.device);
+  TORCH_CHECK(!(config.phase_times && config.check_host_syncs),
+              "phase times synchronise the device at every phase, which the host-sync check forbids");
   TORCH_CHECK(config.microbatches >= 1 && config.microbatches <= config.data.batch, "the reference accumulates over ",
               config.microbatches, " microbatches, which needs 1 to batch (", config.data.batch, ")");
   TORCH_CHECK(config.boundary_layers.empty() || config.microbatches == 1,
@@ -73,9 +118,14 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, int64_t norm
   const auto device = config_.device;
   const HostSyncCheck no_host_syncs(config_.check_host_syncs, device);
   auto context = MakeAttentionContext(config_.model, batch.lengths, batch.time(), config_.dtype, device);
-  auto logits = model_->forward(ToDevice(batch.tokens, device), context);  // (B, T, vocab)
+  auto tokens = ToDevice(batch.tokens, device);
+  phases_.Mark("data");
+  auto logits = model_->forward(tokens, context);  // (B, T, vocab)
+  phases_.Mark("forward");
   auto loss = TokenLossSum(logits, ToDevice(batch.labels, device)) / static_cast<double>(normalising_tokens);
+  phases_.Mark("loss");
   loss.backward();
+  phases_.Mark("backward");
   return loss.detach();
 }
 
@@ -83,10 +133,15 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const torch:
   const auto device = config_.device;
   const HostSyncCheck no_host_syncs(config_.check_host_syncs, device);
   auto context = MakeAttentionContext(config_.model, batch.lengths, batch.time(), config_.dtype, device);
-  auto logits = model_->forward(ToDevice(batch.tokens, device), context);  // (B, T, vocab)
+  auto tokens = ToDevice(batch.tokens, device);
+  phases_.Mark("data");
+  auto logits = model_->forward(tokens, context);  // (B, T, vocab)
+  phases_.Mark("forward");
   auto per_sequence = TokenLosses(logits, ToDevice(batch.labels, device)).sum(1);
   auto loss = (per_sequence * ToDevice(sequence_weights, device).to(per_sequence.scalar_type())).sum();
+  phases_.Mark("loss");
   loss.backward();
+  phases_.Mark("backward");
   return loss.detach();
 }
 
@@ -104,60 +159,81 @@ torch::Tensor MicrobatchMeanWeights(const Batch& batch, int64_t microbatches) {
   return weights;
 }
 
-StepRecord ReferenceTrainer::ComputeGradients(int64_t step) {
+StepRecord ReferenceTrainer::ComputeGradients(int64_t step, PendingReads& pending) {
   accumulator_->Begin();
   auto batch = MakeBatch(config_.data, config_.seed, step);
+  phases_.Mark("data");
   StepRecord record;
   record.step = step;
   record.tokens = batch.valid_tokens;
   const bool microbatch_mean = config_.loss_microbatches > 0;
   const auto weights = microbatch_mean ? MicrobatchMeanWeights(batch, config_.loss_microbatches) : torch::Tensor();
   if (config_.microbatches == 1) {
-    record.loss = (microbatch_mean ? ForwardBackward(batch, weights) : ForwardBackward(batch)).item<double>();
+    pending.loss = microbatch_mean ? ForwardBackward(batch, weights) : ForwardBackward(batch);
     for (auto& [layer, hidden] : model_->TakeTaps()) record.boundaries[layer] = {hidden.detach(), hidden.grad()};
-  } else if (microbatch_mean) {
+  } else {
+    // The pipeline's arithmetic: microbatches in order, each normalised by the whole batch (or by
+    // its own tokens, microbatch_mean). The loss is summed on the device and read once.
     torch::Tensor loss_sum;
     int64_t first = 0;
     for (const auto& part : SplitMicrobatches(batch, config_.microbatches)) {
-      auto term = ForwardBackward(part, weights.slice(0, first, first + part.size())).to(torch::kFloat64);
+      auto term = (microbatch_mean ? ForwardBackward(part, weights.slice(0, first, first + part.size()))
+                                   : ForwardBackward(part, batch.valid_tokens))
+                      .to(torch::kFloat64);
       first += part.size();
       loss_sum = loss_sum.defined() ? loss_sum + term : term;
       accumulator_->AfterBackward();
+      phases_.Mark("accumulate");
     }
-    record.loss = loss_sum.item<double>();
-  } else {
-    // The pipeline's arithmetic: microbatches in order, each normalised by the whole batch. The
-    // loss is summed on the device and read once (a read per microbatch would wait for the GPU).
-    torch::Tensor loss_sum;
-    for (const auto& part : SplitMicrobatches(batch, config_.microbatches)) {
-      auto term = ForwardBackward(part, batch.valid_tokens).to(torch::kFloat64);
-      loss_sum = loss_sum.defined() ? loss_sum + term : term;
-      accumulator_->AfterBackward();
-    }
-    record.loss = loss_sum.item<double>();
+    pending.loss = loss_sum;
   }
   accumulator_->Finish();
-  record.grad_norm = std::sqrt(GradSquaredSum(parameters_));
-  ScaleGradients(parameters_, ClipFactor(record.grad_norm, config_.clip));
+  phases_.Mark("accumulate");
+  if (config_.device.is_cuda() && config_.clip <= 0.0) {
+    pending.squares = GradSquares(parameters_);  // the norm is reported, not used: read after the step
+  } else {
+    Settle(record, pending);  // the clip factor needs the norm now; on the CPU waiting costs nothing
+    record.grad_norm = std::sqrt(GradSquaredSum(parameters_));
+    ScaleGradients(parameters_, ClipFactor(record.grad_norm, config_.clip));
+  }
+  phases_.Mark("grad_norm");
   return record;
+}
+
+void ReferenceTrainer::Settle(StepRecord& record, PendingReads& pending) {
+  if (pending.loss.defined()) record.loss = pending.loss.item<double>();
+  if (pending.squares.defined()) record.grad_norm = std::sqrt(SumOnHost(pending.squares));
+  pending = PendingReads();
 }
 
 StepRecord ReferenceTrainer::Step(int64_t step) {
   StepWindow window(baseline_bytes_, config_.device);
-  StepRecord record = ComputeGradients(step);
-  window.PauseForCopies();
-  if (config_.record_gradients) record.gradients = Gradients();
-  window.ResumeAfterCopies();
+  phases_.Start();
+  PendingReads pending;
+  StepRecord record = ComputeGradients(step, pending);
+  if (config_.record_gradients) {
+    window.PauseForCopies();
+    record.gradients = Gradients();
+    window.ResumeAfterCopies();
+    phases_.Mark("copies");
+  }
   GradientsToParameterDtype(parameters_);
+  phases_.Mark("accumulate");
   DeterministicStep(*optimizer_);
+  phases_.Mark("optimizer");
+  Settle(record, pending);
+  phases_.Mark("read_back");
   const auto measured = window.End();
+  record.phase_ms = phases_.Take();
   record.peak_bytes = measured.peak_bytes;
   record.step_ms = measured.step_ms;
   return record;
 }
 
 StepRecord ReferenceTrainer::Evaluate(int64_t step) {
-  StepRecord record = ComputeGradients(step);
+  PendingReads pending;
+  StepRecord record = ComputeGradients(step, pending);
+  Settle(record, pending);
   record.gradients = Gradients();
   return record;
 }

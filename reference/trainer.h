@@ -8,6 +8,7 @@
 #include <torch/ordered_dict.h>
 #include <torch/types.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -50,6 +51,30 @@ struct TrainConfig {
   // make the host wait for it (HostSyncCheck: such a wait throws). Off in real runs; tests turn
   // it on to prove the trainers keep the host ahead of the GPU. No effect on the CPU.
   bool check_host_syncs = false;
+  // Each step's time split by phase (StepRecord::phase_ms), the device synchronised at every
+  // phase's end so that a phase holds its own device work. Slower than an unsplit step; for
+  // finding where a step's time goes (`pipecheck reference --phases`). Excludes check_host_syncs.
+  bool phase_times = false;
+};
+
+// Where a step's time went, phase by phase in the order first seen: (phase, ms). A phase met
+// several times in a step (once per microbatch) holds the sum.
+using PhaseTimes = std::vector<std::pair<std::string, double>>;
+
+// The clock behind TrainConfig::phase_times: Start() at a step's start, Mark(phase) at the end of
+// each phase (the device synchronised first). Does nothing when off.
+class PhaseClock {
+ public:
+  PhaseClock(bool on, torch::Device device) : on_(on), device_(device) {}
+  void Start();
+  void Mark(const std::string& phase);
+  PhaseTimes Take();  // this step's phases; the clock is empty again
+
+ private:
+  bool on_;
+  torch::Device device_;
+  std::chrono::steady_clock::time_point last_;
+  PhaseTimes times_;
 };
 
 // The hidden state entering one layer over the whole batch, and the loss's gradient there.
@@ -67,6 +92,7 @@ struct StepRecord {
   int64_t peak_bytes = -1; // tensor bytes the trainer held at most during the step; -1 unmetered
   NamedTensors gradients;  // the gradients the optimizer applied (empty unless recorded)
   std::map<int64_t, BoundaryTensors> boundaries;  // by layer (TrainConfig::boundary_layers)
+  PhaseTimes phase_ms;     // TrainConfig::phase_times only
 };
 
 struct TrainResult {
@@ -79,6 +105,8 @@ struct TrainResult {
   double MedianTokensPerSecond() const;
   // Largest step peak of tensor bytes; -1 when the memory meter was off.
   int64_t PeakBytes() const;
+  // Each phase's median over the same steps (TrainConfig::phase_times), in the order first seen.
+  PhaseTimes MedianPhaseMs() const;
 };
 
 class ReferenceTrainer {
@@ -115,8 +143,17 @@ class ReferenceTrainer {
   TransformerSlice& model() { return model_; }
 
  private:
-  // Gradients of `step`'s batch into the parameters, clipped; fills loss, tokens, grad_norm.
-  StepRecord ComputeGradients(int64_t step);
+  // A step's values still on the device, read by Settle once the step's work is queued, so that
+  // a GPU step does not wait for its loss and norm mid-step (the host stays ahead of the device,
+  // as a PyTorch user's step does). On the CPU nothing runs ahead of the host: read at once.
+  struct PendingReads {
+    torch::Tensor loss;     // 0-dim
+    torch::Tensor squares;  // GradSquares, when the norm is not needed before the optimizer
+  };
+  // Gradients of `step`'s batch into the parameters, clipped; fills tokens, and loss and
+  // grad_norm or what `pending` will read them from.
+  StepRecord ComputeGradients(int64_t step, PendingReads& pending);
+  static void Settle(StepRecord& record, PendingReads& pending);
 
   TrainConfig config_;
   TransformerSlice model_{nullptr};
@@ -124,6 +161,7 @@ class ReferenceTrainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<GradientAccumulator> accumulator_;
   int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed
+  PhaseClock phases_;
 };
 
 // microbatch_mean's weight of each sequence's summed cross entropy (B,), float64: 1 / (its

@@ -5,21 +5,23 @@
 #   scripts/gpu-checks.sh build cuda suite ws1 eager      # first call: build and correctness
 #   scripts/gpu-checks.sh peer baseline test              # second call, on the same warm machine
 #
-#   build     configure and build against python3's CUDA LibTorch with -Werror (deps from
-#             .gpu-bundle/ when the tree carries one: ../shared/gpu-bundle/README.md); every
-#             warning is listed in build-warnings.txt. Should -Werror fail, the build is done again
-#             without it (PIPECHECK_WERROR=OFF) so the later stages still run, and the stage fails
+#   build     configure and build against python3's CUDA LibTorch (deps from .gpu-bundle/ when the
+#             tree carries one: ../shared/gpu-bundle/README.md) with -Wall -Wextra, warnings kept as
+#             warnings (PIPECHECK_WERROR=OFF) so that one build serves every later stage; every
+#             warning is listed in build-warnings.txt and the stage fails on any, which is exactly
+#             when -Werror would have failed the build
 #   cuda      the _CUDA tests alone, each with its JUnit status (none may be skipped on a GPU)
 #   suite     pipecheck run --scenarios scenarios/gpu.csv (reports, JUnit, Markdown in $OUT/suite1)
 #   ws1       the throughput rows at world size 1, WS1_ROUNDS rounds (3): the pipeline against the full-batch
 #             reference, and the reference accumulating over the same microbatches
 #             (pipecheck reference --microbatched), fp32 and bf16
 #   eager     the reference against PyTorch eager on the same model, weights and batch
-#             (benchmarks/eager.py, alternated over three rounds)
+#             (benchmarks/eager.py, alternated over three rounds), then one run of each split by phase
 #   peer      pipecheck's trainer against PyTorch's pipelining on the GPU (benchmarks/peer-gpu.csv:
-#             one rank, NCCL refusing two ranks on one GPU), alternated over three rounds
-#   baseline  two more runs of the GPU suite, merged with suite1 into $OUT/baseline
-#             (pipecheck baseline update; commit it under reports/baselines/RUNNER)
+#             one rank, NCCL refusing two ranks on one GPU), alternated over PEER_ROUNDS rounds (3);
+#             PEER_ONLY="a b" races those pairs alone
+#   baseline  BASELINE_RUNS - 1 more runs of the GPU suite (3 in all by default), merged with suite1
+#             into $OUT/baseline (pipecheck baseline update; commit it under reports/baselines/RUNNER)
 #   test      make test's CTest run, everything but the long sweeps (JUnit in $OUT/ctest.xml)
 #
 # DEADLINE (seconds since the epoch) bounds the whole call: each stage gets the time left and is
@@ -53,16 +55,16 @@ stage_build() {
 ".".join(map(str, torch.cuda.nccl.version())), "gpus", torch.cuda.device_count(), torch.cuda.get_device_name(0))'
   g++ --version | head -1; cmake --version | head -1; nproc
   make configure "${make_args[@]}" || return 1  # prints "pipecheck: CUDA 1, nccl transport 1"
-  local rc=0
-  cmake --build "$BUILD_DIR" -j"$JOBS" -- -k 2>&1 | tee "$OUT/build-werror.log"
+  cmake -S . -B "$BUILD_DIR" -DPIPECHECK_WERROR=OFF >/dev/null || return 1
+  local rc=0 started=$SECONDS
+  cmake --build "$BUILD_DIR" -j"$JOBS" -- -k 2>&1 | tee "$OUT/build.log"
   rc=${PIPESTATUS[0]}
-  grep -E 'warning:|error:' "$OUT/build-werror.log" | sort -u > "$OUT/build-warnings.txt"
-  echo "build with -Werror: rc=$rc, $(wc -l < "$OUT/build-warnings.txt") warning or error lines"
-  if [ $rc -ne 0 ]; then
-    echo "build: -Werror failed; building again without it so that the other stages run"
-    cmake -S . -B "$BUILD_DIR" -DPIPECHECK_WERROR=OFF >/dev/null && cmake --build "$BUILD_DIR" -j"$JOBS" || return 2
-    return 1
-  fi
+  grep -E 'warning:|error:' "$OUT/build.log" | sort -u > "$OUT/build-warnings.txt"
+  local warnings
+  warnings=$(grep -c 'warning:' "$OUT/build-warnings.txt")
+  echo "build: rc=$rc in $(( SECONDS - started ))s, $warnings distinct warning lines (-Werror fails on any)"
+  [ $rc -ne 0 ] && return 2
+  [ "$warnings" -eq 0 ] || return 1
 }
 stage_cuda() {
   (cd "$BUILD_DIR" && ctest --output-on-failure -j4 -R _CUDA --output-junit "$OUT/ctest-cuda.xml")
@@ -86,6 +88,8 @@ stage_ws1() {
     "$pipecheck" run --scenarios scenarios/gpu.csv --only 'gpu_throughput*' --out "$OUT/ws1-round$round" || rc=1
     "$pipecheck" reference --microbatched --scenarios scenarios/gpu.csv --only 'gpu_throughput*' || rc=1
   done
+  # Where the microbatched reference's step goes, phase by phase (the device synchronised at each).
+  "$pipecheck" reference --microbatched --phases --scenarios scenarios/gpu.csv --only 'gpu_throughput*' || rc=1
   echo "run,scenario,status,dtype,ref_step_ms,pp_step_ms,ref_peak_bytes,pp_peak_bytes_max"
   for run in suite1 $(seq -f 'ws1-round%g' 1 "$rounds"); do
     [ -f "$OUT/$run/summary.csv" ] &&
@@ -95,17 +99,21 @@ stage_ws1() {
 }
 stage_eager() {
   "$(build_python)" benchmarks/eager.py --pipecheck "$pipecheck" --scenarios scenarios/gpu.csv --only gpu_throughput_fp32 \
-    --only gpu_throughput_bf16 --rounds 3 --workdir "$BUILD_DIR/eager"
+    --only gpu_throughput_bf16 --rounds 3 --phases --workdir "$BUILD_DIR/eager"
 }
 stage_peer() {
-  "$(build_python)" benchmarks/race.py --pipecheck "$pipecheck" --scenarios benchmarks/peer-gpu.csv --rounds 3 --threads 1
+  local only=()
+  for name in ${PEER_ONLY:-}; do only+=(--only "$name"); done
+  "$(build_python)" benchmarks/race.py --pipecheck "$pipecheck" --scenarios benchmarks/peer-gpu.csv \
+    --rounds "${PEER_ROUNDS:-3}" --threads 1 "${only[@]}"
 }
 stage_baseline() {
-  local rc=0
-  run_suite suite2 || rc=1
-  run_suite suite3 || rc=1
-  "$pipecheck" baseline update --to "$OUT/baseline" --from "$OUT/suite1" --from "$OUT/suite2" --from "$OUT/suite3" ||
-    rc=1
+  local rc=0 from=(--from "$OUT/suite1")
+  for run in $(seq 2 "${BASELINE_RUNS:-3}"); do
+    run_suite "suite$run" || rc=1
+    from+=(--from "$OUT/suite$run")
+  done
+  "$pipecheck" baseline update --to "$OUT/baseline" "${from[@]}" || rc=1
   return $rc
 }
 stage_test() {
@@ -127,7 +135,7 @@ for stage in "$@"; do
   fi
   # The stage runs in a child shell under timeout; its functions and variables come with it.
   export -f "stage_$stage" run_suite build_python 2>/dev/null
-  export OUT BUILD_DIR JOBS pipecheck
+  export OUT BUILD_DIR JOBS pipecheck WS1_ROUNDS PEER_ROUNDS PEER_ONLY BASELINE_RUNS
   make_args_string="${make_args[*]}"
   timeout --kill-after=10 "$left" bash -c "make_args=($make_args_string); stage_$stage" >"$OUT/$stage.log" 2>&1
   rc=$?
