@@ -337,7 +337,7 @@ void JudgeGradients(size_t step, const std::vector<pipeline::RankResult>& ranks,
 void JudgeUpdate(size_t step, const std::vector<pipeline::RankResult>& ranks, const NamedTensors& before,
                  const NamedTensors& predicted, size_t steps, const std::vector<reference::SliceSpec>& slices,
                  const scenarios::Scenario& scenario, bool master, Verdicts& verdicts) {
-  const scenarios::DtypeTraits& float32 = scenarios::DtypeOf("float32");
+  const scenarios::DtypeTraits float32 = scenarios::DtypeOf("float32");  // by value: GCC 13 flags a reference (-Wdangling-reference)
   const std::string dtype = master ? float32.name : scenario.dtype;
   const double tol = master ? std::min(scenario.tol, float32.default_tol) : scenario.tol;
   const double floor = scenarios::DtypeOf(dtype).floor_fraction * GlobalDistance(predicted, before);

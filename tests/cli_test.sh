@@ -49,6 +49,8 @@ expect 0 "ws1_gpipe_llama" "$pipecheck" reference --scenarios "$source_dir/scena
 printf 'name,layers,hidden,batch,microbatches,seq_len\nmb4,1,16,4,4,8\n' >"$work/mb.csv"
 expect 0 "^each batch as its scenario's microbatches" "$pipecheck" reference --microbatched --scenarios "$work/mb.csv"
 expect 0 "^mb4 +[0-9.]+ +[0-9]+ +[0-9]+\.[0-9]+" "$pipecheck" reference --microbatched --scenarios "$work/mb.csv"
+expect 0 "^  phases_ms data=[0-9.]+ forward=[0-9.]+ loss=[0-9.]+ backward=[0-9.]+ accumulate=[0-9.]+ grad_norm=[0-9.]+ optimizer=[0-9.]+ read_back=[0-9.]+$" \
+  "$pipecheck" reference --microbatched --phases --scenarios "$work/mb.csv"
 
 # run: bad input is 2 before anything runs; a good suite writes the reports and exits 0.
 expect 2 "unknown.csv:1:3: unknown column 'colour'" "$pipecheck" run --scenarios "$work/unknown.csv" --out "$work/r"

@@ -130,7 +130,7 @@ Counts CountsIn(const std::string& log) {
 // (replaying its measured action times for the step-time prediction, one per timed step).
 TEST(Plan, RanksHandedAPlanLoadNoSuiteAndBuildNoSchedule) {
   const auto suite = harness::LoadSuite(kCoreSuite);
-  const auto& scenario = scenarios::FindScenario(suite, "recompute_1f1b_dp2_varlen", kCoreSuite);
+  const scenarios::Scenario scenario = scenarios::FindScenario(suite, "recompute_1f1b_dp2_varlen", kCoreSuite);
   const auto plan = harness::ResolvePlan(scenario);
   ASSERT_TRUE(plan.unmet.empty()) << plan.unmet;
   const auto options = testing::TestLaunchOptions("plan_counts");

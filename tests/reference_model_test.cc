@@ -262,6 +262,38 @@ TEST(Trainer, AdamWTrainsSeveralStepsWithFiniteLosses) {
                             reference::InitialValue(config.seed, "tok_embeddings.weight", {13, 8})));
 }
 
+// Phase times split a step without changing it: the same losses and weights, every phase of a
+// step named once (a microbatched step's forwards summed), and a phase clock beside the
+// host-sync check refused.
+TEST(Trainer, PhaseTimesSplitAStepWithoutChangingIt) {
+  auto config = testing::TinyConfig(Flavor::kLlama, true);
+  config.steps = 3;
+  config.microbatches = 2;
+  const auto plain = reference::ReferenceTrainer(config).Train();
+  config.phase_times = true;
+  const auto split = reference::ReferenceTrainer(config).Train();
+  for (size_t step = 0; step < 3; ++step) {
+    EXPECT_EQ(split.steps[step].loss, plain.steps[step].loss);
+    EXPECT_TRUE(plain.steps[step].phase_ms.empty());
+    std::vector<std::string> names;
+    double total = 0.0;
+    for (const auto& [phase, ms] : split.steps[step].phase_ms) {
+      names.push_back(phase);
+      EXPECT_GE(ms, 0.0) << phase;
+      if (phase != "copies") total += ms;  // the step's time leaves the gradient copies out
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{"data", "forward", "loss", "backward", "accumulate", "grad_norm",
+                                               "copies", "optimizer", "read_back"}));
+    EXPECT_LE(total, split.steps[step].step_ms + 1e-6);  // the other phases lie inside the step
+  }
+  for (const auto& item : plain.final_weights) EXPECT_TRUE(torch::equal(item.value(), split.final_weights[item.key()]));
+  const auto medians = split.MedianPhaseMs();
+  ASSERT_EQ(medians.size(), 9u);
+  EXPECT_EQ(medians[1].first, "forward");
+  config.check_host_syncs = true;
+  EXPECT_THROW(reference::ReferenceTrainer{config}, c10::Error);
+}
+
 TEST(Trainer, Bfloat16StepStaysCloseToFloat64OrSaysWhyNot) {
   auto config = testing::TinyConfig(Flavor::kLlama, false);
   try {
