@@ -20,6 +20,7 @@
 #include "harness/launcher.h"
 #include "harness/suite_runner.h"
 #include "harness/parity.h"
+#include "harness/runnable.h"
 #include "harness/scenario_model.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"

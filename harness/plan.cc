@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "harness/launcher.h"
+#include "harness/runnable.h"
 #include "harness/scenario_model.h"
 #include "reports/csv.h"
 

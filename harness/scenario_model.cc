@@ -128,14 +128,9 @@ reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario) {
   return model;
 }
 
-namespace {
-
-// Ranks of this run on this host: torchrun's LOCAL_WORLD_SIZE, else all of them (`run`).
 int64_t RanksOnThisHost(const scenarios::Scenario& scenario) {
   return EnvironmentIntegerOr("LOCAL_WORLD_SIZE", scenario.Processes());
 }
-
-}  // namespace
 
 std::string ResolveTransport(const scenarios::Scenario& scenario) {
   if (scenario.world_size == 1) return "none";
@@ -148,26 +143,6 @@ std::string ResolveTransport(const scenarios::Scenario& scenario) {
                  ScheduleProblem(scenario, pipeline::CommunicationModel::kDeviceStreams).empty()
              ? "nccl"
              : "staged";
-}
-
-std::string UnmetRequirement(const scenarios::Scenario& scenario) {
-  const bool framework = scenario.trainer == "torch" || scenario.trainer == "torchtitan" ||
-                         scenario.trainer == "deepspeed" || scenario.trainer == "megatron";
-  if (framework && scenario.device == "cuda" && scenario.Processes() > 1) {
-    // The adapters in trainers/ run their frameworks over NCCL on GPUs, which refuses two ranks on
-    // one GPU.
-    const int gpus = reference::CudaDeviceCount();
-    if (scenario.Processes() <= gpus) return "";
-    return fmt::format("trainer {} runs over NCCL on GPUs, a GPU per rank: {} ranks, {} GPU{}", scenario.trainer,
-                       scenario.Processes(), gpus, gpus == 1 ? "" : "s");
-  }
-  if (scenario.ExternalTrainer() || ResolveTransport(scenario) != "nccl") return "";
-  const int64_t ranks = RanksOnThisHost(scenario);
-  const int gpus = reference::CudaDeviceCount();
-  if (ranks <= gpus) return "";
-  return fmt::format("transport nccl needs a GPU per rank: {} ranks on this host, {} GPU{} (NCCL refuses two ranks on "
-                     "one GPU; transport staged or auto runs them sharing)",
-                     ranks, gpus, gpus == 1 ? "" : "s");
 }
 
 reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario) {

@@ -34,9 +34,8 @@ reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario);
 // on this host; under torchrun, LOCAL_WORLD_SIZE says how many share it.
 std::string ResolveTransport(const scenarios::Scenario& scenario);
 
-// Why this host cannot run the scenario as asked though nothing is wrong with it (nccl with
-// more ranks than the host has GPUs): the reason for a SKIPPED row; empty when it can run.
-std::string UnmetRequirement(const scenarios::Scenario& scenario);
+// Ranks of this run on this host: torchrun's LOCAL_WORLD_SIZE, else all of them (`run`).
+int64_t RanksOnThisHost(const scenarios::Scenario& scenario);
 
 pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario);
 // The same for ranks connected over `transport` (ResolveTransport's names; "nccl" runs on device

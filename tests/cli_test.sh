@@ -326,8 +326,8 @@ expect 0 "1 met their expectation" "$pipecheck" run --scenarios "$work/hang.csv"
 expect 0 "still running after the 4.5 s deadline, none of them making progress for [0-9.]+ s \\(hung\\): rank 0 " cat "$work/hang/summary.csv"
 # Deadlines follow progress: a scenario still computing when its deadline passes runs on (up to
 # ten times the deadline), and passes; only one that stops making progress is a TIMEOUT.
-printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,steps\nslow,2,4,64,8,4,64,15\n' >"$work/slow.csv"
-expect 0 "slow +PASS" "$pipecheck" run --scenarios "$work/slow.csv" --out "$work/slowrun" --timeout 1 --timed-steps 0
+printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,steps\nslow,2,4,64,8,4,64,30\n' >"$work/slow.csv"
+expect 0 "slow +PASS" "$pipecheck" run --scenarios "$work/slow.csv" --out "$work/slowrun" --timeout 2 --timed-steps 0
 expect 0 "rank 1 last finished 1[A-Z_]+[0-9]+.* \(step 1\); nothing started since" cat "$work/hang/summary.csv"
 expect 0 "" test -s "$work/hang/views/stuck/trace.json"
 # A CI file's folder is made when missing, not a whole missing path (a typo's).

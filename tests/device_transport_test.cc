@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "harness/launcher.h"
+#include "harness/runnable.h"
 #include "harness/scenario_model.h"
 #include "pipeline/trainer.h"
 #include "pipeline/transport.h"
