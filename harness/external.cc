@@ -44,13 +44,6 @@ namespace {
 namespace fs = std::filesystem;
 using reference::NamedTensors;
 
-// The scenario as pipecheck's pipeline configuration sees it, for the stages' places and layers
-// alone: the fault is the other trainer's to inject.
-pipeline::PipelineConfig PipelineView(scenarios::Scenario scenario) {
-  scenario.fault = "none";
-  return ToPipelineConfig(scenario);
-}
-
 nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
                           const std::vector<reference::Batch>& batches, const NamedTensors& weights) {
   const auto effective = WithEffectiveValues(scenario);
@@ -85,7 +78,7 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const pipeline::P
     config["optimizer"]["eps"] = reference::kAdamEps;
     config["optimizer"]["weight_decay"] = reference::kAdamWeightDecay;
   }
-  const auto view = PipelineView(scenario);
+  const auto view = ExternalTrainerView(scenario);
   const auto slices = pipeline::StageSlicesOf(view, shape);
   for (int stage = 0; stage < shape.stages(); ++stage) {
     const auto& slice = slices[static_cast<size_t>(stage)];
@@ -395,7 +388,7 @@ void PrepareExchange(const scenarios::Scenario& scenario, const pipeline::Pipeli
 
 reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
                                       const std::string& directory) {
-  const auto view = PipelineView(scenario);
+  const auto view = ExternalTrainerView(scenario);
   // The reference taps the stage boundaries, as for pipecheck's own ranks; they are judged where
   // the trainer handed some back.
   auto train = view.train;

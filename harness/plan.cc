@@ -117,14 +117,6 @@ scenarios::Scenario ScenarioOf(const std::string& row, const std::string& device
   return parsed.front();
 }
 
-// Another trainer's view of the row: pipecheck's configuration without the fault, which is that
-// trainer's to inject.
-pipeline::PipelineConfig ViewOf(const scenarios::Scenario& scenario) {
-  auto view = scenario;
-  view.fault = "none";
-  return ToPipelineConfig(view, "");
-}
-
 }  // namespace
 
 Plan ResolvePlan(const scenarios::Scenario& scenario) {
@@ -133,7 +125,7 @@ Plan ResolvePlan(const scenarios::Scenario& scenario) {
   plan.deadline_seconds = DefaultDeadlineSeconds(scenario);
   plan.unmet = UnmetRequirement(scenario);
   if (scenario.ExternalTrainer()) {
-    plan.config = ViewOf(scenario);
+    plan.config = ExternalTrainerView(scenario);
     if (!plan.unmet.empty()) return plan;
     try {
       plan.schedule = pipeline::BuildSchedule(plan.config);
@@ -199,7 +191,7 @@ Plan PlanFromJson(const std::string& text, const std::string& file) {
     plan.schedule = ScheduleOf(j.at("schedule"));
     plan.simulation = SimulationOf(j.at("simulation"));
     plan.memory = MemoryOf(j.at("memory"));
-    plan.config = plan.scenario.ExternalTrainer() ? ViewOf(plan.scenario) : ToPipelineConfig(plan.scenario, plan.transport);
+    plan.config = plan.scenario.ExternalTrainer() ? ExternalTrainerView(plan.scenario) : ToPipelineConfig(plan.scenario, plan.transport);
     return plan;
   } catch (const json::exception& error) {
     throw scenarios::ScenarioError(fmt::format("{}: a plan missing a part or of the wrong type: {}", file, error.what()));

@@ -164,6 +164,12 @@ reference::TrainConfig ToTrainConfig(const scenarios::Scenario& scenario) {
   return config;
 }
 
+pipeline::PipelineConfig ExternalTrainerView(const scenarios::Scenario& scenario) {
+  auto view = scenario;
+  view.fault = "none";
+  return ToPipelineConfig(view, "");
+}
+
 pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario) {
   return ToPipelineConfig(scenario, ResolveTransport(scenario));
 }

@@ -37,6 +37,12 @@ std::string ResolveTransport(const scenarios::Scenario& scenario);
 // Ranks of this run on this host: torchrun's LOCAL_WORLD_SIZE, else all of them (`run`).
 int64_t RanksOnThisHost(const scenarios::Scenario& scenario);
 
+// Another trainer's scenario as pipecheck's pipeline configuration sees it: its stages' places
+// and layers, the reference's training configuration and the schedule's shape. The fault is the
+// other trainer's to inject (none here), and its communication its own (the host model here,
+// never used to run it).
+pipeline::PipelineConfig ExternalTrainerView(const scenarios::Scenario& scenario);
+
 pipeline::PipelineConfig ToPipelineConfig(const scenarios::Scenario& scenario);
 // The same for ranks connected over `transport` (ResolveTransport's names; "nccl" runs on device
 // streams, any other on the host).
