@@ -4,8 +4,8 @@
 #include "harness/boundaries.h"
 #include "harness/comm_check.h"
 #include "harness/measurements.h"
-
 #include "harness/scenario_model.h"
+#include "reports/verdict.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -637,40 +637,14 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
   return start;
 }
 
-// After the first failure: how many more, and where the gradients went most wrong when that is
-// not what the first says (a wrong boundary tensor first, the parameter it spoiled most after).
-std::string MoreFailures(size_t more, const Verdicts& verdicts, double tol) {
-  if (more == 0) return "";
-  if (!(verdicts.grad_max_rel > tol) || verdicts.worst_param.empty()) return fmt::format(" (+{} more)", more);
-  return fmt::format(" (+{} more; worst gradient {} at step {} on {}: rel err {:.3g})", more, verdicts.worst_param,
-                     verdicts.worst_step, verdicts.worst_where, verdicts.grad_max_rel);
-}
-
-// A passing row's message: its worst figures, judge by judge.
-std::string PassMessage(const Verdicts& verdicts, const scenarios::Scenario& scenario) {
-  return fmt::format("worst gradient {} at step {} (rel err {:.3g}); {}weights after each step match the reference's "
-                     "update (worst rel err {:.3g}); {}",
-                     verdicts.worst_param, verdicts.worst_step, verdicts.grad_max_rel,
-                     JudgesAccumulation(scenario)
-                         ? fmt::format("bfloat16 gradients summed as the reference's float32 sums (worst rel err "
-                                       "{:.3g}); ", verdicts.accumulation_max_rel)
-                         : std::string(),
-                     verdicts.update_max_rel, verdicts.trajectory_note);
-}
-
 }  // namespace
-
-bool MeetsExpectation(reports::Status status, const std::string& expect) {
-  using reports::Status;
-  return expect == "pass" ? status == Status::kPass || status == Status::kSkipped : status != Status::kPass;
-}
 
 reports::ScenarioReport FailedScenarioReport(const scenarios::Scenario& scenario, reports::Status status,
                                              const std::string& message, const std::optional<std::string>& transport) {
   reports::ScenarioReport report;
   report.summary = ScenarioColumns(scenario, transport);
   report.summary.status = status;
-  report.summary.ok = MeetsExpectation(status, scenario.expect);
+  report.summary.ok = reports::MeetsExpectation(status, scenario.expect);
   report.summary.message = message;
   return report;
 }
@@ -704,28 +678,22 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   SpeedAndMemoryRows({scenario, input.ranks, input.schedule, input.simulation, input.memory, input.replica_memory},
                      reference, report);
 
-  const std::vector<std::string> failures = verdicts.problems.InOrder();
-  const auto status = failures.empty() ? reports::Status::kPass : reports::Status::kFail;
-  int64_t tokens = 0;
-  for (const auto& step : reference.steps) tokens += step.tokens;
-  const auto& loss_rank = LossRank(input.ranks);
-  auto& row = report.summary;
-  row.status = status;
-  row.ok = MeetsExpectation(status, scenario.expect);
-  row.tokens = tokens;
-  row.loss_ref = reference.steps.back().loss;
-  row.loss_pp = LossAt(loss_rank, reference.steps.size() - 1);
-  row.loss_max_abs_diff = verdicts.loss_max_abs_diff;
-  row.grad_max_rel_err = verdicts.grad_max_rel;
-  row.worst_param = verdicts.worst_param;
-  row.params_checked = static_cast<int64_t>(reference.final_weights.size());
-  row.weights_max_rel_err = verdicts.update_max_rel;
-  row.message = failures.empty() ? PassMessage(verdicts, scenario)
-                                 : failures.front() + MoreFailures(failures.size() - 1, verdicts, scenario.tol);
-  // A row that should have failed and passed must not read as a success in summary.csv.
-  if (status == reports::Status::kPass && scenario.expect == "fail") {
-    row.message = "no failure found where one was expected (expect=fail): " + row.message;
-  }
+  reports::ParityVerdict verdict;
+  verdict.failures = verdicts.problems.InOrder();
+  verdict.tol = scenario.tol;
+  verdict.grad_max_rel = verdicts.grad_max_rel;
+  verdict.worst_param = verdicts.worst_param;
+  verdict.worst_where = verdicts.worst_where;
+  verdict.worst_step = verdicts.worst_step;
+  verdict.update_max_rel = verdicts.update_max_rel;
+  verdict.loss_max_abs_diff = verdicts.loss_max_abs_diff;
+  verdict.trajectory_note = verdicts.trajectory_note;
+  if (JudgesAccumulation(scenario)) verdict.accumulation_max_rel = verdicts.accumulation_max_rel;
+  for (const auto& step : reference.steps) verdict.tokens += step.tokens;
+  verdict.loss_ref = reference.steps.back().loss;
+  verdict.loss_pp = LossAt(LossRank(input.ranks), reference.steps.size() - 1);
+  verdict.params_checked = static_cast<int64_t>(reference.final_weights.size());
+  reports::ApplyVerdict(verdict, report.summary);
   return report;
 }
 

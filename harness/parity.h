@@ -75,7 +75,4 @@ reports::ScenarioReport FailedScenarioReport(const scenarios::Scenario& scenario
                                              const std::string& message,
                                              const std::optional<std::string>& transport = std::nullopt);
 
-// Whether `status` meets `expect` ("pass": PASS; "fail": FAIL, ERROR or TIMEOUT).
-bool MeetsExpectation(reports::Status status, const std::string& expect);
-
 }  // namespace pipecheck::harness

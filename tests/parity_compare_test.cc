@@ -6,6 +6,7 @@
 #include "harness/parity.h"
 #include "pipeline/lowering.h"
 #include "harness/scenario_model.h"
+#include "reports/verdict.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -144,13 +145,13 @@ TEST_F(ParityJudge, ADivergingReferenceIsAnErrorNotAVerdict) {
 
 TEST(ParityExpectation, FailExpectationIsMetByAnyNonPass) {
   using reports::Status;
-  EXPECT_TRUE(harness::MeetsExpectation(Status::kPass, "pass"));
-  EXPECT_TRUE(harness::MeetsExpectation(Status::kSkipped, "pass"));
-  EXPECT_FALSE(harness::MeetsExpectation(Status::kFail, "pass"));
-  EXPECT_TRUE(harness::MeetsExpectation(Status::kFail, "fail"));
-  EXPECT_TRUE(harness::MeetsExpectation(Status::kError, "fail"));
-  EXPECT_TRUE(harness::MeetsExpectation(Status::kTimeout, "fail"));
-  EXPECT_FALSE(harness::MeetsExpectation(Status::kPass, "fail"));
+  EXPECT_TRUE(reports::MeetsExpectation(Status::kPass, "pass"));
+  EXPECT_TRUE(reports::MeetsExpectation(Status::kSkipped, "pass"));
+  EXPECT_FALSE(reports::MeetsExpectation(Status::kFail, "pass"));
+  EXPECT_TRUE(reports::MeetsExpectation(Status::kFail, "fail"));
+  EXPECT_TRUE(reports::MeetsExpectation(Status::kError, "fail"));
+  EXPECT_TRUE(reports::MeetsExpectation(Status::kTimeout, "fail"));
+  EXPECT_FALSE(reports::MeetsExpectation(Status::kPass, "fail"));
 }
 
 }  // namespace

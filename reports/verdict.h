@@ -1,0 +1,44 @@
+// A scenario's parity verdict as the judges hand it to the reports: what went wrong, in the order
+// it happened, and the figures of the closest agreement the judges measured. The summary row's
+// status, ok, message and judged figures are written from it here alone, so that every row words
+// its outcome the same way and the judges build no report text.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "reports/report.h"
+
+namespace pipecheck::reports {
+
+struct ParityVerdict {
+  std::vector<std::string> failures;  // each judge's finding, earliest first; none: PASS
+  double tol = 0.0;                   // the gradient judges' tolerance
+  // The worst gradient error against the reference, and where it was.
+  double grad_max_rel = 0.0;
+  std::string worst_param;
+  std::string worst_where;  // who held it: "replica 1 rank 0 (stage 0)"
+  size_t worst_step = 0;
+  double update_max_rel = 0.0;      // each step's weights against the reference's update
+  double loss_max_abs_diff = 0.0;   // the free-running trajectory
+  std::string trajectory_note;      // how the trajectory was judged
+  std::optional<double> accumulation_max_rel;  // set where reduced-precision sums were judged
+  // What was run and compared.
+  int64_t tokens = 0;
+  double loss_ref = 0.0;
+  double loss_pp = 0.0;
+  int64_t params_checked = 0;
+};
+
+// Whether `status` meets `expect` ("pass": PASS or SKIPPED; "fail": FAIL, ERROR or TIMEOUT).
+bool MeetsExpectation(Status status, const std::string& expect);
+
+// The row's status (PASS without failures, else FAIL), ok against the row's expect, message and
+// judged figures. The message is the first failure and how many more (with the worst gradient
+// where the first failure is not it); a pass's message gives each judge's worst figure; a pass
+// where a failure was expected says so first.
+void ApplyVerdict(const ParityVerdict& verdict, SummaryRow& row);
+
+}  // namespace pipecheck::reports
