@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <tuple>
+#include <utility>
 
 namespace pipecheck::harness {
 namespace {
@@ -113,17 +114,12 @@ struct Worst {
   int64_t numel = 0;
 };
 
-// Everything the judges accumulate for one scenario.
+// Everything the judges accumulate for one scenario: the verdict's figures as the reports take
+// them, and what only the judges need on the way.
 struct Verdicts {
   Problems problems;
   std::map<std::tuple<std::string, int, int>, Worst> worst_by_param;  // (name, replica, rank)
-  double grad_max_rel = 0.0;
-  std::string worst_param;
-  std::string worst_where;  // who held it: "replica 1 rank 0 (stage 0)"
-  size_t worst_step = 0;
-  double update_max_rel = 0.0;
-  double loss_max_abs_diff = 0.0;  // free-running trajectory
-  std::string trajectory_note;     // how the trajectory was judged
+  reports::ParityVerdict figures;  // its failures are filled from `problems` at the end
   std::string diverged;            // non-empty: the reference diverged (an ERROR)
   double accumulation_max_rel = 0.0;  // reduced precision: against the reference's float32 sums
 };
@@ -306,9 +302,10 @@ void JudgeGradients(size_t step, const std::vector<pipeline::RankResult>& ranks,
       const auto error = Compare(item.value(), ref, Norm(ref), floor);
       auto& worst = verdicts.worst_by_param[{name, rank.replica, rank.rank}];
       if (error.rel >= worst.error.rel) worst = {error, step, ref.numel()};
-      if (error.rel > verdicts.grad_max_rel || verdicts.worst_param.empty()) {
-        verdicts.grad_max_rel = error.rel, verdicts.worst_param = name, verdicts.worst_step = step;
-        verdicts.worst_where = Where(rank, item.key(), slices);
+      if (error.rel > verdicts.figures.grad_max_rel || verdicts.figures.worst_param.empty()) {
+        auto& worst = verdicts.figures;
+        worst.grad_max_rel = error.rel, worst.worst_param = name, worst.worst_step = step;
+        worst.worst_where = Where(rank, item.key(), slices);
       }
       if (error.pp_norm == 0.0 && error.ref_norm > floor) {
         verdicts.problems.Add(step, Evidence::kGradients,
@@ -351,7 +348,7 @@ void JudgeUpdate(size_t step, const std::vector<pipeline::RankResult>& ranks, co
       const auto& expected = predicted[name];
       const double update = Norm(expected.to(torch::kFloat64) - before[name].to(torch::kFloat64));
       const auto error = Compare(item.value(), expected, update, floor);
-      verdicts.update_max_rel = std::max(verdicts.update_max_rel, error.rel);
+      verdicts.figures.update_max_rel = std::max(verdicts.figures.update_max_rel, error.rel);
       if (!(error.rel <= tol)) {
         verdicts.problems.Add(step, Evidence::kUpdate,
                               fmt::format("update of {}{} at step {} on {}: rel err {:.3g} > tol {:.3g} against one "
@@ -417,7 +414,8 @@ void JudgeTrajectory(const std::vector<pipeline::RankResult>& ranks, const Named
   for (size_t k = 0; k < steps; ++k) {
     const double loss_ref = reference.steps[k].loss, loss_pp = LossAt(loss_rank, k);
     diffs[k] = std::abs(loss_pp - loss_ref);
-    verdicts.loss_max_abs_diff = std::isnan(diffs[k]) ? diffs[k] : std::max(verdicts.loss_max_abs_diff, diffs[k]);
+    double& worst = verdicts.figures.loss_max_abs_diff;
+    worst = std::isnan(diffs[k]) ? diffs[k] : std::max(worst, diffs[k]);
     report.steps.push_back({scenario.name, static_cast<int64_t>(k), loss_ref, loss_pp, diffs[k]});
     within_tol = within_tol && diffs[k] <= tol * std::max(1.0, std::abs(loss_ref));
   }
@@ -425,7 +423,7 @@ void JudgeTrajectory(const std::vector<pipeline::RankResult>& ranks, const Named
   const double weights_rel = GlobalDistance(final_pp, reference.final_weights) / std::max(weights_ref_norm, 1e-300);
   within_tol = within_tol && weights_rel <= tol;
   if (within_tol) {
-    verdicts.trajectory_note = "trajectory within tol";
+    verdicts.figures.trajectory_note = "trajectory within tol";
     return;
   }
   // Past tol: measure how far rounding alone moves the trajectory.
@@ -452,7 +450,7 @@ void JudgeTrajectory(const std::vector<pipeline::RankResult>& ranks, const Named
                                       "{:.3g} = max(tol, {:.0f} x rounding envelope {:.3g})",
                                       weights_rel, allowed, kEnvelopeFactor, envelope_weights));
   }
-  verdicts.trajectory_note = fmt::format(
+  verdicts.figures.trajectory_note = fmt::format(
       "trajectory past tol but judged against the rounding envelope (loss {:.3g}, weights {:.3g})", envelope_loss,
       envelope_weights);
 }
@@ -678,16 +676,9 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   SpeedAndMemoryRows({scenario, input.ranks, input.schedule, input.simulation, input.memory, input.replica_memory},
                      reference, report);
 
-  reports::ParityVerdict verdict;
+  reports::ParityVerdict verdict = std::move(verdicts.figures);
   verdict.failures = verdicts.problems.InOrder();
   verdict.tol = scenario.tol;
-  verdict.grad_max_rel = verdicts.grad_max_rel;
-  verdict.worst_param = verdicts.worst_param;
-  verdict.worst_where = verdicts.worst_where;
-  verdict.worst_step = verdicts.worst_step;
-  verdict.update_max_rel = verdicts.update_max_rel;
-  verdict.loss_max_abs_diff = verdicts.loss_max_abs_diff;
-  verdict.trajectory_note = verdicts.trajectory_note;
   if (JudgesAccumulation(scenario)) verdict.accumulation_max_rel = verdicts.accumulation_max_rel;
   for (const auto& step : reference.steps) verdict.tokens += step.tokens;
   verdict.loss_ref = reference.steps.back().loss;
