@@ -115,21 +115,19 @@ ReferenceTrainer::ReferenceTrainer(const TrainConfig& config)
 torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch) { return ForwardBackward(batch, batch.valid_tokens); }
 
 torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, int64_t normalising_tokens) {
-  const auto device = config_.device;
-  const HostSyncCheck no_host_syncs(config_.check_host_syncs, device);
-  auto context = MakeAttentionContext(config_.model, batch.lengths, batch.time(), config_.dtype, device);
-  auto tokens = ToDevice(batch.tokens, device);
-  phases_.Mark("data");
-  auto logits = model_->forward(tokens, context);  // (B, T, vocab)
-  phases_.Mark("forward");
-  auto loss = TokenLossSum(logits, ToDevice(batch.labels, device)) / static_cast<double>(normalising_tokens);
-  phases_.Mark("loss");
-  loss.backward();
-  phases_.Mark("backward");
-  return loss.detach();
+  return ForwardBackward(batch, [&](const torch::Tensor& logits, const torch::Tensor& labels) {
+    return TokenLossSum(logits, labels) / static_cast<double>(normalising_tokens);
+  });
 }
 
 torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const torch::Tensor& sequence_weights) {
+  return ForwardBackward(batch, [&](const torch::Tensor& logits, const torch::Tensor& labels) {
+    auto per_sequence = TokenLosses(logits, labels).sum(1);
+    return (per_sequence * ToDevice(sequence_weights, config_.device).to(per_sequence.scalar_type())).sum();
+  });
+}
+
+torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const LossOf& loss_of) {
   const auto device = config_.device;
   const HostSyncCheck no_host_syncs(config_.check_host_syncs, device);
   auto context = MakeAttentionContext(config_.model, batch.lengths, batch.time(), config_.dtype, device);
@@ -137,8 +135,7 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const torch:
   phases_.Mark("data");
   auto logits = model_->forward(tokens, context);  // (B, T, vocab)
   phases_.Mark("forward");
-  auto per_sequence = TokenLosses(logits, ToDevice(batch.labels, device)).sum(1);
-  auto loss = (per_sequence * ToDevice(sequence_weights, device).to(per_sequence.scalar_type())).sum();
+  auto loss = loss_of(logits, ToDevice(batch.labels, device));
   phases_.Mark("loss");
   loss.backward();
   phases_.Mark("backward");

@@ -9,6 +9,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -153,6 +154,10 @@ class ReferenceTrainer {
   // Gradients of `step`'s batch into the parameters, clipped; fills tokens, and loss and
   // grad_norm or what `pending` will read them from.
   StepRecord ComputeGradients(int64_t step, PendingReads& pending);
+  // Forward, the loss `loss_of` makes of the logits and the labels on the device, backward; each
+  // public ForwardBackward is this with its own loss.
+  using LossOf = std::function<torch::Tensor(const torch::Tensor& logits, const torch::Tensor& labels)>;
+  torch::Tensor ForwardBackward(const Batch& batch, const LossOf& loss_of);
   static void Settle(StepRecord& record, PendingReads& pending);
 
   TrainConfig config_;
