@@ -223,9 +223,12 @@ std::string ReadText(const std::string& path) {
   return contents.str();
 }
 
-// Several runs' summaries as one: per scenario the median run's row, with the larger of the
+// Several runs' summaries as one: per scenario the fastest run's row, with the larger of the
 // runs' spread between them and the median of their own timed steps' spreads (both robust: one
-// run on a busy moment among three moves neither).
+// run on a busy moment among three moves neither). The fastest, not the median: a shared runner's
+// noise slows a run far more often than it speeds one, so the fastest of three is the steadiest
+// figure of what the machine does; replayed over recorded runs it catches more slowdowns than the
+// median with no more false alarms (docs/measurements.md, scripts/gating.py).
 std::string MergedSummary(const std::vector<std::string>& summaries) {
   std::vector<std::map<std::string, SummaryEntry>> runs;
   for (const auto& path : summaries) runs.push_back(ReadSummary(path));
@@ -248,14 +251,12 @@ std::string MergedSummary(const std::vector<std::string>& summaries) {
     }
     SummaryRow chosen = *rows[0];
     if (!rates.empty()) {
-      const double median = MedianOf(rates);
-      // The row of the run nearest the median stands for the scenario; its rate is the median.
-      const auto nearest = std::min_element(rows.begin(), rows.end(), [&](const SummaryRow* a, const SummaryRow* b) {
+      // The fastest run's row stands for the scenario (a run without a rate never does).
+      const auto fastest = std::max_element(rows.begin(), rows.end(), [](const SummaryRow* a, const SummaryRow* b) {
         const double x = Measured(a->pp_tokens_per_s), y = Measured(b->pp_tokens_per_s);
-        return std::abs(x - median) < std::abs(y - median) || std::isnan(y);
+        return std::isnan(x) || (!std::isnan(y) && x < y);
       });
-      chosen = **nearest;
-      chosen.pp_tokens_per_s = median;
+      chosen = **fastest;
       const double between = RobustSpread(rates);
       const double within = spreads.empty() ? std::nan("") : MedianOf(spreads);
       const double spread = std::fmax(between, within);  // the other where one is NaN

@@ -100,7 +100,8 @@ std::vector<std::string> ScenariosWithoutSpread(const std::string& path);
 // `pipecheck baseline update`: copies reviewed runs' reports (summary.csv and whichever of
 // params, steps and ranks exist; timeline.csv is timing noise) into `baseline_directory`, each
 // atomically. Several runs of the same suite are merged: per scenario the row of the run with
-// the median tokens/s, with pp_tokens_per_s_spread = (max - min) / median over the runs and
+// the most tokens/s, with pp_tokens_per_s_spread = the larger of the runs' robust spread
+// (RobustSpread of their tokens/s) and the median of their own spreads, and
 // pp_tokens_per_s_runs = their number; the other files come from the first run. Refuses runs with
 // scenarios that did not meet their expectation unless `allow_not_ok`, and runs whose scenarios
 // differ. Returns the files written.

@@ -243,7 +243,7 @@ first, second = map(float, re.search(r"timed twice: ([0-9]+) then ([0-9]+)", row
 kept = float(row["current_tokens_per_s"])
 print("kept the faster" if abs(kept - max(first, second)) <= 1 else f"kept {kept}, timings {first} and {second}")
 PY
-expect 0 "merged: per scenario the median tokens/s of the 2 runs" "$pipecheck" baseline update --from "$work/r" --from "$work/r" --to "$work/bl/twice"
+expect 0 "merged: per scenario the fastest of the 2 runs' tokens/s" "$pipecheck" baseline update --from "$work/r" --from "$work/r" --to "$work/bl/twice"
 expect 0 "^pp2,.*,2,[0-9a-f]{16},flavor=" tail -n 1 "$work/bl/twice/summary.csv"
 # Nothing writes into the baselines it is held to: a run or comparison whose --out lies inside (or
 # holds) them, and a promotion from a baseline into itself, are refused before anything is written.

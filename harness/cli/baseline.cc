@@ -40,8 +40,8 @@ int UpdateBaseline(const BaselineUpdateOptions& options) {
   fmt::print("baseline {} now holds {} {}: {}\n", to, options.from.size() == 1 ? "the run of" : "the runs of",
              fmt::join(options.from, ", "), fmt::join(written, ", "));
   if (options.from.size() > 1) {
-    fmt::print("merged: per scenario the median tokens/s of the {} runs and their spread, which `compare` allows "
-               "for\n", options.from.size());
+    fmt::print("merged: per scenario the fastest of the {} runs' tokens/s and their spread, which `compare` "
+               "allows for\n", options.from.size());
   }
   const auto ungated = reports::ScenariosWithoutSpread(to);
   if (!ungated.empty()) {
