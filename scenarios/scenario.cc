@@ -1001,8 +1001,7 @@ std::atomic<int64_t> g_suites_loaded{0};
 
 int64_t SuitesLoaded() { return g_suites_loaded.load(); }
 
-std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& vocabulary) {
-  ++g_suites_loaded;
+std::string ReadSuiteText(const std::string& path) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
     throw ScenarioError(fmt::format("{}: is a directory: expected a scenario CSV file", path));
@@ -1016,7 +1015,12 @@ std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& v
   if (contents.size() > kMaxSuiteBytes) {
     throw ScenarioError(fmt::format("{}: larger than {} MiB: not a scenario suite", path, kMaxSuiteBytes >> 20));
   }
-  return ParseScenarios(contents, path, vocabulary);
+  return contents;
+}
+
+std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& vocabulary) {
+  ++g_suites_loaded;
+  return ParseScenarios(ReadSuiteText(path), path, vocabulary);
 }
 
 std::vector<Scenario> SelectScenarios(const std::vector<Scenario>& scenarios, const std::string& globs,

@@ -152,6 +152,9 @@ struct Vocabulary {
 // the table the loader reads with (a test keeps the document equal to it).
 std::string ColumnsMarkdown(const Vocabulary& vocabulary);
 
+// A suite file's text, at most 16 MiB of it; throws ScenarioError (a directory, unreadable, larger).
+std::string ReadSuiteText(const std::string& path);
+
 // Loads and validates a suite; throws ScenarioError.
 std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& vocabulary);
 

@@ -118,6 +118,14 @@ expect 2 ":1:3: empty column name in the header \(a trailing or doubled comma\?\
 expect 0 "1 scenarios, all valid" "$pipecheck" validate --scenarios <(printf 'name,layers\n  # an indented comment\nx,2\n')
 expect 0 "2 scenarios, all valid" "$pipecheck" validate --scenarios <(printf 'name,layers\rx,2\ry,3\r')
 expect 2 "value 'x\\\\x01\\\\xff': expected an integer" "$pipecheck" validate --scenarios <(printf 'name,layers\na,x\001\377\n')
+# validate --each: one verdict a row, the file's own line numbers kept; a row refused alone is named
+# with its error, the valid rows said valid, then the whole file (two rows of one name) is checked.
+expect 2 "fd/[0-9]+:3:3: column 'heads', value '5': heads must divide hidden" "$pipecheck" validate --each --scenarios <(printf 'name,hidden,heads\n# a comment\nbad,64,5\ngood,64,4\n')
+expect 2 "fd/[0-9]+:4: valid" "$pipecheck" validate --each --scenarios <(printf 'name,hidden,heads\n# a comment\nbad,64,5\ngood,64,4\n')
+expect 2 "2 rows, 1 valid, 1 refused" "$pipecheck" validate --each --scenarios <(printf 'name,hidden,heads\n# a comment\nbad,64,5\ngood,64,4\n')
+expect 0 "2 rows, 2 valid, 0 refused" "$pipecheck" validate --each --scenarios <(printf 'name,layers\rx,2\ry,3\r')
+expect 2 "fd/[0-9]+:3:1: column .name., value .x.: duplicate scenario name" "$pipecheck" validate --each --scenarios <(printf 'name\nx\nx\n')
+expect 2 "larger than 16 MiB: not a scenario suite" "$pipecheck" validate --each --scenarios /dev/zero
 expect 2 ":2:1: a quoted field spans lines; scenario values cannot contain line breaks" "$pipecheck" validate --scenarios <(printf 'name,layers\n"a\nb",2\n')
 printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,optimizer,lr\ndiverge,2,2,16,4,2,8,adamw,10\n' >"$work/diverge.csv"
 expect 1 "diverge +ERROR .*reference diverged at step 1: loss" "$pipecheck" run --scenarios "$work/diverge.csv" --out "$work/dv"
