@@ -482,9 +482,8 @@ std::string ReplicaPrefix(int replicas, int replica) {
 // Each replica's ranks as the boundary judge reads them, made once for every step: their ranks
 // and boundary records only. Replica r's microbatch m is the global batch's microbatch
 // r x microbatches + m (the oracle cuts the batch into data_parallel x microbatches), and its
-// records say so. A replica's loss terms are data_parallel times the whole batch's (its gradients
-// are averaged, not summed): so are its boundary gradients, compared at the whole batch's scale,
-// their hash (of the unscaled bits) not compared.
+// records say so. A replica's loss terms are over the whole batch's tokens (the replicas'
+// gradients are summed), so its boundary gradients are at the reference's scale, bits and all.
 std::vector<std::vector<pipeline::RankResult>> BoundaryViews(const std::vector<pipeline::RankResult>& ranks,
                                                              int microbatches) {
   const int replicas = ReplicasOf(ranks);
@@ -495,10 +494,6 @@ std::vector<std::vector<pipeline::RankResult>> BoundaryViews(const std::vector<p
     view.boundaries = rank.boundaries;
     for (auto& record : view.boundaries) {
       record.microbatch += rank.replica * microbatches;
-      if (replicas == 1 || record.direction != pipeline::Direction::kGradient) continue;
-      auto& f = record.fingerprint;
-      f.sum /= replicas, f.norm /= replicas, f.max_abs /= replicas, f.row_weighted_sum /= replicas;
-      f.hashed = false;
     }
     views[static_cast<size_t>(rank.replica)].push_back(std::move(view));
   }

@@ -65,12 +65,13 @@ class DetachInput : public Fault {
   }
 };
 
-// mean_of_microbatch_means: each microbatch's loss divided by its own tokens, then by m.
+// mean_of_microbatch_means: each microbatch's loss divided by its own tokens, then by m (and by
+// the replicas, whose gradients are summed).
 class MeanOfMicrobatchMeans : public Fault {
  public:
   using Fault::Fault;
   double LossDenominator(const LossTokens& tokens) const override {
-    return static_cast<double>(tokens.microbatch) * static_cast<double>(context().microbatches);
+    return static_cast<double>(tokens.microbatch) * static_cast<double>(context().microbatches) * tokens.replicas;
   }
 };
 
@@ -412,12 +413,15 @@ std::unique_ptr<Fault> Make(const FaultContext& context) {
 
 }  // namespace
 
-// dp_sum_not_average: the replicas' gradients summed and never divided by their count (an
-// all-reduce with SUM where AVG was meant): every gradient data_parallel times too large.
+// dp_sum_not_average: each replica divides its loss by its own share of the batch's tokens, as
+// if it were the whole batch, and the replicas' gradients are summed and never divided by their
+// count (an all-reduce with SUM where AVG was meant): every gradient data_parallel times too large.
 class DpSumNotAverage : public Fault {
  public:
   using Fault::Fault;
-  void EditGradientPath(GradientPath& path) override { Find(path, GradientOp::kReplicaAverage)->divisor = 1; }
+  double LossDenominator(const LossTokens& tokens) const override {
+    return static_cast<double>(tokens.batch) / tokens.replicas;
+  }
 };
 
 // dp_skip_stage: the last stage's rank never averages across replicas (its bucket left out of
@@ -470,7 +474,9 @@ class ClipAfterOptimizerStep : public Fault {
 class DpLocalTokenMean : public Fault {
  public:
   using Fault::Fault;
-  double LossDenominator(const LossTokens& tokens) const override { return static_cast<double>(tokens.replica); }
+  double LossDenominator(const LossTokens& tokens) const override {
+    return static_cast<double>(tokens.replica) * tokens.replicas;  // the replicas' sum: their mean
+  }
 };
 
 // recompute_stale_input: the input a stage keeps for recomputation lives in one buffer per stage,

@@ -21,9 +21,10 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
 // stage's ranks when they differ; none otherwise.
 std::vector<std::pair<int, int>> TiedChannels(const PipelineConfig& config, const PipelineShape& shape);
 
-// Averages `parameters`' gradients across the replicas (the data-parallel group `replicas`): one
+// Combines `parameters`' gradients across the replicas (the data-parallel group `replicas`): one
 // flat bucket per dtype, summed by an all-reduce (the same bits on every replica) and divided by
-// `divisor` (the replica count), then copied back. Each of `alone` (gradients among `parameters`
+// `divisor` (1: each replica's loss was already divided by the whole batch's tokens, so the sum
+// is the average), then copied back. Each of `alone` (gradients among `parameters`
 // that another rank of the pipeline also averages: a tied weight's copies) goes in a bucket of
 // its own, so both owners all-reduce the same tensor of the same size and get the same bits
 // (Gloo's ring sums each chunk of a bucket in an order that depends on where the chunk lies: a

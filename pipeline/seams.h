@@ -40,12 +40,17 @@ class TensorSeams {
   virtual ~TensorSeams() = default;
   // The activation a stage takes from another rank, already a leaf that requires its gradient.
   virtual torch::Tensor ReceivedInput(const torch::Tensor& input) const { return input; }
-  // The denominator of a microbatch's loss term: the whole global batch's tokens over the
-  // replicas, so the replicas' average of their gradients is the whole batch's gradient; under
-  // microbatch_mean its own tokens times the replica's microbatches (the replicas then average).
+  // The denominator of a microbatch's loss term: the whole global batch's tokens, so the sum of
+  // the replicas' gradients is the whole batch's gradient; under microbatch_mean its own tokens
+  // times every microbatch of the step (each replica's, times the replicas). The same scale as
+  // the single-device reference's: a reduced-precision backward then rounds as the reference's
+  // does, where a replica's share (tokens / replicas) scaled by a non-power of two rounds
+  // otherwise (bfloat16, three replicas: 9e-3 against the reference's float32 sums).
   virtual double LossDenominator(const LossTokens& tokens) const {
-    if (tokens.mean_over > 0) return static_cast<double>(tokens.microbatch) * static_cast<double>(tokens.mean_over);
-    return static_cast<double>(tokens.batch) / tokens.replicas;
+    if (tokens.mean_over > 0) {
+      return static_cast<double>(tokens.microbatch) * static_cast<double>(tokens.mean_over) * tokens.replicas;
+    }
+    return static_cast<double>(tokens.batch);
   }
   // The tensor a stage takes as its received input of `microbatch`: the received leaf itself.
   virtual torch::Tensor ReceiveBuffer(int /*stage*/, int /*microbatch*/, const torch::Tensor& input) { return input; }

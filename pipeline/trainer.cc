@@ -88,7 +88,7 @@ void PipelineTrainer::AverageReplicas(int64_t step, RankResult& result, const Gr
   averaged_this_step_ = true;
   const double start = executor_->HostMicroseconds();
   const auto parameters = pipeline::OwnedParameters(stages_, config_.train.model.tied, average.tied_copy_averaged);
-  const int divisor = average.divisor == 0 ? static_cast<int>(config_.data_parallel) : average.divisor;
+  const int divisor = average.divisor == 0 ? 1 : average.divisor;  // the loss holds the 1 / replicas
   const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_), divisor, *replicas_, replica_buckets_);
   const double end = executor_->HostMicroseconds();
   const double step_start = StepStartMicroseconds(result, step);
@@ -207,10 +207,11 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   for (auto stage = path.begin(); stage != tail; ++stage) RunGradientStage(*stage, step, result, started);
   EndPhase();
   if (replicas_ != nullptr && loss.defined()) {
-    // The step's loss over the whole global batch: the replicas' terms averaged, as their gradients are.
+    // The step's loss over the whole global batch: the replicas' terms (each over the whole
+    // batch's denominator) summed, as their gradients are.
     auto total = loss.reshape({1}).to(torch::kCPU, torch::kFloat64).contiguous();
     replicas_->AllReduceSum(total);
-    loss = total[0] / config_.data_parallel;
+    loss = total[0];
   }
   const auto messages = transport_.Stop();
   result.messages.insert(result.messages.end(), messages.begin(), messages.end());
