@@ -127,7 +127,10 @@ struct Verdicts {
 // 2d's tolerance, relative to each gradient's norm: bfloat16 keeps 8 significant bits (a
 // rounding of up to 2^-9 = 2e-3 of a value), so a sum of m microbatches kept in bfloat16 drifts
 // by several such roundings, while the pipeline and the reference differ by float32 sums only.
-constexpr double kAccumulationTol = 1e-3;
+// Set between the two, measured on every pairwise combination of the trainer's features in
+// bfloat16 (36 rows, 2 to 24 microbatches a replica): a correct pipeline at most 8.5e-5, sums
+// kept in bfloat16 at least 2.0e-3; 4e-4 leaves 4.7x below and 5x above (docs/faults.md).
+constexpr double kAccumulationTol = 4e-4;
 
 // Whether 2d runs: reduced-precision rows of pipecheck's own trainer, which promises float32 sums
 // (another trainer's accumulation dtype is its own business, judged by 2b's tolerance), on any

@@ -676,8 +676,9 @@ void CheckVirtualStages(Scenario& s, unsigned line, const Locator& at) {
   const auto& rules = CurrentVocabulary()->schedule_rules;
   const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == s.schedule; });
   if (rule != rules.end() && rule->fixed_virtual_stages > 0) {
-    // A V is two stages per rank: that count, or the column's default.
-    if (s.virtual_stages > rule->fixed_virtual_stages) {
+    // A V is two stages per rank: that count, or the column left out (resolved to it above); a
+    // count given otherwise is refused, 1 included, rather than quietly taken as 2.
+    if (s.virtual_stages != rule->fixed_virtual_stages) {
       throw at.At(line, "virtual_stages", std::to_string(s.virtual_stages),
                   fmt::format("schedule '{}' places {} stages per rank in a V: virtual_stages must be {} (or left out)",
                               s.schedule, rule->fixed_virtual_stages == 2 ? "two" : std::to_string(rule->fixed_virtual_stages),

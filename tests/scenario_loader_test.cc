@@ -160,10 +160,15 @@ TEST(ScenarioLoader, RejectsUnknownEnumValuesListingTheAllowedOnes) {
   EXPECT_EQ(ErrorFor("name,schedule\nx,zigzag\n"),
             "suite.csv:2:2: column 'schedule', value 'zigzag': expected one of: gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev, "
             "loopedbfs");
-  // zbv is two stages per rank: its virtual_stages is 2 when left out, and nothing above 2.
+  // zbv is two stages per rank: its virtual_stages is 2 when left out, and nothing else when given
+  // (an explicit 1 was once taken as 2 without a word).
   EXPECT_EQ(ErrorFor("name,schedule,virtual_stages\nx,zbv,3\n"),
             "suite.csv:2:3: column 'virtual_stages', value '3': schedule 'zbv' places two stages per rank in a V: "
             "virtual_stages must be 2 (or left out)");
+  EXPECT_EQ(ErrorFor("name,schedule,virtual_stages\nx,dualpipev,1\n"),
+            "suite.csv:2:3: column 'virtual_stages', value '1': schedule 'dualpipev' places two stages per rank in a "
+            "V: virtual_stages must be 2 (or left out)");
+  EXPECT_EQ(harness::ParseSuite("name,schedule,virtual_stages\nx,zbv,\n", "s.csv")[0].virtual_stages, 2);
   EXPECT_EQ(harness::ParseSuite("name,schedule,world_size,partition\nx,zbv,2,1;1;1;1\n", "s.csv")[0].virtual_stages, 2);
   EXPECT_EQ(ErrorFor("name,schedule,world_size,virtual_stages,batch,microbatches\nx,interleaved,4,2,8,6\n"),
             "suite.csv:2:2: column 'schedule', value 'interleaved': interleaved needs microbatches to be a multiple "
