@@ -264,10 +264,16 @@ def main():
         chosen.append(best)
         covered |= pairs_of(best[1])
     out = open(args.out, "w") if args.out else sys.stdout
+    # CSV schedules are named relative to the suite that names them: to wherever it is written.
+    where = os.path.dirname(os.path.abspath(args.out)) if args.out else os.getcwd()
     writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     for index, (row, values) in enumerate(chosen):
-        writer.writerow(dict(row, name=f"pairs_{index:02d}_{values['schedule']}_p{row['world_size']}"))
+        schedule = row["schedule"]
+        if schedule.startswith("csv:"):
+            schedule = "csv:" + os.path.relpath(os.path.join(suite_dir, schedule[4:]), where)
+        writer.writerow(dict(row, schedule=schedule,
+                             name=f"pairs_{index:02d}_{values['schedule']}_p{row['world_size']}"))
     print(f"{len(chosen)} rows cover the {len(supported)} supported pairs", file=sys.stderr)
     return 0
 
