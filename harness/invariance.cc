@@ -314,7 +314,7 @@ std::string ArithmeticDifference(const ArithmeticKey& a, const ArithmeticKey& b)
   }
   if (a.data_parallel != b.data_parallel) {
     return fmt::format("{} vs {} replicas: each replica sums its own microbatches' gradients, then the replicas' "
-                       "sums are added and divided by their count", a.data_parallel, b.data_parallel);
+                       "sums are added", a.data_parallel, b.data_parallel);
   }
   // With one microbatch both ways are one sum of two terms, and addition commutes.
   if (a.tied && a.microbatches > 1 && a.tied_in_one_stage != b.tied_in_one_stage) {

@@ -16,7 +16,7 @@
 //    order, then over ranks in rank order;
 //  - the device and dtype, with the same intra-op threads in every variant.
 //  - the replicas (data_parallel): each sums its own microbatches, then the replicas' sums are
-//    added and divided by their count;
+//    added (each replica's loss already over the whole batch's tokens);
 // Where a layer runs, how many ranks there are, empty stages, the transport and recomputation
 // change none of these: a layer's arithmetic on a microbatch is the same wherever it runs, and
 // float64 messages carry their bits unchanged. That is the claim the bitwise assertion tests.
@@ -68,7 +68,7 @@ struct ArithmeticKey {
   std::string device;
   std::string dtype;
   int64_t microbatches = 1;   // of the global batch (data_parallel x each replica's)
-  int64_t data_parallel = 1;  // replicas whose sums are averaged
+  int64_t data_parallel = 1;  // replicas whose sums are added
   std::vector<std::pair<std::string, std::vector<int>>> accumulation;  // unit -> microbatch order (per replica)
   std::vector<int> loss_order;
   bool tied_in_one_stage = false;  // only meaningful when tied

@@ -142,8 +142,8 @@ void Executor::Forward(const Action& action, StepState& state) {
   state.losses[{s, mb}] = loss;
 }
 
-// Summed token loss over the *whole global batch's* token count (over the replicas, which
-// average): microbatch terms add up exactly.
+// Summed token loss over the *whole global batch's* token count (the replicas' gradients are
+// then summed): microbatch terms add up exactly.
 torch::Tensor Executor::LossOf(const torch::Tensor& output, int microbatch, const StepState& state) const {
   const auto& part = state.microbatches[microbatch];
   const LossTokens tokens{part.valid_tokens, state.replica_tokens, state.batch.valid_tokens, config_.data_parallel,

@@ -254,7 +254,7 @@ std::string MergedSummary(const std::vector<std::string>& summaries) {
       // The fastest run's row stands for the scenario (a run without a rate never does).
       const auto fastest = std::max_element(rows.begin(), rows.end(), [](const SummaryRow* a, const SummaryRow* b) {
         const double x = Measured(a->pp_tokens_per_s), y = Measured(b->pp_tokens_per_s);
-        return std::isnan(x) || (!std::isnan(y) && x < y);
+        return (std::isnan(x) && !std::isnan(y)) || x < y;  // NaN below every rate
       });
       chosen = **fastest;
       const double between = RobustSpread(rates);

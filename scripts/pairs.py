@@ -256,7 +256,8 @@ def main():
             print(f"uncovered: {show(pair)}")
         return 1 if missing else 0
     kept = [row for row in read_suite(args.keep) if counted(row)] if args.keep else []
-    covered = set().union(set(), *(pairs_of(classify(row, suite_dir)) for row in kept))
+    kept_dir = os.path.dirname(os.path.abspath(args.keep)) if args.keep else suite_dir
+    covered = set().union(set(), *(pairs_of(classify(row, kept_dir)) for row in kept))
     chosen = []
     cost = lambda row: (row["world_size"] * row["data_parallel"], row["virtual_stages"], row["accumulation"])
     while supported - covered:

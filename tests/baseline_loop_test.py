@@ -53,14 +53,14 @@ check(code == 0, f"baseline update: exit {code}\n{output}")
 recorded = rows(baselines / "test-runner/summary.csv")
 rates = sorted(float(rows(out / "summary.csv")[0]["pp_tokens_per_s"]) for out in runs)
 check(len(recorded) == 1 and recorded[0]["pp_tokens_per_s_runs"] == "3", f"baseline: three runs merged: {recorded}")
-check(abs(float(recorded[0]["pp_tokens_per_s"]) - rates[1]) < 1e-6 * rates[1], "baseline: the median run's tokens/s")
+check(abs(float(recorded[0]["pp_tokens_per_s"]) - rates[2]) < 1e-6 * rates[2], "baseline: the fastest run's tokens/s")
 spread = float(recorded[0]["pp_tokens_per_s_spread"])
 # Robust: 1.4826 x the median absolute deviation of the runs' tokens/s, or their own spreads'
 # median (each over its timed steps), whichever is larger.
 between = 1.4826 * sorted(abs(r - rates[1]) for r in rates)[1] / rates[1]
 within = sorted(float(rows(out / "summary.csv")[0]["pp_tokens_per_s_spread"]) for out in runs)[1]
 check(abs(spread - max(between, within)) < 1e-9, f"baseline: spread max({between}, {within}): {spread}")
-print(f"baseline: tokens/s {rates} -> median {rates[1]:.0f}, spread {100 * spread:.1f}%")
+print(f"baseline: tokens/s {rates} -> fastest {rates[2]:.0f}, spread {100 * spread:.1f}%")
 
 code, output = run("run", "--scenarios", str(suite), "--only", scenario, "--out", str(work / "again"),
                    "--baseline-dir", str(baselines), "--runner", "test-runner")

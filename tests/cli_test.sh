@@ -126,6 +126,7 @@ expect 2 "2 rows, 1 valid, 1 refused" "$pipecheck" validate --each --scenarios <
 expect 0 "2 rows, 2 valid, 0 refused" "$pipecheck" validate --each --scenarios <(printf 'name,layers\rx,2\ry,3\r')
 expect 2 "fd/[0-9]+:3:1: column .name., value .x.: duplicate scenario name" "$pipecheck" validate --each --scenarios <(printf 'name\nx\nx\n')
 expect 2 "larger than 16 MiB: not a scenario suite" "$pipecheck" validate --each --scenarios /dev/zero
+expect 0 "1 rows, 1 valid, 0 refused" "$pipecheck" validate --each --scenarios <(printf '\xef\xbb\xbf# a comment after a byte-order mark\nname,layers\nx,2\n')
 expect 2 ":2:1: a quoted field spans lines; scenario values cannot contain line breaks" "$pipecheck" validate --scenarios <(printf 'name,layers\n"a\nb",2\n')
 printf 'name,world_size,layers,hidden,batch,microbatches,seq_len,optimizer,lr\ndiverge,2,2,16,4,2,8,adamw,10\n' >"$work/diverge.csv"
 expect 1 "diverge +ERROR .*reference diverged at step 1: loss" "$pipecheck" run --scenarios "$work/diverge.csv" --out "$work/dv"

@@ -80,8 +80,7 @@ TEST(ArithmeticKey, ReplicasChangeTheSumAndRecomputationDoesNot) {
   replicated.data_parallel = 2;
   replicated.microbatches = 2;  // the global batch still in 4 microbatches of the same rows
   EXPECT_EQ(Difference(base, replicated),
-            "1 vs 2 replicas: each replica sums its own microbatches' gradients, then the replicas' sums are added "
-            "and divided by their count");
+            "1 vs 2 replicas: each replica sums its own microbatches' gradients, then the replicas' sums are added");
   // Replicated pipelines of other shapes and schedules keep the same arithmetic among themselves.
   auto other = With(replicated, 4, "gpipe", 1, "uniform", 2);
   other.data_parallel = 2;
