@@ -29,12 +29,10 @@ struct GradientContext {
 
 struct GradientStage {
   GradientOp op = GradientOp::kTransform;
-  // kReplicaAverage: what the replicas' sum is divided by (0: nothing, as each replica's loss is
-  // divided by the whole global batch's tokens, so the sum is the average); whether the
-  // tied weight's last-stage copy is averaged beside the first stage's (else it counts once, as
-  // in the clipping norm); whether it is issued once microbatch 0's backward is done instead of
-  // after the last backward.
-  int divisor = 0;
+  // kReplicaAverage (the replicas' sum, which is their average: each replica's loss is divided by
+  // the whole global batch's tokens): whether the tied weight's last-stage copy is averaged beside
+  // the first stage's (else it counts once, as in the clipping norm); whether it is issued once
+  // microbatch 0's backward is done instead of after the last backward.
   bool tied_copy_averaged = true;
   bool after_first_microbatch = false;
   // kClip: the norm over every rank (else this rank's own), with the tied weight once (else its

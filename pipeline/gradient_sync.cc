@@ -54,8 +54,9 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
 
 namespace {
 
-// One bucket's average: `gradients` (one dtype) flattened into `bucket`, summed, divided, copied back.
-void AverageBucket(const std::vector<torch::Tensor>& gradients, int divisor, Transport& replicas, torch::Tensor& bucket,
+// One bucket's average: `gradients` (one dtype) flattened into `bucket`, summed (the loss holds the
+// 1 / replicas), copied back.
+void AverageBucket(const std::vector<torch::Tensor>& gradients, Transport& replicas, torch::Tensor& bucket,
                    ReplicaTraffic& traffic) {
   std::vector<torch::Tensor> flat;
   int64_t elements = 0;
@@ -68,7 +69,6 @@ void AverageBucket(const std::vector<torch::Tensor>& gradients, int divisor, Tra
   }
   torch::cat_out(bucket, flat);
   replicas.AllReduceSum(bucket);
-  if (divisor != 1) bucket.div_(divisor);
   int64_t offset = 0;
   for (const auto& gradient : gradients) {
     gradient.copy_(bucket.narrow(0, offset, gradient.numel()).view(gradient.sizes()));
@@ -81,7 +81,7 @@ void AverageBucket(const std::vector<torch::Tensor>& gradients, int divisor, Tra
 }  // namespace
 
 ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters,
-                                     const std::vector<torch::Tensor>& alone, int divisor, Transport& replicas,
+                                     const std::vector<torch::Tensor>& alone, Transport& replicas,
                                      ReplicaBuckets& persistent) {
   ReplicaTraffic traffic;
   std::map<torch::ScalarType, std::vector<torch::Tensor>> shared;
@@ -99,10 +99,10 @@ ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameter
     }
   }
   for (auto& [dtype, gradients] : shared) {
-    AverageBucket(gradients, divisor, replicas, persistent[std::string("bucket ") + c10::toString(dtype)], traffic);
+    AverageBucket(gradients, replicas, persistent[std::string("bucket ") + c10::toString(dtype)], traffic);
   }
   for (size_t i = 0; i < own.size(); ++i) {
-    AverageBucket({own[i]}, divisor, replicas, persistent["alone " + std::to_string(i)], traffic);
+    AverageBucket({own[i]}, replicas, persistent["alone " + std::to_string(i)], traffic);
   }
   return traffic;
 }

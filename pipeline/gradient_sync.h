@@ -22,9 +22,8 @@ void SyncTiedGradients(const Stages& stages, const PipelineConfig& config, const
 std::vector<std::pair<int, int>> TiedChannels(const PipelineConfig& config, const PipelineShape& shape);
 
 // Combines `parameters`' gradients across the replicas (the data-parallel group `replicas`): one
-// flat bucket per dtype, summed by an all-reduce (the same bits on every replica) and divided by
-// `divisor` (1: each replica's loss was already divided by the whole batch's tokens, so the sum
-// is the average), then copied back. Each of `alone` (gradients among `parameters`
+// flat bucket per dtype, summed by an all-reduce (the same bits on every replica; each replica's
+// loss was divided by the whole batch's tokens, so the sum is the average), then copied back. Each of `alone` (gradients among `parameters`
 // that another rank of the pipeline also averages: a tied weight's copies) goes in a bucket of
 // its own, so both owners all-reduce the same tensor of the same size and get the same bits
 // (Gloo's ring sums each chunk of a bucket in an order that depends on where the chunk lies: a
@@ -38,7 +37,7 @@ struct ReplicaTraffic {
 };
 using ReplicaBuckets = std::map<std::string, torch::Tensor>;
 ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters,
-                                     const std::vector<torch::Tensor>& alone, int divisor, Transport& replicas,
+                                     const std::vector<torch::Tensor>& alone, Transport& replicas,
                                      ReplicaBuckets& buckets);
 
 // The tied weight's copies this rank holds (none untied): what AverageAcrossReplicas takes alone.

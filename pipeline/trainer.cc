@@ -88,8 +88,7 @@ void PipelineTrainer::AverageReplicas(int64_t step, RankResult& result, const Gr
   averaged_this_step_ = true;
   const double start = executor_->HostMicroseconds();
   const auto parameters = pipeline::OwnedParameters(stages_, config_.train.model.tied, average.tied_copy_averaged);
-  const int divisor = average.divisor == 0 ? 1 : average.divisor;  // the loss holds the 1 / replicas
-  const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_), divisor, *replicas_, replica_buckets_);
+  const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_), *replicas_, replica_buckets_);
   const double end = executor_->HostMicroseconds();
   const double step_start = StepStartMicroseconds(result, step);
   result.collectives.push_back({step, traffic.elements, traffic.bytes, config_.data_parallel, start - step_start,
