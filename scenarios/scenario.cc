@@ -957,9 +957,7 @@ std::vector<Scenario> ParseScenarios(const std::string& raw_text, const std::str
   if (raw_text.find('\0') != std::string::npos) {
     throw ScenarioError(fmt::format("{}: not a text file (it holds NUL bytes): expected a scenario CSV", file));
   }
-  // A UTF-8 byte-order mark (spreadsheets write one) is no part of the first column's name.
-  const bool bom = raw_text.rfind("\xEF\xBB\xBF", 0) == 0;
-  const std::string text = NormaliseLines(bom ? raw_text.substr(3) : raw_text);
+  const std::string text = SuiteTextAsRead(raw_text);
   RejectQuotedLineBreaks(text, file);
   const Header header = ReadHeader(file, text);
   const Locator at(file, header);
@@ -1017,6 +1015,12 @@ std::string ReadSuiteText(const std::string& path) {
     throw ScenarioError(fmt::format("{}: larger than {} MiB: not a scenario suite", path, kMaxSuiteBytes >> 20));
   }
   return contents;
+}
+
+std::string SuiteTextAsRead(const std::string& raw_text) {
+  // A UTF-8 byte-order mark (spreadsheets write one) is no part of the first column's name.
+  const bool bom = raw_text.rfind("\xEF\xBB\xBF", 0) == 0;
+  return NormaliseLines(bom ? raw_text.substr(3) : raw_text);
 }
 
 std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& vocabulary) {

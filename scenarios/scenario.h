@@ -155,6 +155,10 @@ std::string ColumnsMarkdown(const Vocabulary& vocabulary);
 // A suite file's text, at most 16 MiB of it; throws ScenarioError (a directory, unreadable, larger).
 std::string ReadSuiteText(const std::string& path);
 
+// A suite's text as the loader reads it: without a byte-order mark, CR-only line ends made LF,
+// indented comments blanked (a comment starting its line stays); line numbers stay the file's.
+std::string SuiteTextAsRead(const std::string& raw_text);
+
 // Loads and validates a suite; throws ScenarioError.
 std::vector<Scenario> LoadScenarios(const std::string& path, const Vocabulary& vocabulary);
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,23 +14,9 @@ namespace pipecheck::cli {
 
 namespace {
 
-// A suite's lines, whichever line ends it uses (LF,
-// CRLF, CR), as the loader reads them.
-std::vector<std::string> LinesOf(const std::string& contents) {
-  std::vector<std::string> lines(1);
-  for (size_t i = 0; i < contents.size(); ++i) {
-    if (contents[i] == '\r' || contents[i] == '\n') {
-      if (contents[i] == '\r' && i + 1 < contents.size() && contents[i + 1] == '\n') ++i;
-      lines.emplace_back();
-    } else {
-      lines.back() += contents[i];
-    }
-  }
-  return lines;
-}
-
+// A line the loader skips: blank, or a comment (the text as read leaves a comment's '#' first).
 bool Skipped(const std::string& line) {
-  const auto first = line.find_first_not_of(" \t");
+  const auto first = line.find_first_not_of(" \t\r");
   return first == std::string::npos || line[first] == '#';
 }
 
@@ -39,8 +26,10 @@ bool Skipped(const std::string& line) {
 // pairwise generator) learns from one call which of them the loader takes, and why not.
 int ValidateEach(const std::string& path, const std::string& device) {
   const std::string contents = scenarios::ReadSuiteText(path);
-  auto lines = LinesOf(contents);
-  if (lines[0].rfind("\xEF\xBB\xBF", 0) == 0) lines[0].erase(0, 3);  // a byte-order mark, as the loader skips it
+  // The lines as the loader reads them (no byte-order mark, CR-only ends made LF).
+  std::vector<std::string> lines;
+  std::stringstream text_as_read(scenarios::SuiteTextAsRead(contents));
+  for (std::string line; std::getline(text_as_read, line);) lines.push_back(line);
   scenarios::Vocabulary vocabulary = harness::PipelineVocabulary();
   vocabulary.device = device;
   size_t header = 0;
