@@ -74,9 +74,10 @@ test-oldest:
 
 # Mutation testing (not in `make test`: one rebuild and one default-suite run per mutant): the
 # one-line bugs of tests/mutants/pipeline.txt planted in pipeline/ one at a time, each file put back
-# after its run. MUTANTS=id,id runs some of them.
+# after its run. MUTANTS=id,id runs some of them; MUTANT_LIST=FILE another list
+# (tests/mutants/pipeline-second.txt: written from the code alone, not beside the rows that kill it).
 mutants: build
-	scripts/mutants.py --build $(BUILD_DIR) $(if $(MUTANTS),--only $(MUTANTS))
+	scripts/mutants.py --build $(BUILD_DIR) $(if $(MUTANT_LIST),--list $(MUTANT_LIST)) $(if $(MUTANTS),--only $(MUTANTS))
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over pipecheck's own code (LibTorch stays
 # uninstrumented), in its own build directory: the unit tests, then the core suite, whose ranks

@@ -594,6 +594,7 @@ std::vector<reports::ScenarioReport> RunVariants(const std::vector<Variant>& var
   suite.launch.work_directory = (std::filesystem::path(options.out) / "work").string();
   suite.launch.worker_args = {"--save-tensors"};
   suite.launch.timed_steps = 0;  // the variants are compared for their numbers; their speed is not gated
+  suite.launch.timed_steps_given = true;  // whatever a row says
   suite.timeout_seconds = options.timeout_seconds;
   suite.threads_per_rank = options.threads;  // the same in every variant: the matrix compares their bits
   std::vector<Scenario> scenarios;

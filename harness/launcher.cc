@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "harness/external.h"
+#include "harness/fork_server.h"
 #include "harness/measurements.h"
 #include "harness/parity.h"
 #include "harness/scenario_model.h"
@@ -138,13 +139,15 @@ struct ProcessCommand {
 
 // Rank `rank` of pipecheck's own trainer, or a single phase of another trainer's scenario: a
 // worker handed the scenario's plan.
-ProcessCommand WorkerCommand(const LaunchOptions& options, const std::string& plan, const std::string& directory,
-                             const std::string& phase = "") {
+ProcessCommand WorkerCommand(const scenarios::Scenario& scenario, const LaunchOptions& options, const std::string& plan,
+                             const std::string& directory, const std::string& phase = "") {
+  const int timed_steps = options.timed_steps_given || scenario.timed_steps < 0 ? options.timed_steps
+                                                                                 : static_cast<int>(scenario.timed_steps);
   ProcessCommand command;
   command.argv = {options.executable, "worker", "--plan", plan, "--out", directory, "--threads",
                   std::to_string(options.threads_per_rank)};
   if (!phase.empty()) command.argv.insert(command.argv.end(), {"--phase", phase});
-  if (phase.empty()) command.argv.insert(command.argv.end(), {"--timed-steps", std::to_string(options.timed_steps)});
+  if (phase.empty()) command.argv.insert(command.argv.end(), {"--timed-steps", std::to_string(timed_steps)});
   command.argv.insert(command.argv.end(), options.worker_args.begin(), options.worker_args.end());
   return command;
 }
@@ -153,6 +156,19 @@ ProcessCommand WorkerCommand(const LaunchOptions& options, const std::string& pl
 pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& options, const ProcessCommand& command,
                 int rank, int world, int port, const std::string& log) {
   const Binding binding = BindingOf(scenario, options, rank);
+  if (command.argv.size() > 1 && command.argv[1] == "worker" && command.argv[0] == CurrentExecutable()) {
+    SpawnRequest request{command.argv, command.environment, log, {}, binding.line};
+    request.environment.insert(request.environment.begin(),
+                               {{"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)},
+                                {"WORLD_SIZE", std::to_string(world)}, {"MASTER_ADDR", "127.0.0.1"},
+                                {"MASTER_PORT", std::to_string(port)}});
+    if (binding.bind) {
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &binding.cpus)) request.cpus.push_back(cpu);
+      }
+    }
+    if (const auto pid = ForkServerSpawn(request)) return *pid;
+  }
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
   if (pid > 0) return pid;
@@ -563,7 +579,7 @@ reports::ScenarioReport AttemptExternal(const Group& group, int port, bool& port
   Group single = group;
   single.flight_records = false;
   single.result_path.clear();
-  auto prepare = Spawn(scenario, group.options, 1, port, [&](int) { return WorkerCommand(group.options, group.plan, directory, "prepare"); },
+  auto prepare = Spawn(scenario, group.options, 1, port, [&](int) { return WorkerCommand(scenario, group.options, group.plan, directory, "prepare"); },
                        [&](int) { return (group.directory / "prepare.log").string(); });
   if (auto failed = Watch(single, prepare, port_busy)) {
     failed->summary.message = "preparing the trainer's inputs: " + failed->summary.message;
@@ -581,7 +597,7 @@ reports::ScenarioReport AttemptExternal(const Group& group, int port, bool& port
     return *failed;
   }
   single.result_path = group.result_path;
-  auto judge = Spawn(scenario, group.options, 1, port, [&](int) { return WorkerCommand(group.options, group.plan, directory, "judge"); },
+  auto judge = Spawn(scenario, group.options, 1, port, [&](int) { return WorkerCommand(scenario, group.options, group.plan, directory, "judge"); },
                      [&](int) { return (group.directory / "judge.log").string(); });
   if (auto failed = Watch(single, judge, port_busy)) return *failed;
   return Delivered(scenario, group.result_path, judge.front());
@@ -600,7 +616,7 @@ reports::ScenarioReport Attempt(const Plan& plan, const LaunchOptions& options, 
   const Group group{scenario, plan_path, options, directory, result_path, true, std::chrono::steady_clock::now()};
   if (scenario.ExternalTrainer()) return AttemptExternal(group, port, port_busy);
   auto ranks = Spawn(scenario, options, static_cast<int>(scenario.Processes()), port,
-                     [&](int) { return WorkerCommand(options, plan_path, directory.string()); },
+                     [&](int) { return WorkerCommand(scenario, options, plan_path, directory.string()); },
                      [&](int r) { return (directory / fmt::format("rank{}.log", r)).string(); });
   if (auto failed = Watch(group, ranks, port_busy)) return *failed;
   return Delivered(scenario, result_path, ranks.front());

@@ -26,6 +26,9 @@ struct LaunchOptions {
   // Timed steps each rank takes for tokens/s's spread (worker --timed-steps): timing-only steps
   // after the judged ones make up the difference; 0 none (parity alone).
   int timed_steps = 0;
+  // Whether timed_steps was asked for (run --timed-steps): then it holds for every row, else a
+  // row's own timed_steps column does, where it has one.
+  bool timed_steps_given = false;
   std::vector<std::string> worker_args;  // further arguments for every rank's worker command
   // Called about every progress_seconds while a scenario runs, with the latest progress line of
   // its ranks ("step 3/24 loss 5.41"); none when empty.

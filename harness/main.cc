@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "harness/cli/commands.h"
 #include "harness/errors.h"
+#include "harness/fork_server.h"
 #include "harness/run_directory.h"
 #include "pipeline/schedule.h"
 #include "reference/host_memory.h"
@@ -44,17 +46,16 @@ int RunCommand(const Command& command) {
   return kExitBadInput;
 }
 
-}  // namespace
-}  // namespace pipecheck::cli
-
-int main(int argc, char** argv) {
-  pipecheck::reference::KeepFreedHostMemory();  // before anything is allocated: every command may train and time
+// The command line, dispatched: what main runs, and what each rank the fork server starts runs
+// with the argv an exec would have given it.
+int Dispatch(int argc, char** argv) {
   CLI::App app{"pipecheck: verifies a pipeline-parallel trainer against a single-device reference"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", fmt::format("pipecheck {} (LibTorch {}.{}.{}, CUDA devices: {})", PIPECHECK_VERSION,
-                                                  TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH,
-                                                  torch::cuda::device_count()));
-  using namespace pipecheck::cli;  // the subcommands, RunCommand and the exit codes
+  // Counted only when asked: counting initialises the CUDA driver, which no rank needs before it runs.
+  app.set_version_flag("--version", std::function<std::string()>([] {
+    return fmt::format("pipecheck {} (LibTorch {}.{}.{}, CUDA devices: {})", PIPECHECK_VERSION, TORCH_VERSION_MAJOR,
+                       TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, torch::cuda::device_count());
+  }));
   const std::vector<Command> commands = {AddValidate(app),   AddReference(app), AddDump(app),
                                          AddRun(app),        AddWorker(app),    AddInvariance(app),
                                          AddSchedule(app),   AddCompare(app),   AddBaselineUpdate(app)};
@@ -78,4 +79,21 @@ int main(int argc, char** argv) {
     if (command.app->parsed()) return RunCommand(command);
   }
   return kExitBadInput;
+}
+
+}  // namespace
+}  // namespace pipecheck::cli
+
+int main(int argc, char** argv) {
+  pipecheck::reference::KeepFreedHostMemory();  // before anything is allocated: every command may train and time
+  // The commands that start ranks fork their server now, while this process has no thread, no
+  // CUDA context and no OpenMP pool for a rank to inherit (harness/fork_server.h).
+  const std::string command = argc > 1 ? argv[1] : "";
+  if (command == "run" || command == "invariance") pipecheck::harness::StartForkServer(pipecheck::cli::Dispatch);
+  const int code = pipecheck::cli::Dispatch(argc, argv);
+  pipecheck::harness::StopForkServer();
+  // A rank has written and closed everything it hands over; LibTorch's static destructors would
+  // only deregister every operator again (0.19 s a process on 2 cores, more than a tiny scenario's training).
+  if (command == "worker") pipecheck::harness::EndRank(code);
+  return code;
 }

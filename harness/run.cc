@@ -87,6 +87,7 @@ SuiteRunOptions SuiteOptions(const RunOptions& options) {
   suite.launch.work_directory = (std::filesystem::path(options.out) / "work").string();
   suite.launch.bind_cpus = options.bind_cpus;
   suite.launch.timed_steps = options.timed_steps;
+  suite.launch.timed_steps_given = options.timed_steps_given;
   suite.timeout_seconds = options.timeout_seconds;
   suite.threads_per_rank = options.threads_per_rank;
   return suite;

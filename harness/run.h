@@ -20,6 +20,7 @@ struct RunOptions {
   std::string device;        // run-level override of every scenario's device ("" keeps each)
   bool bind_cpus = false;    // LaunchOptions::bind_cpus
   int timed_steps = 0;       // LaunchOptions::timed_steps
+  bool timed_steps_given = false;  // LaunchOptions::timed_steps_given
   std::string baseline;      // a baseline summary.csv or its directory to compare with ("" none)
   reports::CompareOptions limits;
   std::string junit;         // JUnit XML file to write ("" none)

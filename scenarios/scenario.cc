@@ -30,7 +30,7 @@ namespace pipecheck::scenarios {
 namespace {
 
 // The columns of a suite, in docs/scenarios.md order (Columns() lists them).
-constexpr size_t kColumnCount = 33;
+constexpr size_t kColumnCount = 34;
 
 const std::vector<std::string> kFlavors = {"llama", "gpt2"};
 const std::vector<std::string> kDtypes = DtypeNames();
@@ -58,6 +58,7 @@ constexpr int64_t kMaxVirtualStages = 16;
 constexpr int64_t kMaxBatch = 65536;  // also microbatches
 constexpr int64_t kMaxSeqLen = 65536;
 constexpr int64_t kMaxSteps = 100000;
+constexpr int64_t kMaxTimedSteps = 1000;  // as `run --timed-steps`
 constexpr int64_t kMaxAccumulation = 1024;
 constexpr size_t kMaxSuiteBytes = 16 << 20;  // a suite file
 
@@ -369,6 +370,11 @@ std::vector<Column> DataColumns() {
           .Means("the shortest sequence: lengths vary between the two").Default("seq_len"),
       ChoiceColumn("dtype", &Scenario::dtype, kDtypes).Means("parameters' and activations' dtype").InSummary(),
       IntegerColumn("steps", &Scenario::steps, 1, kMaxSteps).Means("judged optimizer steps").InSummary(),
+      TextColumn("timed_steps", [](Scenario& s, const std::string& v) { s.timed_steps = ParseInteger(v, 0, kMaxTimedSteps); },
+                 [](const Scenario& s) { return s.timed_steps < 0 ? std::string() : std::to_string(s.timed_steps); },
+                 fmt::format("0 to {}", kMaxTimedSteps))
+          .Means("steps timed for tokens/s and its spread, when `run --timed-steps` is not given (below)")
+          .Default("the run's: 20").Config(InConfiguration::kNever),
       ChoiceColumn("optimizer", &Scenario::optimizer, kOptimizers).Means("AdamW or plain SGD"),
       RealColumn("lr", &Scenario::lr, 0.0, /*min_allowed=*/false, "> 0, at most " + Short(kMaxLearningRate))
           .Means("learning rate"),
@@ -637,6 +643,10 @@ void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
     throw at.At(line, "accumulation", std::to_string(s.accumulation),
                 fmt::format("trainer {} runs one round of its schedule per step: accumulation needs trainer=pipecheck "
                             "or a framework (torchtitan, deepspeed, megatron)", s.trainer));
+  }
+  if (s.ExternalTrainer() && s.timed_steps >= 0) {
+    throw at.At(line, "timed_steps", std::to_string(s.timed_steps),
+                fmt::format("trainer {} is timed over its judged steps: timed_steps needs trainer=pipecheck", s.trainer));
   }
   if (s.world_size * s.data_parallel > kMaxWorldSize) {
     throw at.At(line, "data_parallel", std::to_string(s.data_parallel),

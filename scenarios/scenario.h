@@ -40,6 +40,9 @@ struct Scenario {
   int64_t seq_len_min = 0;  // resolved to seq_len when not given
   std::string dtype = "float64";
   int64_t steps = 2;
+  // Steps timed for tokens/s (judged ones after the warm-up, then timing-only ones), when the run
+  // is not told (`run --timed-steps`); -1: the run's default.
+  int64_t timed_steps = -1;
   std::string optimizer = "adamw";
   double lr = 1e-3;
   double clip = 0.0;

@@ -64,6 +64,10 @@ sed -i 's/^theirs,1$/theirs,1/; 1s/$/,trainer/; 2s/$/,pipecheck/; 3s/$/,torch/' 
 expect 3 "torchless.csv:3: scenario 'theirs': trainer=torch needs PyTorch >= 2.4 \(torch.distributed.pipelining\) in .*no-torch-python .*No module named torch" \
   env PIPECHECK_PYTHON="$work/no-torch-python" "$pipecheck" run --scenarios "$work/torchless.csv" --out "$work/r"
 test ! -e "$work/r/summary.csv" || { failed=$((failed + 1)); echo "FAIL: a refused suite still ran"; }
+printf 'name,timed_steps\nx,1001\n' >"$work/timed.csv"
+expect 2 "timed.csv:2:2: column 'timed_steps', value '1001'" "$pipecheck" validate --scenarios "$work/timed.csv"
+printf 'name,world_size,schedule,trainer,timed_steps\ntheirs,2,1f1b,torch,5\n' >"$work/timedtorch.csv"
+expect 2 "timed_steps needs trainer=pipecheck" "$pipecheck" validate --scenarios "$work/timedtorch.csv"
 printf 'name,world_size,trainer\nmine,1,external:nowhere/train.py\n' >"$work/noprogram.csv"
 expect 2 "noprogram.csv:2: scenario 'mine': trainer program .*nowhere/train.py is not there" \
   "$pipecheck" validate --scenarios "$work/noprogram.csv"
@@ -189,17 +193,21 @@ expect 1 "pp2 +REGRESSION.*tokens/s -50.0%" "$pipecheck" compare "$work/merged" 
 expect 0 "^pp2,.*,20$" tail -n 1 "$work/r/summary.csv"
 expect 1 "pp2 +REGRESSION.*tokens/s -50.0% \(limit" "$pipecheck" compare "$work/r" "$work/slow"
 # Without timing-only steps, a one-run baseline of 2 steps recorded no spread: tokens/s is not
-# gated, and it says why.
+# gated, and it says why (the current run timed as usual: 20 steps).
 # The slower run is this one's own halved (not another run's, whose speed a loaded machine decides).
 expect 0 "1 met their expectation" "$pipecheck" run --scenarios "$work/pp.csv" --out "$work/r1" --timed-steps 0
-mkdir -p "$work/slow1"
-/usr/bin/python3 -c 'import csv, sys
+mkdir -p "$work/slow1" "$work/slow1once"
+halve='import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 rows[0]["pp_tokens_per_s"] = str(float(rows[0]["pp_tokens_per_s"]) / 2)
+rows[0]["pp_timed_steps"] = sys.argv[3]
 out = csv.DictWriter(open(sys.argv[2], "w", newline=""), fieldnames=rows[0].keys())
-out.writeheader(); out.writerows(rows)' \
-  "$work/r1/summary.csv" "$work/slow1/summary.csv"
+out.writeheader(); out.writerows(rows)'
+/usr/bin/python3 -c "$halve" "$work/r1/summary.csv" "$work/slow1/summary.csv" 20
 expect 0 "pp2 +warning.*tokens/s -50.0%, not gated: the baseline recorded no spread" "$pipecheck" compare "$work/r1" "$work/slow1"
+# A current run that timed the row once has one sample of the runner's noise: not gated, no warning.
+/usr/bin/python3 -c "$halve" "$work/r1/summary.csv" "$work/slow1once/summary.csv" 1
+expect 0 "^pp2 +ok +PASS +PASS +-50.0% +not gated" "$pipecheck" compare "$work/r1" "$work/slow1once"
 expect 0 "recorded no tokens/s spread \(pp2\)" "$pipecheck" baseline update --from "$work/r1" --to "$work/bl1"
 expect 2 "not a pipecheck summary: column 'scenario' is missing" "$pipecheck" compare "$work/good.csv" "$work/r"
 expect 2 "^pipecheck compare: no baseline at .*/none: record one with .pipecheck baseline update" "$pipecheck" compare "$work/none" "$work/r"

@@ -249,6 +249,29 @@ TEST(NoiseAwareBaseline, WithoutASpreadThroughputIsNotGated) {
   EXPECT_EQ(reports::CompareSummaries(directory + "/baseline", directory + "/bigger", {}).rows[0].verdict, "REGRESSION");
 }
 
+// A row the run timed once (the default suite's generated rows, or --timed-steps 0) has one
+// sample of the runner's noise for its tokens/s: not gated, whatever spread the baseline has;
+// timed over several steps the same drop is a regression.
+TEST(NoiseAwareBaseline, ARowTimedOnceIsNotGated) {
+  const auto directory = testing::ScratchDirectory("timed_once");
+  auto merged = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
+  merged.summary.pp_tokens_per_s_spread = 0.05;
+  merged.summary.pp_tokens_per_s_runs = 3;
+  reports::WriteReports(directory + "/baseline", {merged});
+  auto compare = [&](int64_t timed) {
+    auto now = Row("s", "PASS", "pass", 500, 5e6, 1e-15);
+    now.summary.pp_timed_steps = timed;
+    reports::WriteReports(directory + "/current", {now});
+    return reports::CompareSummaries(directory + "/baseline", directory + "/current", {});
+  };
+  const auto once = compare(1);
+  EXPECT_EQ(once.regressions, 0);
+  EXPECT_EQ(once.rows[0].throughput_limit, "not gated");
+  EXPECT_EQ(once.rows[0].verdict, "ok");
+  EXPECT_EQ(once.rows[0].notes, "");
+  EXPECT_EQ(compare(5).regressions, 1);
+}
+
 // Names longer than the small-string buffer live on the heap: the list of scenarios that did not
 // meet their expectation, and the refusal that quotes it, must name them intact (they were read
 // from freed memory once, and printed garbage; the sanitizer build catches any relapse).

@@ -63,14 +63,17 @@ Command AddRun(CLI::App& app) {
              "scenario still making progress runs on, up to 10 times it");
   AddThreads(command, run.threads_per_rank, "Intra-op threads per rank (0: cores / world_size)");
   run.timed_steps = pipeline::kTimedSamples;
-  command->add_option("--timed-steps", run.timed_steps,
-                      "Steps each scenario of pipecheck's own trainer times for tokens/s and its spread: timing-only "
-                      "steps follow the judged ones where those time fewer, within 3 s at their pace (0: none)")
+  auto* timed_steps = command->add_option(
+      "--timed-steps", run.timed_steps,
+      "Steps each scenario of pipecheck's own trainer times for tokens/s and its spread: timing-only steps follow "
+      "the judged ones where those time fewer, within 3 s at their pace (0: none). Given, it holds for every row; "
+      "else a row's timed_steps column does")
       ->check(CLI::Range(0, 1000))->capture_default_str();
   command->add_flag("--bind-cpus", run.bind_cpus,
                     "Bind each CPU rank to its own contiguous share of this process's CPUs (not with runs side by side)");
-  return {command, "run", [options] {
+  return {command, "run", [options, timed_steps] {
             auto run = options->run;
+            run.timed_steps_given = timed_steps->count() > 0;
             const auto selected = SelectedScenarios(run.scenarios_path, options->only, run.device);
             // A scenario this build or machine cannot run at all is bad input, found before anything runs.
             if (const int code = CheckRunnableHere(selected, options->list ? " run --list" : " run")) return code;
