@@ -76,6 +76,8 @@ test-oldest:
 # one-line bugs of tests/mutants/pipeline.txt planted in pipeline/ one at a time, each file put back
 # after its run. MUTANTS=id,id runs some of them; MUTANT_LIST=FILE another list
 # (tests/mutants/pipeline-second.txt: written from the code alone, not beside the rows that kill it).
+MUTANTS ?=
+MUTANT_LIST ?=
 mutants: build
 	scripts/mutants.py --build $(BUILD_DIR) $(if $(MUTANT_LIST),--list $(MUTANT_LIST)) $(if $(MUTANTS),--only $(MUTANTS))
 
