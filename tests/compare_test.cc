@@ -24,6 +24,14 @@ namespace {
 using testing::SummaryRow;
 constexpr auto Row = &SummaryRow;
 
+// A PASS row of scenario "s" at 1000 tokens/s whose tokens/s spread `spread` over `runs` runs.
+reports::ScenarioReport RowWithSpread(double spread, int64_t runs) {
+  auto row = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
+  row.summary.pp_tokens_per_s_spread = spread;
+  row.summary.pp_tokens_per_s_runs = runs;
+  return row;
+}
+
 class Compare : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -254,10 +262,7 @@ TEST(NoiseAwareBaseline, WithoutASpreadThroughputIsNotGated) {
 // timed over several steps the same drop is a regression.
 TEST(NoiseAwareBaseline, ARowTimedOnceIsNotGated) {
   const auto directory = testing::ScratchDirectory("timed_once");
-  auto merged = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
-  merged.summary.pp_tokens_per_s_spread = 0.05;
-  merged.summary.pp_tokens_per_s_runs = 3;
-  reports::WriteReports(directory + "/baseline", {merged});
+  reports::WriteReports(directory + "/baseline", {RowWithSpread(0.05, 3)});
   auto compare = [&](int64_t timed) {
     auto now = Row("s", "PASS", "pass", 500, 5e6, 1e-15);
     now.summary.pp_timed_steps = timed;
@@ -352,9 +357,7 @@ TEST(NoiseAwareBaseline, ThreeRunsMergeIntoTheFastestAndARobustSpread) {
 // is a regression on every gated row (uncapped, 3 x 40% would allow -120%, below -100%).
 TEST(NoiseAwareBaseline, TheNoiseLimitIsCapped) {
   const auto directory = testing::ScratchDirectory("noise_cap");
-  auto noisy = Row("s", "PASS", "pass", 1000, 5e6, 1e-15);
-  noisy.summary.pp_tokens_per_s_spread = 0.40;
-  noisy.summary.pp_tokens_per_s_runs = 1;
+  auto noisy = RowWithSpread(0.40, 1);
   reports::WriteReports(directory + "/baseline", {noisy});
   auto compare = [&](double rate) {
     reports::WriteReports(directory + "/current", {Row("s", "PASS", "pass", rate, 5e6, 1e-15)});
