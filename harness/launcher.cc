@@ -76,6 +76,7 @@ struct Rank {
 struct Binding {
   bool bind = false;
   cpu_set_t cpus;
+  std::vector<int> listed;  // the same CPUs, for the fork server
   std::string line;
 };
 
@@ -87,6 +88,7 @@ Binding BindingOf(const scenarios::Scenario& scenario, const LaunchOptions& opti
   if (mine.empty()) return binding;
   CPU_ZERO(&binding.cpus);
   for (int cpu : mine) CPU_SET(cpu, &binding.cpus);
+  binding.listed = mine;
   binding.bind = true;
   binding.line = fmt::format("pipecheck: rank {} bound to CPUs {} of {}\n", rank, fmt::join(mine, ","),
                              fmt::join(allowed, ","));
@@ -156,18 +158,13 @@ ProcessCommand WorkerCommand(const scenarios::Scenario& scenario, const LaunchOp
 pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& options, const ProcessCommand& command,
                 int rank, int world, int port, const std::string& log) {
   const Binding binding = BindingOf(scenario, options, rank);
+  // torchrun's variables, then the command's own.
+  std::vector<std::pair<std::string, std::string>> environment = {
+      {"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world)},
+      {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}};
+  environment.insert(environment.end(), command.environment.begin(), command.environment.end());
   if (command.argv.size() > 1 && command.argv[1] == "worker" && command.argv[0] == CurrentExecutable()) {
-    SpawnRequest request{command.argv, command.environment, log, {}, binding.line};
-    request.environment.insert(request.environment.begin(),
-                               {{"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)},
-                                {"WORLD_SIZE", std::to_string(world)}, {"MASTER_ADDR", "127.0.0.1"},
-                                {"MASTER_PORT", std::to_string(port)}});
-    if (binding.bind) {
-      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-        if (CPU_ISSET(cpu, &binding.cpus)) request.cpus.push_back(cpu);
-      }
-    }
-    if (const auto pid = ForkServerSpawn(request)) return *pid;
+    if (const auto pid = ForkServerSpawn({command.argv, environment, log, binding.listed, binding.line})) return *pid;
   }
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
@@ -184,12 +181,7 @@ pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& option
   if (binding.bind && sched_setaffinity(0, sizeof(binding.cpus), &binding.cpus) == 0) {
     (void)!write(STDERR_FILENO, binding.line.data(), binding.line.size());
   }
-  setenv("RANK", std::to_string(rank).c_str(), 1);
-  setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-  setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-  setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-  for (const auto& [name, value] : command.environment) setenv(name.c_str(), value.c_str(), 1);
+  for (const auto& [name, value] : environment) setenv(name.c_str(), value.c_str(), 1);
   std::vector<char*> argv;
   for (const auto& arg : command.argv) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
