@@ -22,6 +22,15 @@ NO_INSTALL ?= 0
 PREFIX_PATH ?=
 # Further arguments for `make run`, e.g. RUN_ARGS="--runner NAME --junit FILE --markdown FILE" in CI.
 RUN_ARGS ?=
+# SANITIZE=1 configures a new build directory with AddressSanitizer and UndefinedBehaviorSanitizer
+# over pipecheck's own code (LibTorch stays uninstrumented), -O1 with line tables, and runs what it
+# builds with the reports fatal: CI's second leg is the oldest PyTorch's build, sanitized, so one
+# build serves both (make test-oldest SANITIZE=1).
+SANITIZE ?= 0
+SANITIZE_CMAKE := "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG" -DPIPECHECK_SANITIZE=address,undefined
+SANITIZE_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+SANITIZED = $(if $(filter 1,$(SANITIZE)),$(SANITIZE_ENV))
 PIPECHECK := $(BUILD_DIR)/pipecheck
 # The Python the build was configured with (its torch is the LibTorch pipecheck links).
 BUILD_PYTHON = $$(sed -n 's/^PIPECHECK_PYTHON:FILEPATH=//p' $(BUILD_DIR)/CMakeCache.txt)
@@ -43,7 +52,8 @@ frameworks:
 $(BUILD_DIR)/CMakeCache.txt:
 	@python="$$(scripts/torch-python.sh $(TORCH))" || exit 2; \
 	echo "configure: PyTorch $$($$python -c 'import torch; print(torch.__version__)' 2>/dev/null) of $$python$(if $(PREFIX_PATH), (CMAKE_PREFIX_PATH=$(PREFIX_PATH)))"; \
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release "-DPIPECHECK_PYTHON=$$python" $(if $(PREFIX_PATH),"-DCMAKE_PREFIX_PATH=$(PREFIX_PATH)")
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release "-DPIPECHECK_PYTHON=$$python" $(if $(PREFIX_PATH),"-DCMAKE_PREFIX_PATH=$(PREFIX_PATH)") \
+	  $(if $(filter 1,$(SANITIZE)),$(SANITIZE_CMAKE))
 
 configure: deps $(BUILD_DIR)/CMakeCache.txt
 
@@ -64,13 +74,14 @@ UNIT_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*
 
 # The other end of the supported range: PyTorch 2.11 (requirements-oldest.txt) in its own
 # environment and build directory, then the unit tests, the default suite and PyTorch's pipelining
-# judged on it (CI's second leg, after `make test` on the newest).
-OLDEST_DIR ?= build-oldest
+# judged on it. CI's second leg, after `make test` on the newest, is `make test-oldest SANITIZE=1`:
+# the same, sanitized (build-oldest-sanitize), so that one build of each PyTorch serves CI.
+OLDEST_DIR ?= build-oldest$(if $(filter 1,$(SANITIZE)),-sanitize)
 test-oldest:
-	$(MAKE) build BUILD_DIR=$(OLDEST_DIR) TORCH=venv REQUIREMENTS=requirements-oldest.txt
-	cd $(OLDEST_DIR) && tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)':Memory*'
-	$(OLDEST_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(OLDEST_DIR)/core --timed-steps 3
-	cd $(OLDEST_DIR) && ctest --output-on-failure -R '^(trainers_torch_range|crosscheck_dump_python)$$'
+	$(MAKE) build BUILD_DIR=$(OLDEST_DIR) TORCH=venv REQUIREMENTS=requirements-oldest.txt SANITIZE=$(SANITIZE)
+	cd $(OLDEST_DIR) && $(SANITIZED) tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)':Memory*'
+	$(SANITIZED) $(OLDEST_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(OLDEST_DIR)/core --timed-steps 3
+	cd $(OLDEST_DIR) && $(SANITIZED) ctest --output-on-failure -R '^(trainers_torch_range|crosscheck_dump_python)$$'
 
 # Mutation testing (not in `make test`: one rebuild and one default-suite run per mutant): the
 # one-line bugs of tests/mutants/pipeline.txt planted in pipeline/ one at a time, each file put back
@@ -86,13 +97,10 @@ mutants: build
 # are the same instrumented binary. Any report fails it. -O1 with line tables: fast to build,
 # readable stacks. CI runs it after `make test`.
 SANITIZE_DIR ?= build-sanitize
-SANITIZE_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 sanitize: deps
 	@python="$$(scripts/torch-python.sh $(TORCH))" || exit 2; \
 	[ -f $(SANITIZE_DIR)/CMakeCache.txt ] || cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=Release \
-	  "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG" -DPIPECHECK_SANITIZE=address,undefined "-DPIPECHECK_PYTHON=$$python" \
-	  $(if $(PREFIX_PATH),"-DCMAKE_PREFIX_PATH=$(PREFIX_PATH)")
+	  $(SANITIZE_CMAKE) "-DPIPECHECK_PYTHON=$$python" $(if $(PREFIX_PATH),"-DCMAKE_PREFIX_PATH=$(PREFIX_PATH)")
 	cmake --build $(SANITIZE_DIR) -j$(JOBS) --target pipecheck pipecheck_tests
 	cd $(SANITIZE_DIR) && $(SANITIZE_ENV) tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)
 	$(SANITIZE_ENV) $(SANITIZE_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(SANITIZE_DIR)/core --timed-steps 3

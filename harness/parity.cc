@@ -5,6 +5,7 @@
 #include "harness/comm_check.h"
 #include "harness/measurements.h"
 #include "harness/scenario_model.h"
+#include "reports/fields.h"
 #include "reports/verdict.h"
 
 #include <fmt/format.h>
@@ -122,6 +123,7 @@ struct Verdicts {
   reports::ParityVerdict figures;  // its failures are filled from `problems` at the end
   std::string diverged;            // non-empty: the reference diverged (an ERROR)
   double accumulation_max_rel = 0.0;  // reduced precision: against the reference's float32 sums
+  double accumulated_loss_max_rel = 0.0;  // reduced precision: the loss against its float64 sum of terms
 };
 
 // 2d's tolerance, relative to each gradient's norm: bfloat16 keeps 8 significant bits (a
@@ -588,6 +590,23 @@ void JudgeAccumulation(size_t step, const std::vector<pipeline::RankResult>& ran
   }
 }
 
+// 2d, the loss: the step's reported loss against the reference summing the same microbatches'
+// terms in float64, at 2d's tolerance. The whole-batch loss of 2a differs from the pipeline's by
+// bfloat16's rounding of every activation, so 2a's tolerance cannot see terms added in bfloat16
+// (a partial sum near 5 is rounded to 1/32); against the microbatched reference only the order of
+// float64 additions differs.
+void JudgeAccumulatedLoss(size_t step, double loss_pp, double loss_ref, const scenarios::Scenario& scenario,
+                          Verdicts& verdicts) {
+  const double rel = std::abs(loss_pp - loss_ref) / std::max(1.0, std::abs(loss_ref));
+  verdicts.accumulated_loss_max_rel = std::max(verdicts.accumulated_loss_max_rel, std::isnan(rel) ? INFINITY : rel);
+  if (!(rel <= kAccumulationTol)) {
+    verdicts.problems.Add(step, Evidence::kLoss,
+                          fmt::format("loss at step {}: pipeline {:.12g} vs reference {:.12g} summing the same "
+                                      "microbatches' terms in float64 (rel err {:.3g} > {:.3g}: terms summed in {}?)",
+                                      step, loss_pp, loss_ref, rel, kAccumulationTol, scenario.dtype));
+  }
+}
+
 // Steps 1 and 2 of the header comment, every step in order. Returns the pipeline's final
 // weights (one copy per name), already checked for finiteness and identical tied copies.
 NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig& config, Verdicts& verdicts,
@@ -618,6 +637,7 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
     if (JudgesAccumulation(scenario)) {
       const auto accumulated = input.oracle.EvaluateAccumulatedAt(start, static_cast<int64_t>(k));
       JudgeAccumulation(k, input.ranks, accumulated.gradients, slices, scenario, verdicts);
+      JudgeAccumulatedLoss(k, LossAt(loss_rank, k), accumulated.loss, scenario, verdicts);
     }
     if (master) {
       const auto predicted = input.oracle.UpdateMasterFrom(master_start, AppliedGradients(input.ranks, k));
@@ -631,6 +651,28 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
     start = PipelineWeights(input.ranks, k + 1, steps, verdicts.problems);
   }
   return start;
+}
+
+// 4. The memory model's own accounting: the parameter elements it counts on each rank against
+// those the rank handed back. Not a verdict on the trainer: a model that miscounts a rank's
+// parameters mispredicts that rank's weights, gradients and optimizer state, which is pipecheck's
+// error, whatever parity says. Empty where every count agrees or nothing was predicted.
+std::string MemoryModelMiscount(const ParityInput& input) {
+  for (const auto& rank : input.ranks) {
+    const auto* memory = &input.memory;
+    if (input.replica_memory != nullptr && static_cast<size_t>(rank.replica) < input.replica_memory->size()) {
+      memory = &(*input.replica_memory)[static_cast<size_t>(rank.replica)];
+    }
+    const size_t r = static_cast<size_t>(rank.rank);
+    if (r >= memory->params.size()) continue;  // not predicted (another trainer's row)
+    int64_t held = 0;
+    for (const auto& item : rank.final_weights) held += item.value().numel();
+    if (held == memory->params[r]) continue;
+    return fmt::format("pipecheck's memory model counts {} parameter elements on {}, which holds {}: its predicted "
+                       "peak for that rank (weights, gradients, optimizer state) is wrong",
+                       memory->params[r], rank.Who(), held);
+  }
+  return "";
 }
 
 }  // namespace
@@ -677,12 +719,21 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   reports::ParityVerdict verdict = std::move(verdicts.figures);
   verdict.failures = verdicts.problems.InOrder();
   verdict.tol = scenario.tol;
-  if (JudgesAccumulation(scenario)) verdict.accumulation_max_rel = verdicts.accumulation_max_rel;
+  if (JudgesAccumulation(scenario)) {
+    verdict.accumulation_max_rel = verdicts.accumulation_max_rel;
+    verdict.accumulated_loss_max_rel = verdicts.accumulated_loss_max_rel;
+  }
   for (const auto& step : reference.steps) verdict.tokens += step.tokens;
   verdict.loss_ref = reference.steps.back().loss;
   verdict.loss_pp = LossAt(LossRank(input.ranks), reference.steps.size() - 1);
   verdict.params_checked = static_cast<int64_t>(reference.final_weights.size());
   reports::ApplyVerdict(verdict, report.summary);
+  if (const std::string miscount = MemoryModelMiscount(input); !miscount.empty()) {
+    report.summary.message = fmt::format("{} (parity: {}: {})", miscount, reports::StatusName(report.summary.status),
+                                         report.summary.message);
+    report.summary.status = reports::Status::kError;
+    report.summary.ok = reports::MeetsExpectation(report.summary.status, scenario.expect);
+  }
   return report;
 }
 

@@ -18,7 +18,7 @@ namespace {
 using nlohmann::json;
 
 // The plan file's format; a reader refuses any other.
-constexpr int kPlanFormat = 1;
+constexpr int kPlanFormat = 2;
 
 json ScheduleJson(const pipeline::Schedule& schedule) {
   json ranks = json::array();
@@ -72,7 +72,10 @@ pipeline::SimulationResult SimulationOf(const json& j) {
 json MemoryJson(const std::vector<pipeline::MemoryPrediction>& memory) {
   json replicas = json::array();
   for (const auto& m : memory) {
-    replicas.push_back({{"peak_bytes", m.peak_bytes}, {"held_after", m.held_after}, {"peak_during", m.peak_during}});
+    replicas.push_back({{"peak_bytes", m.peak_bytes},
+                        {"params", m.params},
+                        {"held_after", m.held_after},
+                        {"peak_during", m.peak_during}});
   }
   return replicas;
 }
@@ -82,6 +85,7 @@ std::vector<pipeline::MemoryPrediction> MemoryOf(const json& j) {
   for (const auto& replica : j) {
     pipeline::MemoryPrediction m;
     replica.at("peak_bytes").get_to(m.peak_bytes);
+    replica.at("params").get_to(m.params);
     replica.at("held_after").get_to(m.held_after);
     replica.at("peak_during").get_to(m.peak_during);
     memory.push_back(std::move(m));

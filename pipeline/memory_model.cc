@@ -547,6 +547,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
       prediction.peak_bytes[rank] = std::max(prediction.peak_bytes[rank], peak);
     }
   }
+  prediction.params = std::move(params);
   return prediction;
 }
 

@@ -34,6 +34,7 @@ namespace pipecheck::pipeline {
 
 struct MemoryPrediction {
   std::vector<int64_t> peak_bytes;                          // per rank, over every step
+  std::vector<int64_t> params;                              // per rank: the parameter elements its stages hold
   std::vector<std::vector<std::vector<int64_t>>> held_after;  // [step][rank][action]: after each action
   std::vector<std::vector<std::vector<int64_t>>> peak_during; // [step][rank][action]: the most held during it
 };

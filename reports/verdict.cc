@@ -23,7 +23,8 @@ std::string PassMessage(const ParityVerdict& verdict) {
                      verdict.worst_param, verdict.worst_step, verdict.grad_max_rel,
                      verdict.accumulation_max_rel
                          ? fmt::format("bfloat16 gradients summed as the reference's float32 sums (worst rel err "
-                                       "{:.3g}); ", *verdict.accumulation_max_rel)
+                                       "{:.3g}), the loss as its float64 sum of terms (worst rel err {:.3g}); ",
+                                       *verdict.accumulation_max_rel, verdict.accumulated_loss_max_rel.value_or(0.0))
                          : std::string(),
                      verdict.update_max_rel, verdict.trajectory_note);
 }

@@ -25,6 +25,7 @@ struct ParityVerdict {
   double loss_max_abs_diff = 0.0;   // the free-running trajectory
   std::string trajectory_note;      // how the trajectory was judged
   std::optional<double> accumulation_max_rel;  // set where reduced-precision sums were judged
+  std::optional<double> accumulated_loss_max_rel;  // the loss against its microbatch terms' float64 sum, there
   // What was run and compared.
   int64_t tokens = 0;
   double loss_ref = 0.0;
