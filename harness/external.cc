@@ -71,7 +71,8 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const pipeline::P
   config["fault"] = scenario.fault;
   config["model"] = {{"flavor", effective.flavor}, {"layers", effective.layers}, {"hidden", effective.hidden},
                      {"heads", effective.heads},   {"ffn", effective.ffn},       {"vocab", effective.vocab},
-                     {"tied", effective.tied},     {"seq_len", effective.seq_len}};
+                     {"tied", effective.tied},     {"seq_len", effective.seq_len},
+                     {"kv_heads", effective.kv_heads > 0 ? effective.kv_heads : effective.heads}};
   config["optimizer"] = {{"name", scenario.optimizer}, {"lr", scenario.lr}};
   if (scenario.optimizer == "adamw") {
     config["optimizer"]["betas"] = {reference::kAdamBeta1, reference::kAdamBeta2};

@@ -121,6 +121,7 @@ reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario) {
   model.layers = scenario.layers;
   model.hidden = scenario.hidden;
   model.heads = scenario.heads;
+  model.kv_heads = scenario.kv_heads;
   model.ffn = scenario.ffn;
   model.vocab = scenario.vocab;
   model.max_seq_len = scenario.seq_len;

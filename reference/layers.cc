@@ -77,23 +77,33 @@ void NormImpl::pretty_print(std::ostream& stream) const {
 AttentionImpl::AttentionImpl(const ModelConfig& config) : config_(config) {
   const bool bias = config.flavor == Flavor::kGpt2;
   wq_ = register_module("wq", MakeLinear(config.hidden, config.hidden, bias));
-  wk_ = register_module("wk", MakeLinear(config.hidden, config.hidden, bias));
-  wv_ = register_module("wv", MakeLinear(config.hidden, config.hidden, bias));
+  wk_ = register_module("wk", MakeLinear(config.hidden, config.KvWidth(), bias));
+  wv_ = register_module("wv", MakeLinear(config.hidden, config.KvWidth(), bias));
   wo_ = register_module("wo", MakeLinear(config.hidden, config.hidden, bias));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionContext& context) {
   const int64_t batch = x.size(0), time = x.size(1);
-  const int64_t heads = config_.heads, head_dim = config_.HeadDim();
-  auto split_heads = [&](const torch::Tensor& t) {  // (B, T, C) -> (B, H, T, head_dim)
-    return t.view({batch, time, heads, head_dim}).transpose(1, 2);
+  const int64_t heads = config_.heads, kv_heads = config_.KvHeads(), head_dim = config_.HeadDim();
+  auto split_heads = [&](const torch::Tensor& t, int64_t count) {  // (B, T, n·d) -> (B, n, T, d)
+    return t.view({batch, time, count, head_dim}).transpose(1, 2);
   };
-  auto q = split_heads(wq_(x));
-  auto k = split_heads(wk_(x));
-  auto v = split_heads(wv_(x));
+  auto q = split_heads(wq_(x), heads);
+  auto k = split_heads(wk_(x), kv_heads);
+  auto v = split_heads(wv_(x), kv_heads);
   if (config_.flavor == Flavor::kLlama) {
     q = q * context.cos + RotateHalf(q) * context.sin;
     k = k * context.cos + RotateHalf(k) * context.sin;
+  }
+  if (kv_heads != heads) {
+    // Grouped-query attention: query head h attends with key/value head h / (heads / kv_heads),
+    // each key/value head repeated for its group (Hugging Face's repeat_kv).
+    const int64_t group = heads / kv_heads;
+    auto repeat = [&](const torch::Tensor& t) {  // (B, KV, T, d) -> (B, KV·group, T, d)
+      return t.unsqueeze(2).expand({batch, kv_heads, group, time, head_dim}).reshape({batch, heads, time, head_dim});
+    };
+    k = repeat(k);
+    v = repeat(v);
   }
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
   scores = scores.masked_fill(context.keep.logical_not(), -std::numeric_limits<double>::infinity());

@@ -16,12 +16,16 @@ struct ModelConfig {
   int64_t layers = 4;
   int64_t hidden = 64;
   int64_t heads = 4;
+  int64_t kv_heads = 0;  // key/value heads of grouped-query attention (dividing heads); 0: heads
   int64_t ffn = 0;  // 0: the flavour's default (see FfnSize)
   int64_t vocab = 256;
   int64_t max_seq_len = 32;  // rows of gpt2's learned position table
   bool tied = false;         // output projection weight IS the token-embedding weight
 
   int64_t HeadDim() const { return hidden / heads; }
+  int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
+  // Rows of wk and wv: every key/value head's head dimension (hidden without grouping).
+  int64_t KvWidth() const { return KvHeads() * HeadDim(); }
   // 4*hidden for gpt2; ceil(8*hidden/3) rounded up to a multiple of 4 for llama.
   int64_t FfnSize() const;
 
@@ -42,9 +46,9 @@ inline int64_t ModelConfig::FfnSize() const {
 }
 
 inline int64_t ModelConfig::LayerParameterCount() const {
-  const int64_t h = hidden, f = FfnSize();
-  if (flavor == Flavor::kLlama) return 2 * h + 4 * h * h + 3 * h * f;
-  return 2 * 2 * h + 4 * (h * h + h) + (h * f + f) + (f * h + h);
+  const int64_t h = hidden, f = FfnSize(), kv = KvWidth();
+  if (flavor == Flavor::kLlama) return 2 * h + 2 * h * h + 2 * kv * h + 3 * h * f;
+  return 2 * 2 * h + 2 * (h * h + h) + 2 * (kv * h + kv) + (h * f + f) + (f * h + h);
 }
 
 inline int64_t ModelConfig::EmbeddingParameterCount() const {

@@ -30,7 +30,7 @@ namespace pipecheck::scenarios {
 namespace {
 
 // The columns of a suite, in docs/scenarios.md order (Columns() lists them).
-constexpr size_t kColumnCount = 34;
+constexpr size_t kColumnCount = 35;
 
 const std::vector<std::string> kFlavors = {"llama", "gpt2"};
 const std::vector<std::string> kDtypes = DtypeNames();
@@ -323,6 +323,12 @@ std::vector<Column> ModelColumns() {
       IntegerColumn("layers", &Scenario::layers, 1, kMaxLayers).Means("transformer blocks"),
       IntegerColumn("hidden", &Scenario::hidden, 1, kMaxWidth).Means("model width"),
       IntegerColumn("heads", &Scenario::heads, 1, kMaxHeads).Means("attention heads (dividing hidden)"),
+      TextColumn("kv_heads", [](Scenario& s, const std::string& v) { s.kv_heads = ParseInteger(v, 1, kMaxHeads); },
+                 [](const Scenario& s) { return s.kv_heads == 0 ? std::string() : std::to_string(s.kv_heads); },
+                 fmt::format("1 to {}, dividing heads", kMaxHeads))
+          .Means("key/value heads of grouped-query attention (llama): query head h attends with key/value head "
+                 "h ÷ (heads ÷ kv_heads)")
+          .Default("heads (no grouping)").Config(InConfiguration::kUnlessDefault),
       TextColumn("ffn", [](Scenario& s, const std::string& v) { s.ffn = ParseInteger(v, 1, kMaxWidth * 8); },
                  [](const Scenario& s) { return s.ffn == 0 ? std::string() : std::to_string(s.ffn); },
                  fmt::format("1 to {}", kMaxWidth * 8))
@@ -742,6 +748,15 @@ void CheckModelAndDevice(const Scenario& s, unsigned line, const Locator& at) {
   }
   if (s.hidden % s.heads != 0) {
     throw at.At(line, "heads", std::to_string(s.heads), fmt::format("heads must divide hidden ({})", s.hidden));
+  }
+  if (s.kv_heads != 0 && s.heads % s.kv_heads != 0) {
+    throw at.At(line, "kv_heads", std::to_string(s.kv_heads),
+                fmt::format("kv_heads must divide heads ({}): each key/value head serves heads / kv_heads query heads",
+                            s.heads));
+  }
+  if (s.kv_heads != 0 && s.kv_heads != s.heads && s.flavor != "llama") {
+    throw at.At(line, "kv_heads", std::to_string(s.kv_heads),
+                fmt::format("grouped-query attention is llama's; {} keeps a key/value head per query head", s.flavor));
   }
   if (s.flavor == "llama" && (s.hidden / s.heads) % 2 != 0) {
     throw at.At(line, "heads", std::to_string(s.heads),

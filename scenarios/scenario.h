@@ -26,6 +26,7 @@ struct Scenario {
   int64_t layers = 4;
   int64_t hidden = 64;
   int64_t heads = 4;
+  int64_t kv_heads = 0;  // grouped-query attention's key/value heads; 0: heads (none grouped)
   int64_t ffn = 0;  // 0: the flavour's default, resolved by the harness
   int64_t vocab = 256;
   bool tied = false;

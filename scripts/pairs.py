@@ -55,9 +55,10 @@ AXES = {
     "accumulation": [1, 3],
     "optimizer": ["adamw", "sgd"],
     "loss": ["tokens", "microbatch_mean"],
+    "attention": ["mha", "gqa"],
 }
 
-COLUMNS = ["name", "flavor", "layers", "hidden", "heads", "tied", "world_size", "schedule", "partition", "batch",
+COLUMNS = ["name", "flavor", "layers", "hidden", "heads", "kv_heads", "tied", "world_size", "schedule", "partition", "batch",
            "microbatches", "seq_len", "seq_len_min", "dtype", "steps", "timed_steps", "optimizer", "lr", "clip",
            "recompute", "data_parallel", "virtual_stages", "accumulation", "loss"]
 # Steps each generated row times (after its warm-up): its tokens/s is a median of these, and the
@@ -112,6 +113,7 @@ def classify(row, suite_dir):
         "empty_stage": int(empty), "partition": rule, "data_parallel": min(int(get("data_parallel", 1)), 3),
         "recompute": int(get("recompute", 0)), "accumulation": 1 if int(get("accumulation", 1)) == 1 else 3,
         "optimizer": get("optimizer", "adamw"), "loss": get("loss", "tokens"),
+        "attention": "gqa" if get("kv_heads", get("heads", "4")) != get("heads", "4") else "mha",
     }
 
 
@@ -138,7 +140,8 @@ def build(a):
     partition = ";".join(map(str, per_stage)) if a["partition"] == "explicit" else a["partition"]
     batch = 2 * microbatches * a["data_parallel"] * a["accumulation"]
     return {
-        "flavor": a["flavor"], "layers": layers, "hidden": 32, "heads": 4, "tied": int(a["tied"] != "none"),
+        "flavor": a["flavor"], "layers": layers, "hidden": 32, "heads": 4,
+        "kv_heads": 2 if a["attention"] == "gqa" else "", "tied": int(a["tied"] != "none"),
         "world_size": ranks, "schedule": schedule, "partition": partition, "batch": batch,
         "microbatches": microbatches, "seq_len": 16, "seq_len_min": 6 if a["varlen"] else "", "dtype": a["dtype"],
         "steps": 2, "timed_steps": TIMED_STEPS, "optimizer": a["optimizer"], "lr": "0.1" if a["optimizer"] == "sgd" else "1e-3",

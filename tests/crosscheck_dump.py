@@ -50,11 +50,13 @@ def expected_shapes(row):
         if gpt2:
             shapes[prefix + ".bias"] = (out_features,)
 
+    heads = int(row["heads"])
+    kv_width = int(row.get("kv_heads") or heads) * (hidden // heads)  # grouped-query attention
     for i in range(layers):
         p = f"layers.{i}."
         norm(p + "attention_norm")
-        for n in ("wq", "wk", "wv", "wo"):
-            linear(p + "attention." + n, hidden, hidden)
+        for n, out_features in (("wq", hidden), ("wk", kv_width), ("wv", kv_width), ("wo", hidden)):
+            linear(p + "attention." + n, out_features, hidden)
         norm(p + "ffn_norm")
         linear(p + "feed_forward.w1", ffn, hidden)
         linear(p + "feed_forward.w2", hidden, ffn)
@@ -105,6 +107,7 @@ def linear(x, params, prefix, has_bias):
 def forward(params, row, tokens, lengths):
     flavor = row["flavor"]
     heads = int(row["heads"])
+    kv_heads = int(row.get("kv_heads") or heads)
     layers = int(row["layers"])
     tied = row["tied"] == "1"
     B, T = tokens.shape
@@ -127,9 +130,13 @@ def forward(params, row, tokens, lengths):
         h = norm(x, p + "attention_norm")
         gpt2 = flavor == "gpt2"
         q, k, v = (linear(h, params, p + f"attention.{n}", gpt2) for n in ("wq", "wk", "wv"))
-        q, k, v = (t.view(B, T, heads, hd).transpose(1, 2) for t in (q, k, v))
+        q = q.view(B, T, heads, hd).transpose(1, 2)
+        k, v = (t.view(B, T, kv_heads, hd).transpose(1, 2) for t in (k, v))
         if flavor == "llama":
             q, k = rotary(q, pos), rotary(k, pos)
+        # Grouped-query attention: query head h reads key/value head h // (heads // kv_heads).
+        group = torch.arange(heads) // (heads // kv_heads)
+        k, v = k[:, group], v[:, group]
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
         scores = scores.masked_fill(~mask, float("-inf"))
         attn = torch.softmax(scores, dim=-1) @ v

@@ -122,7 +122,7 @@ def layer_specs(model):
         specs.append(LayerSpec(PositionEmbedding, model["seq_len"], hidden))
         names.append("pos_embeddings.")
     for i in range(model["layers"]):
-        specs.append(LayerSpec(Layer, flavor, hidden, model["heads"], ffn_size(model)))
+        specs.append(LayerSpec(Layer, flavor, hidden, model["heads"], ffn_size(model), model.get("kv_heads")))
         names.append(f"layers.{i}.")
     specs.append(LayerSpec(FinalNorm, flavor, hidden))
     names.append("norm.")

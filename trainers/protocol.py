@@ -301,18 +301,25 @@ class Norm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, flavor, hidden, heads):
+    """Multi-head attention; with kv_heads < heads, grouped-query: query head h attends with
+    key/value head h // (heads // kv_heads)."""
+
+    def __init__(self, flavor, hidden, heads, kv_heads=None):
         super().__init__()
         bias = flavor == "gpt2"
-        self.flavor, self.heads = flavor, heads
-        for name in ("wq", "wk", "wv", "wo"):
-            setattr(self, name, nn.Linear(hidden, hidden, bias=bias))
+        self.flavor, self.heads, self.kv_heads = flavor, heads, kv_heads or heads
+        kv_width = self.kv_heads * (hidden // heads)
+        self.wq = nn.Linear(hidden, hidden, bias=bias)
+        self.wk = nn.Linear(hidden, kv_width, bias=bias)
+        self.wv = nn.Linear(hidden, kv_width, bias=bias)
+        self.wo = nn.Linear(hidden, hidden, bias=bias)
 
     def forward(self, x, keep):
         """Causal attention over the keys `keep` (b or 1, 1, t, t) allows."""
         b, t, c = x.shape
         hd = c // self.heads
-        q, k, v = (w(x).view(b, t, self.heads, hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q = self.wq(x).view(b, t, self.heads, hd).transpose(1, 2)
+        k, v = (w(x).view(b, t, self.kv_heads, hd).transpose(1, 2) for w in (self.wk, self.wv))
         if self.flavor == "llama":
             inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float64, device=x.device) / hd))
             angles = torch.outer(torch.arange(t, dtype=torch.float64, device=x.device), inv_freq)
@@ -324,6 +331,8 @@ class Attention(nn.Module):
                 return u * cos + torch.cat([-u[..., half:], u[..., :half]], -1) * sin
 
             q, k = rotate(q), rotate(k)
+        if self.kv_heads != self.heads:
+            k, v = (u.repeat_interleave(self.heads // self.kv_heads, dim=1) for u in (k, v))
         scores = ((q @ k.transpose(-2, -1)) / math.sqrt(hd)).masked_fill(~keep, float("-inf"))
         mixed = torch.softmax(scores, -1) @ v
         return self.wo(mixed.transpose(1, 2).reshape(b, t, c))
@@ -346,10 +355,10 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, flavor, hidden, heads, ffn):
+    def __init__(self, flavor, hidden, heads, ffn, kv_heads=None):
         super().__init__()
         self.attention_norm = Norm(flavor, hidden)
-        self.attention = Attention(flavor, hidden, heads)
+        self.attention = Attention(flavor, hidden, heads, kv_heads)
         self.ffn_norm = Norm(flavor, hidden)
         self.feed_forward = FeedForward(flavor, hidden, ffn)
 
@@ -372,7 +381,8 @@ class StageModule(nn.Module):
         if self.has_embedding and flavor == "gpt2":
             self.pos_embeddings = nn.Embedding(model["seq_len"], hidden)
         first, end = stage["layers"]
-        self.layers = nn.ModuleDict({str(i): Block(flavor, hidden, model["heads"], ffn_size(model))
+        self.layers = nn.ModuleDict({str(i): Block(flavor, hidden, model["heads"], ffn_size(model),
+                                                   model.get("kv_heads"))
                                      for i in range(first, end)})
         if self.has_head:
             self.norm = Norm(flavor, hidden)
