@@ -50,6 +50,7 @@ void DumpReference(const scenarios::Scenario& scenario, const std::string& direc
 
   TensorDict loss_dict;
   loss_dict.insert("loss", loss.cpu());
+  if (trainer.AuxLossSum().defined()) loss_dict.insert("aux_loss", trainer.AuxLossSum().cpu());
 
   SaveTensors(weights, (out / "weights.pt").string());
   SaveBatch(batch, (out / "batch.pt").string());

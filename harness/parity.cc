@@ -124,7 +124,16 @@ struct Verdicts {
   std::string diverged;            // non-empty: the reference diverged (an ERROR)
   double accumulation_max_rel = 0.0;  // reduced precision: against the reference's float32 sums
   double accumulated_loss_max_rel = 0.0;  // reduced precision: the loss against its float64 sum of terms
+  double aux_loss_max_rel = 0.0;  // mixture of experts: the balance loss against the reference's
 };
+
+// Whether the balance loss is judged on its own: a mixture of experts with aux_loss > 0.
+bool JudgesAuxLoss(const scenarios::Scenario& scenario) { return scenario.experts > 0 && scenario.aux_loss > 0.0; }
+
+// The balance loss's part of the step's loss that the last stage's rank reported; NaN if none.
+double AuxLossAt(const pipeline::RankResult& rank, size_t step) {
+  return step < rank.aux_losses.size() ? rank.aux_losses[step] : std::nan("");
+}
 
 // 2d's tolerance, relative to each gradient's norm: bfloat16 keeps 8 significant bits (a
 // rounding of up to 2^-9 = 2e-3 of a value), so a sum of m microbatches kept in bfloat16 drifts
@@ -269,6 +278,20 @@ void JudgeInitialWeights(const NamedTensors& pipeline_start, const NamedTensors&
                             fmt::format("initial weight {}: rel err {:.3g} > tol {:.3g} against the reference's init",
                                         item.key(), error.rel, tol));
     }
+  }
+}
+
+// 2a'. The balance loss (mixture of experts) of step k at the pipeline's weights, on its own:
+// the total of 2a holds it, but it is a small share of the loss (about aux_loss per MoE layer),
+// so a wrong balance loss can hide within the loss's tolerance. Relative to its own size.
+void JudgeAuxLoss(size_t step, double aux_pp, double aux_ref, double tol, Verdicts& verdicts) {
+  const double rel = std::abs(aux_pp - aux_ref) / std::abs(aux_ref);
+  verdicts.aux_loss_max_rel = std::max(verdicts.aux_loss_max_rel, std::isnan(rel) ? INFINITY : rel);
+  if (!(rel <= tol)) {
+    verdicts.problems.Add(step, Evidence::kLoss,
+                          fmt::format("balance loss at step {}: pipeline {:.12g} vs reference {:.12g} at the same "
+                                      "weights (rel err {:.3g} > tol {:.3g})",
+                                      step, aux_pp, aux_ref, rel, tol));
   }
 }
 
@@ -633,6 +656,7 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
     }
     JudgeStepBoundaries(input, config, slices, boundary_views, k, at_pipeline, verdicts, report);
     JudgeLoss(k, LossAt(loss_rank, k), at_pipeline.loss, scenario.tol, verdicts);
+    if (JudgesAuxLoss(scenario)) JudgeAuxLoss(k, AuxLossAt(loss_rank, k), at_pipeline.aux_loss, scenario.tol, verdicts);
     JudgeGradients(k, input.ranks, at_pipeline.gradients, slices, scenario, verdicts);
     if (JudgesAccumulation(scenario)) {
       const auto accumulated = input.oracle.EvaluateAccumulatedAt(start, static_cast<int64_t>(k));
@@ -722,6 +746,11 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   if (JudgesAccumulation(scenario)) {
     verdict.accumulation_max_rel = verdicts.accumulation_max_rel;
     verdict.accumulated_loss_max_rel = verdicts.accumulated_loss_max_rel;
+  }
+  if (JudgesAuxLoss(scenario)) {
+    verdict.aux_loss_max_rel = verdicts.aux_loss_max_rel;
+    verdict.aux_loss_ref = reference.steps.back().aux_loss;
+    verdict.aux_loss_pp = AuxLossAt(LossRank(input.ranks), reference.steps.size() - 1);
   }
   for (const auto& step : reference.steps) verdict.tokens += step.tokens;
   verdict.loss_ref = reference.steps.back().loss;

@@ -123,6 +123,13 @@ reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario) {
   model.heads = scenario.heads;
   model.kv_heads = scenario.kv_heads;
   model.ffn = scenario.ffn;
+  model.experts = scenario.experts;
+  model.top_k = scenario.top_k;
+  model.dense_layers = scenario.dense_layers;
+  model.shared_experts = scenario.shared_experts;
+  model.expert_ffn = scenario.expert_ffn;
+  model.router = scenario.router == "sigmoid" ? reference::Router::kSigmoid : reference::Router::kSoftmax;
+  model.aux_loss = scenario.aux_loss;
   model.vocab = scenario.vocab;
   model.max_seq_len = scenario.seq_len;
   model.tied = scenario.tied;

@@ -43,10 +43,24 @@ void ReleaseOutputData(torch::Tensor& output) {
 
 // Backward from `output` with `gradient`, straight through the engine: unlike
 // torch::autograd::backward it does not compare against the output's (possibly freed) data.
-void BackwardFrom(const torch::Tensor& output, const torch::Tensor& gradient) {
-  torch::autograd::Engine::get_default_engine().execute({torch::autograd::impl::gradient_edge(output)}, {gradient},
-                                                        /*keep_graph=*/false, /*create_graph=*/false,
-                                                        /*accumulate_grad=*/true);
+// With `aux` (a stage's balance-loss terms) a second root, its gradient 1: both in one backward.
+void BackwardFrom(const torch::Tensor& output, const torch::Tensor& gradient, const torch::Tensor& aux,
+                  const torch::autograd::edge_list& outputs = {}, bool keep_graph = false,
+                  bool accumulate_grad = true, torch::autograd::variable_list* results = nullptr) {
+  torch::autograd::edge_list roots{torch::autograd::impl::gradient_edge(output)};
+  torch::autograd::variable_list gradients{gradient};
+  if (aux.defined() && aux.requires_grad()) {
+    roots.push_back(torch::autograd::impl::gradient_edge(aux));
+    gradients.push_back(torch::ones_like(aux));
+  }
+  auto made = torch::autograd::Engine::get_default_engine().execute(roots, gradients, keep_graph,
+                                                                    /*create_graph=*/false, accumulate_grad, outputs);
+  if (results != nullptr) *results = std::move(made);
+}
+
+// The head's loss term with its stage's balance-loss terms added (the terms in their own dtype).
+torch::Tensor WithAux(const torch::Tensor& loss, const torch::Tensor& aux) {
+  return aux.defined() ? loss + aux.to(loss.scalar_type()) : loss;
 }
 
 }  // namespace
@@ -54,7 +68,7 @@ void BackwardFrom(const torch::Tensor& output, const torch::Tensor& gradient) {
 // What an I leaves for its W: the backward's root and gradient (the graph hangs off the root),
 // and the stage's input, kept so the graph's leaf lives as long as the graph.
 struct WeightWork {
-  torch::Tensor root, gradient, input;
+  torch::Tensor root, gradient, input, aux;
 };
 
 // Everything one step keeps between actions, keyed by (stage, microbatch). Each entry is
@@ -66,7 +80,8 @@ struct Executor::StepState {
   std::vector<reference::Batch> microbatches;
   std::map<StageMicrobatch, torch::Tensor> inputs;       // leaf inputs of non-first stages
   std::map<StageMicrobatch, torch::Tensor> outputs;      // outputs of non-last stages (graph)
-  std::map<StageMicrobatch, torch::Tensor> losses;       // last stage's loss terms
+  std::map<StageMicrobatch, torch::Tensor> losses;       // last stage's loss terms (its balance loss added)
+  std::map<StageMicrobatch, torch::Tensor> aux;          // other stages' balance-loss terms (graph)
   std::map<StageMicrobatch, torch::Tensor> input_grads;  // waiting to be sent or handed on
   std::map<StageMicrobatch, WeightWork> weight_work;     // I done, W not yet: what W starts from
   std::map<Message, std::unique_ptr<PendingRecv>> receives;  // posted
@@ -75,6 +90,7 @@ struct Executor::StepState {
   std::map<std::pair<int, Direction>, std::unique_ptr<PendingSend>> sends;
   int64_t replica_tokens = 0;  // of this replica's microbatches (the whole batch's with one replica)
   torch::Tensor loss_sum;  // 0-dim float64 on the device
+  torch::Tensor aux_sum;   // this rank's balance-loss terms, 0-dim float64; undefined if none
   std::vector<BoundaryRecord> probes;    // fingerprints without their numbers yet
   std::vector<torch::Tensor> probe_values;  // their numbers, (4) each, still on the device (else undefined)
 };
@@ -130,16 +146,22 @@ void Executor::Forward(const Action& action, StepState& state) {
   observer_.BeforeForward(s, input, stage.parameters);
   std::optional<torch::NoGradGuard> no_graph;
   if (config_.recompute) no_graph.emplace();
-  auto output = StageForward(stage, mb, input, state);
+  torch::Tensor aux;
+  auto output = StageForward(stage, mb, input, state, &aux);
+  if (aux.defined()) {
+    auto value = aux.detach().to(torch::kFloat64);
+    state.aux_sum = state.aux_sum.defined() ? state.aux_sum + value : value;
+  }
   if (!stage.slice.has_head) {
     state.outputs[{s, mb}] = output;
+    if (aux.defined() && aux.requires_grad()) state.aux[{s, mb}] = aux;
     return;
   }
   const auto& loss = output;
   // Accumulated on the device: reading it per microbatch would sync the host with the device.
   auto term = loss.detach().to(torch::kFloat64);
   state.loss_sum = state.loss_sum.defined() ? state.loss_sum + term : term;
-  state.losses[{s, mb}] = loss;
+  state.losses[{s, mb}] = WithAux(loss, aux);
 }
 
 // Summed token loss over the *whole global batch's* token count (the replicas' gradients are
@@ -154,19 +176,33 @@ torch::Tensor Executor::LossOf(const torch::Tensor& output, int microbatch, cons
 }
 
 torch::Tensor Executor::StageForward(Stage& stage, int microbatch, const torch::Tensor& input,
-                                     const StepState& state) const {
+                                     const StepState& state, torch::Tensor* aux) const {
   const auto& part = state.microbatches[microbatch];
+  const auto& model = config_.train.model;
   // The mask (and llama's rotary tables) only where the stage has layers to use them: a stage of
   // an embedding or a head alone would build them for nothing, every microbatch.
   const bool has_layers = stage.slice.end_layer > stage.slice.first_layer;
-  auto context = has_layers ? reference::MakeAttentionContext(config_.train.model, part.lengths, part.time(),
-                                                              config_.train.dtype, config_.train.device)
+  // The balance loss's 1/B is over the whole step's batch, every replica's sequences.
+  auto context = has_layers ? reference::MakeAttentionContext(model, part.lengths, part.time(), config_.train.dtype,
+                                                              config_.train.device, state.batch.size())
                             : reference::AttentionContext{};
+  if (model.MoeLayersIn(stage.slice.first_layer, stage.slice.end_layer) > 0) {
+    context.moe = std::make_shared<reference::MoeRecord>();
+    tensors_.MoeContext(context);
+  }
   auto output = stage.module->forward(input, context);
+  if (aux != nullptr) {
+    torch::Tensor terms;
+    if (context.moe) {
+      for (const auto& term : context.moe->aux_terms) terms = terms.defined() ? terms + term : term;
+    }
+    const BalanceTermsAt at{stage.index, microbatch, stage.slice.has_head, part.size(), state.batch.size()};
+    *aux = terms.defined() ? tensors_.BalanceTerms(at, terms) : terms;
+  }
   return stage.slice.has_head ? LossOf(output, microbatch, state) : output;
 }
 
-torch::Tensor Executor::Recompute(int s, int mb, StepState& state) {
+torch::Tensor Executor::Recompute(int s, int mb, StepState& state, torch::Tensor* aux) {
   torch::Tensor input;
   if (s == 0) {
     input = reference::ToDevice(state.microbatches[mb].tokens, config_.train.device);
@@ -175,15 +211,20 @@ torch::Tensor Executor::Recompute(int s, int mb, StepState& state) {
     input = Waiting(state.inputs, {s, mb}, "input", transport_.rank()).detach().requires_grad_(true);
     state.inputs[{s, mb}] = input;
   }
-  return StageForward(StageAt(stages_, s, transport_.rank()), mb, input, state);
+  return StageForward(StageAt(stages_, s, transport_.rank()), mb, input, state, aux);
 }
 
 Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepState& state) {
   const int s = action.stage, mb = action.microbatch;
   BackwardRoot start;
   if (StageAt(stages_, s, transport_.rank()).slice.has_head) {
-    start.root = config_.recompute ? Recompute(s, mb, state)
-                                   : Waiting(state.losses, {s, mb}, "loss term", transport_.rank());
+    if (config_.recompute) {
+      torch::Tensor aux;
+      auto loss = Recompute(s, mb, state, &aux);
+      start.root = WithAux(loss, aux);
+    } else {
+      start.root = Waiting(state.losses, {s, mb}, "loss term", transport_.rank());
+    }
     state.losses.erase({s, mb});
     start.gradient = tensors_.BackwardSeed(torch::ones_like(start.root), mb);
     return start;
@@ -198,8 +239,15 @@ Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepStat
     Probe(start.gradient, Direction::kGradient, s, mb, BoundaryRole::kReceived, schedule_.shape.RankOfStage(s + 1),
           state);
   }
-  start.root = config_.recompute ? Recompute(s, mb, state)
-                                 : Waiting(state.outputs, {s, mb}, "output", transport_.rank());
+  if (config_.recompute) {
+    start.root = Recompute(s, mb, state, &start.aux);
+  } else {
+    start.root = Waiting(state.outputs, {s, mb}, "output", transport_.rank());
+    if (auto aux = state.aux.find({s, mb}); aux != state.aux.end()) {
+      start.aux = aux->second;
+      state.aux.erase(aux);
+    }
+  }
   state.outputs.erase({s, mb});
   start.passthrough = !start.root.grad_fn();
   start.gradient = tensors_.BackwardSeed(start.gradient, mb);
@@ -220,7 +268,7 @@ void Executor::Backward(const Action& action, StepState& state) {
   const int s = action.stage, mb = action.microbatch;
   observer_.BeforeBackward(owned_parameters_);
   const BackwardRoot start = TakeBackwardRoot(action, state);
-  if (!start.passthrough) BackwardFrom(start.root, start.gradient);
+  if (!start.passthrough) BackwardFrom(start.root, start.gradient, start.aux);
   AfterParameterGradients(action);
   if (s == 0) return;
   auto input = Waiting(state.inputs, {s, mb}, "input", transport_.rank());
@@ -241,14 +289,16 @@ void Executor::BackwardInput(const Action& action, StepState& state) {
     gradient = start.gradient;
   } else if (s > 0 && input.requires_grad()) {
     // Only the input's edge: no parameter gradient is touched, and the graph stays for W.
-    gradient = torch::autograd::Engine::get_default_engine().execute(
-        {torch::autograd::impl::gradient_edge(start.root)}, {start.gradient}, /*keep_graph=*/true,
-        /*create_graph=*/false, /*accumulate_grad=*/false, {torch::autograd::impl::gradient_edge(input)})[0];
+    torch::autograd::variable_list made;
+    BackwardFrom(start.root, start.gradient, start.aux, {torch::autograd::impl::gradient_edge(input)},
+                 /*keep_graph=*/true, /*accumulate_grad=*/false, &made);
+    gradient = made[0];
   }
   if (s > 0) KeepInputGradient(action, gradient, input, state);
   // An empty stage's W runs nothing: it keeps nothing for it either (held from I to W, the gradient
   // passed through would stay allocated until W, which ZB-H1 defers by up to p - 1 microbatches).
-  state.weight_work[{s, mb}] = start.passthrough ? WeightWork{} : WeightWork{start.root, start.gradient, input};
+  state.weight_work[{s, mb}] =
+      start.passthrough ? WeightWork{} : WeightWork{start.root, start.gradient, input, start.aux};
 }
 
 void Executor::BackwardWeight(const Action& action, StepState& state) {
@@ -268,10 +318,7 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
   for (const auto& parameter : module.parameters()) {
     if (parameter.requires_grad()) parameter_edges.push_back(torch::autograd::impl::gradient_edge(parameter));
   }
-  torch::autograd::Engine::get_default_engine().execute({torch::autograd::impl::gradient_edge(pending.root)},
-                                                        {pending.gradient}, /*keep_graph=*/false,
-                                                        /*create_graph=*/false, /*accumulate_grad=*/true,
-                                                        parameter_edges);
+  BackwardFrom(pending.root, pending.gradient, pending.aux, parameter_edges);
   tensors_.AfterWeightGradient(module, before);
   AfterParameterGradients(action);
 }
@@ -410,7 +457,7 @@ void Executor::EndStep(StepState& state, std::vector<BoundaryRecord>& boundaries
   transport_.CheckReceived();
   ReadProbes(state, boundaries);
   TORCH_CHECK(state.receives.empty() && state.arrived.empty() && state.inputs.empty() && state.outputs.empty() &&
-                  state.losses.empty() && state.input_grads.empty() && state.weight_work.empty(),
+                  state.losses.empty() && state.aux.empty() && state.input_grads.empty() && state.weight_work.empty(),
               "rank ", transport_.rank(), " step ", state.step, " ended with work pending: ",
               state.receives.size() + state.arrived.size(), " receives, ", state.inputs.size(), " inputs, ",
               state.outputs.size(), " outputs, ", state.losses.size(), " losses, ", state.input_grads.size(),
@@ -457,6 +504,7 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
     timing.start_us = clock_.Microseconds(marks[i].start) - origin_us;
     timing.end_us = clock_.Microseconds(marks[i].end) - origin_us;
   }
+  last_aux_sum_ = state.aux_sum;
   return state.loss_sum;
 }
 

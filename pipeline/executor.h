@@ -60,6 +60,10 @@ class Executor {
   // Each action's start and end also go to `recorder` as they happen (borrowed; null: none).
   void SetFlightRecorder(FlightRecorder* recorder) { recorder_ = recorder; }
 
+  // The balance loss (mixture of experts) this rank's stages added in the last Run: 0-dim float64
+  // on the device, undefined where none of its stages has an MoE layer.
+  const torch::Tensor& LastAuxSum() const { return last_aux_sum_; }
+
   // Called after every backward that accumulates into the parameters (a B or a W), with it.
   void SetAfterBackward(std::function<void(const Action&)> hook) { after_backward_ = std::move(hook); }
 
@@ -95,19 +99,23 @@ class Executor {
   MessageShape PlannedMessage(int microbatch, const StepState& state) const;
   // Where a backward of (s, mb) starts: the loss, or the output with its gradient (received or
   // handed over); `passthrough` when the stage has no layers (its output is its input).
+  // `aux`: a stage's balance-loss terms (mixture of experts) outside the head's stage, a second
+  // root whose gradient is 1 (the head's stage adds its own into the loss term); undefined if none.
   struct BackwardRoot {
-    torch::Tensor root, gradient;
+    torch::Tensor root, gradient, aux;
     bool passthrough = false;
   };
   BackwardRoot TakeBackwardRoot(const Action& action, StepState& state);
   // Stage `stage`'s forward of `microbatch` on `input`: its output, or for the head's stage the
-  // microbatch's loss term (LossOf).
-  torch::Tensor StageForward(Stage& stage, int microbatch, const torch::Tensor& input, const StepState& state) const;
+  // microbatch's loss term (LossOf); `aux`, where given, gets the sum of its MoE layers'
+  // balance-loss terms for this microbatch (undefined where it has none).
+  torch::Tensor StageForward(Stage& stage, int microbatch, const torch::Tensor& input, const StepState& state,
+                             torch::Tensor* aux = nullptr) const;
   // A microbatch's loss term from the head's output.
   torch::Tensor LossOf(const torch::Tensor& output, int microbatch, const StepState& state) const;
   // recompute=1: stage s's forward of microbatch mb again, from its kept input (a fresh leaf, put
   // back in its place), with the graph the backward needs; the loss term for the head's stage.
-  torch::Tensor Recompute(int s, int mb, StepState& state);
+  torch::Tensor Recompute(int s, int mb, StepState& state, torch::Tensor* aux);
   // The input gradient a stage hands back, as the InputGradient seam leaves it.
   void KeepInputGradient(const Action& action, torch::Tensor gradient, const torch::Tensor& input, StepState& state);
   // Sends `tensor` as `message` (fingerprinted first) once the previous message to the same peer
@@ -133,6 +141,7 @@ class Executor {
   // the parameters (a B or a W), with its round; the observer's AfterRound runs after it.
   std::map<size_t, int> round_ends_;
   FlightRecorder* recorder_ = nullptr;
+  torch::Tensor last_aux_sum_;
   std::function<void(const Action&)> after_backward_;
 };
 

@@ -642,6 +642,56 @@ struct FaultEntry {
   const char* seen_by;
 };
 
+// aux_loss_last_stage_only: only the last stage's MoE layers add their balance loss (to its loss
+// term); every other stage's terms are dropped, from its backward and from the reported loss
+// (TorchTitan's MoE auxiliary loss under pipelining took it from the last stage: #1689, #2061).
+class AuxLossLastStageOnly : public Fault {
+ public:
+  using Fault::Fault;
+  torch::Tensor BalanceTerms(const BalanceTermsAt& at, const torch::Tensor& terms) const override {
+    return at.last_stage ? terms : torch::Tensor();
+  }
+};
+
+// aux_loss_per_microbatch: each microbatch's balance loss at full weight, over its own sequences
+// instead of the step's (Megatron's per-microbatch auxiliary losses, not averaged over the
+// microbatches: NVIDIA/Megatron-LM #4070): m times too large with m equal microbatches.
+class AuxLossPerMicrobatch : public Fault {
+ public:
+  using Fault::Fault;
+  torch::Tensor BalanceTerms(const BalanceTermsAt& at, const torch::Tensor& terms) const override {
+    return terms * (static_cast<double>(at.step_sequences) / static_cast<double>(at.microbatch_sequences));
+  }
+};
+
+// balance_counts_padding: the balance statistics count every position of the padded microbatch,
+// padding included, each sequence as long as the microbatch's longest.
+class BalanceCountsPadding : public Fault {
+ public:
+  using Fault::Fault;
+  void MoeContext(reference::AttentionContext& context) const override {
+    context.valid = torch::ones_like(context.valid);
+    context.lengths = torch::full_like(context.lengths, static_cast<double>(context.valid.size(1)));
+  }
+};
+
+// router_logits_bfloat16: the router's logits (and so its scores and choices) computed in
+// bfloat16 rather than float32 (float64 for float64 models).
+class RouterLogitsBfloat16 : public Fault {
+ public:
+  using Fault::Fault;
+  void MoeContext(reference::AttentionContext& context) const override { context.router_dtype = torch::kBFloat16; }
+};
+
+// aux_total_dropped_on_dense_rank: the head's rank adds the balance loss to the reported loss only
+// when its own stages hold an MoE layer; with dense or empty last stages it reports the cross
+// entropy alone (the gradients stay right: only the loss is wrong).
+class AuxTotalDroppedOnDenseRank : public Fault {
+ public:
+  using Fault::Fault;
+  double ReportedBalanceLoss(double total, bool own_moe_layers) const override { return own_moe_layers ? total : 0.0; }
+};
+
 constexpr FaultEntry kFaults[] = {
   {"none", "the correct pipeline", Make<Fault>, "", ""},
   {"detach_input", "a stage's received activation is detached before use", Make<DetachInput>,
@@ -741,6 +791,14 @@ constexpr FaultEntry kFaults[] = {
   {"loss_with_other_microbatch_labels", "the loss computed with the next microbatch's labels",
    Make<LossWithOtherMicrobatchLabels>,
    "^step 0, microbatch 0: gradient into stage 0 \\(from rank 1\\) rel err", ""},
+  {"aux_loss_last_stage_only", "the balance loss taken from the last stage's MoE layers only",
+   Make<AuxLossLastStageOnly>, "TBD", ""},
+  {"aux_loss_per_microbatch", "each microbatch's balance loss at full weight (over its own sequences)",
+   Make<AuxLossPerMicrobatch>, "TBD", ""},
+  {"balance_counts_padding", "the balance statistics count padding positions", Make<BalanceCountsPadding>, "TBD", ""},
+  {"router_logits_bfloat16", "the router's logits computed in bfloat16", Make<RouterLogitsBfloat16>, "TBD", ""},
+  {"aux_total_dropped_on_dense_rank", "the head's rank, holding no MoE layer, reports the loss without the "
+   "balance loss", Make<AuxTotalDroppedOnDenseRank>, "TBD", ""},
 };
 
 }  // namespace

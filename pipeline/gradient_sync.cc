@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "reference/gradient_accumulation.h"
 #include "reference/optimizer.h"
 
 namespace pipecheck::pipeline {
@@ -82,11 +83,28 @@ void AverageBucket(const std::vector<torch::Tensor>& gradients, Transport& repli
 
 ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters,
                                      const std::vector<torch::Tensor>& alone, Transport& replicas,
-                                     ReplicaBuckets& persistent) {
+                                     ReplicaBuckets& persistent, bool sparse) {
   ReplicaTraffic traffic;
   std::map<torch::ScalarType, std::vector<torch::Tensor>> shared;
   std::vector<torch::Tensor> own;
-  for (const auto& parameter : parameters) {
+  std::vector<bool> anywhere(parameters.size(), true);
+  if (sparse) {
+    auto held = torch::zeros({static_cast<int64_t>(parameters.size())}, torch::kFloat64);
+    for (size_t i = 0; i < parameters.size(); ++i) held[static_cast<int64_t>(i)] = parameters[i].grad().defined() ? 1.0 : 0.0;
+    replicas.AllReduceSum(held);
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      anywhere[i] = held[static_cast<int64_t>(i)].item<double>() > 0.0;
+      auto parameter = parameters[i];
+      if (anywhere[i] && !parameter.grad().defined()) {
+        // In the dtype the replicas that have one hold it in (reduced precision sums in float32).
+        const auto dtype = reference::AccumulatesInFloat32(parameter.scalar_type()) ? torch::kFloat32 : parameter.scalar_type();
+        parameter.mutable_grad() = torch::zeros_like(parameter, parameter.options().dtype(dtype));
+      }
+    }
+  }
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const auto& parameter = parameters[i];
+    if (!anywhere[i]) continue;
     const auto gradient = parameter.grad();
     TORCH_CHECK(gradient.defined(), "a parameter of shape ", parameter.sizes(), " has no gradient to average across ",
                 replicas.world_size(), " replicas");

@@ -36,9 +36,13 @@ struct ReplicaTraffic {
   int64_t bytes = 0;
 };
 using ReplicaBuckets = std::map<std::string, torch::Tensor>;
+// `sparse`: a parameter may have no gradient on some replicas (a mixture of experts' expert that
+// none of a replica's tokens chose). The replicas then agree first on which parameters have one
+// anywhere: those get zeros where they lack one and are averaged; the rest stay without, as the
+// reference leaves an expert no token of the whole batch chose.
 ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters,
                                      const std::vector<torch::Tensor>& alone, Transport& replicas,
-                                     ReplicaBuckets& buckets);
+                                     ReplicaBuckets& buckets, bool sparse = false);
 
 // The tied weight's copies this rank holds (none untied): what AverageAcrossReplicas takes alone.
 std::vector<torch::Tensor> TiedCopies(const Stages& stages, const PipelineConfig& config);

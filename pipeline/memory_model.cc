@@ -187,7 +187,7 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
     const int64_t at_scores = 2 * scores + 2 * n * h * z.e - mlp_freed - head + attention_weight;
     bytes = std::max({int64_t{0}, at_mlp, at_scores});
     if (creates) {
-      const int64_t layer_grads = z.model.LayerParameterCount() * z.e;
+      const int64_t layer_grads = z.model.LayerParameterCount(slice.end_layer - 1) * z.e;
       const int64_t growth = std::max<int64_t>(0, layer_grads - PerLayerRetained(z, b, t)) * (layers - 1);
       bytes = std::max(bytes, head_grads - head + layer_grads - mlp_freed + growth);
     }

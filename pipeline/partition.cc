@@ -45,9 +45,10 @@ std::vector<int64_t> ExplicitCounts(const reference::ModelConfig& config, int64_
 // (stage, layers placed so far)); ties go to the split that gives earlier stages fewer layers.
 std::vector<int64_t> BalancedCounts(const reference::ModelConfig& config, int64_t stages) {
   const int64_t layers = config.layers;
-  const int64_t per_layer = config.LayerParameterCount();
-  auto stage_cost = [&](int64_t stage, int64_t count) {
-    int64_t cost = count * per_layer;
+  // Layers differ in size where some are mixture-of-experts layers: stage s's cost is that of
+  // the layers [end - count, end) it would hold.
+  auto stage_cost = [&](int64_t stage, int64_t end, int64_t count) {
+    int64_t cost = config.LayersParameterCount(end - count, end);
     if (stage == 0) cost += config.EmbeddingParameterCount();
     if (stage == stages - 1) cost += config.HeadParameterCount();
     return cost;
@@ -56,11 +57,11 @@ std::vector<int64_t> BalancedCounts(const reference::ModelConfig& config, int64_
   // best[s][l]: smallest achievable maximum over stages 0..s holding layers [0, l).
   std::vector<std::vector<int64_t>> best(stages, std::vector<int64_t>(layers + 1, kInfinite));
   std::vector<std::vector<int64_t>> choice(stages, std::vector<int64_t>(layers + 1, 0));
-  for (int64_t l = 0; l <= layers; ++l) best[0][l] = stage_cost(0, l), choice[0][l] = l;
+  for (int64_t l = 0; l <= layers; ++l) best[0][l] = stage_cost(0, l, l), choice[0][l] = l;
   for (int64_t s = 1; s < stages; ++s) {
     for (int64_t l = 0; l <= layers; ++l) {
       for (int64_t count = l; count >= 0; --count) {  // more layers on this stage first
-        const int64_t cost = std::max(best[s - 1][l - count], stage_cost(s, count));
+        const int64_t cost = std::max(best[s - 1][l - count], stage_cost(s, l, count));
         if (cost < best[s][l]) best[s][l] = cost, choice[s][l] = count;
       }
     }
@@ -93,7 +94,7 @@ std::vector<reference::SliceSpec> StageSlices(const std::vector<int64_t>& layer_
 }
 
 int64_t StageParameterCount(const reference::ModelConfig& config, const reference::SliceSpec& slice) {
-  int64_t count = (slice.end_layer - slice.first_layer) * config.LayerParameterCount();
+  int64_t count = config.LayersParameterCount(slice.first_layer, slice.end_layer);
   if (slice.has_embedding) count += config.EmbeddingParameterCount();
   if (slice.has_head) {
     count += config.HeadParameterCount();

@@ -177,6 +177,7 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   dict.insert("replicas", static_cast<int64_t>(result.replicas));
   dict.insert("stages", c10::List<int64_t>(std::vector<int64_t>(result.stages.begin(), result.stages.end())));
   dict.insert("losses", Doubles(result.losses));
+  dict.insert("aux_losses", Doubles(result.aux_losses));
   dict.insert("step_ms", Doubles(result.step_ms));
   dict.insert("timing_step_ms", Doubles(result.timing_step_ms));
   dict.insert("grad_norms", Doubles(result.grad_norms));
@@ -204,6 +205,7 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   result.replicas = static_cast<int>(dict.at("replicas").toInt());
   for (int64_t stage : dict.at("stages").toIntVector()) result.stages.push_back(static_cast<int>(stage));
   result.losses = ToDoubles(dict.at("losses").toTensor());
+  result.aux_losses = ToDoubles(dict.at("aux_losses").toTensor());
   result.step_ms = ToDoubles(dict.at("step_ms").toTensor());
   result.timing_step_ms = ToDoubles(dict.at("timing_step_ms").toTensor());
   result.grad_norms = ToDoubles(dict.at("grad_norms").toTensor());

@@ -50,6 +50,9 @@ struct RankResult {
   int replicas = 1;
   std::vector<int> stages;
   std::vector<double> losses;      // per step; only the last stage's rank knows them (NaN elsewhere)
+  // Per step, the balance loss (mixture of experts) summed over every stage and replica: the part
+  // of `losses` that is not cross entropy. The last stage's rank, NaN elsewhere and without MoE.
+  std::vector<double> aux_losses;
   std::vector<double> step_ms;     // per step, this rank's wall time
   // Timing-only steps after the judged ones (the last judged step's batch again, nothing
   // recorded or judged): their wall times, for a spread of tokens/s within one run.

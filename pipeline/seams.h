@@ -16,6 +16,7 @@
 #include "pipeline/gradient_path.h"
 #include "pipeline/transport.h"
 #include "reference/gradient_accumulation.h"
+#include "reference/layers.h"
 
 namespace pipecheck::pipeline {
 
@@ -31,6 +32,15 @@ struct LossTokens {
   // loss microbatch_mean: the microbatches each replica's step averages (every round's); 0 under
   // loss tokens.
   int64_t mean_over = 0;
+};
+
+// Where a stage's balance-loss terms (mixture of experts) were made.
+struct BalanceTermsAt {
+  int stage = 0;
+  int microbatch = 0;
+  bool last_stage = false;
+  int64_t microbatch_sequences = 0;
+  int64_t step_sequences = 0;  // the whole step's, every replica's: the terms' 1/B
 };
 
 // The tensors a stage's actions hand each other, each as the correct pipeline has it (the one it
@@ -73,6 +83,15 @@ class TensorSeams {
   // After a backward: its reduced-precision gradients move into the float32 sums (else they add
   // up in the parameter's dtype, as autograd's own accumulation does).
   virtual void SumAfterBackward(reference::GradientAccumulator& accumulator) { accumulator.AfterBackward(); }
+  // Mixture of experts. The forward context a stage's MoE layers route and count with: as made
+  // (the router in RouterDtype, the balance statistics over each sequence's own positions).
+  virtual void MoeContext(reference::AttentionContext& /*context*/) const {}
+  // A stage's balance-loss terms of a microbatch, as they enter its backward and the step's
+  // reported loss: its own MoE layers' (undefined where it has none).
+  virtual torch::Tensor BalanceTerms(const BalanceTermsAt& /*at*/, const torch::Tensor& terms) const { return terms; }
+  // The balance loss the head's rank adds to the step's reported loss: the total over every
+  // stage and replica, whether or not the rank's own stages hold an MoE layer.
+  virtual double ReportedBalanceLoss(double total, bool /*own_moe_layers*/) const { return total; }
   // Around a W of `module`: what the first returns is handed to the second.
   virtual torch::Tensor BeforeWeightGradient(const torch::nn::Module& /*module*/) const { return {}; }
   virtual void AfterWeightGradient(const torch::nn::Module& /*module*/, const torch::Tensor& /*before*/) const {}

@@ -88,7 +88,8 @@ void PipelineTrainer::AverageReplicas(int64_t step, RankResult& result, const Gr
   averaged_this_step_ = true;
   const double start = executor_->HostMicroseconds();
   const auto parameters = pipeline::OwnedParameters(stages_, config_.train.model.tied, average.tied_copy_averaged);
-  const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_), *replicas_, replica_buckets_);
+  const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_), *replicas_, replica_buckets_,
+                                             /*sparse=*/config_.train.model.HasExperts());
   const double end = executor_->HostMicroseconds();
   const double step_start = StepStartMicroseconds(result, step);
   result.collectives.push_back({step, traffic.elements, traffic.bytes, config_.data_parallel, start - step_start,
@@ -212,6 +213,26 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
     replicas_->AllReduceSum(total);
     loss = total[0];
   }
+  // The balance loss (mixture of experts) is made on every stage with an MoE layer: its terms
+  // are summed over the pipeline's ranks and then the replicas (each over the whole batch's B),
+  // and join the head's cross entropy in the step's reported loss.
+  double aux_total = std::numeric_limits<double>::quiet_NaN();
+  if (config_.train.model.HasExperts()) {
+    const auto& aux = executor_->LastAuxSum();
+    double sum = 0.0;
+    for (double value : transport_.AllGather(aux.defined() ? aux.item<double>() : 0.0)) sum += value;
+    if (replicas_ != nullptr) {
+      auto total = torch::tensor({sum}, torch::kFloat64);
+      replicas_->AllReduceSum(total);
+      sum = total[0].item<double>();
+    }
+    bool own_moe_layers = false;
+    for (const auto& stage : stages_) {
+      own_moe_layers = own_moe_layers || config_.train.model.MoeLayersIn(stage->slice.first_layer, stage->slice.end_layer) > 0;
+    }
+    aux_total = seams_.tensors->ReportedBalanceLoss(sum, own_moe_layers);
+    if (loss.defined()) loss = loss.to(torch::kCPU, torch::kFloat64) + aux_total;
+  }
   const auto messages = transport_.Stop();
   result.messages.insert(result.messages.end(), messages.begin(), messages.end());
   if (config_.train.record_gradients && judged) {  // a pause waits for the device: only for copies
@@ -226,6 +247,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   result.peak_bytes.push_back(measured.peak_bytes);
   result.step_ms.push_back(measured.step_ms);
   result.losses.push_back(loss.defined() ? loss.item<double>() : std::numeric_limits<double>::quiet_NaN());
+  result.aux_losses.push_back(loss.defined() ? aux_total : std::numeric_limits<double>::quiet_NaN());
 }
 
 RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankResult&)>& after_step) {

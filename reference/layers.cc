@@ -28,14 +28,25 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
 
 }  // namespace
 
+torch::Dtype RouterDtype(torch::Dtype model_dtype) {
+  return model_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
 AttentionContext MakeAttentionContext(const ModelConfig& config, const torch::Tensor& lengths,
-                                      int64_t time, torch::Dtype dtype, torch::Device device) {
+                                      int64_t time, torch::Dtype dtype, torch::Device device,
+                                      int64_t step_sequences) {
   AttentionContext context;
   auto index_options = torch::TensorOptions().dtype(torch::kInt64).device(device);
   auto positions = torch::arange(time, index_options);                     // (T)
   auto causal = positions.unsqueeze(1) >= positions.unsqueeze(0);          // (T, T) [t, s]
   auto key_valid = positions.unsqueeze(0) < ToDevice(lengths, device).unsqueeze(1);  // (B, T) [b, s]
   context.keep = (causal.unsqueeze(0) & key_valid.unsqueeze(1)).unsqueeze(1);  // (B, 1, T, T)
+  if (config.HasExperts()) {
+    context.router_dtype = RouterDtype(dtype);
+    context.valid = key_valid;
+    context.lengths = ToDevice(lengths, device).to(context.router_dtype);
+    context.aux_weight = step_sequences > 0 ? config.aux_loss / static_cast<double>(step_sequences) : 0.0;
+  }
   if (config.flavor == Flavor::kLlama) {
     // Tables in float64, then cast: the angles are exact to the model's precision.
     const int64_t head_dim = config.HeadDim();
@@ -112,9 +123,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionCont
   return wo_(mixed.transpose(1, 2).reshape({batch, time, config_.hidden}));  // (B, T, C)
 }
 
-FeedForwardImpl::FeedForwardImpl(const ModelConfig& config) : flavor_(config.flavor) {
+FeedForwardImpl::FeedForwardImpl(const ModelConfig& config) : FeedForwardImpl(config, config.FfnSize()) {}
+
+FeedForwardImpl::FeedForwardImpl(const ModelConfig& config, int64_t ffn) : flavor_(config.flavor) {
   const bool bias = flavor_ == Flavor::kGpt2;
-  const int64_t ffn = config.FfnSize();
   w1_ = register_module("w1", MakeLinear(config.hidden, ffn, bias));
   w2_ = register_module("w2", MakeLinear(ffn, config.hidden, bias));
   if (flavor_ == Flavor::kLlama) w3_ = register_module("w3", MakeLinear(config.hidden, ffn, false));
@@ -125,16 +137,77 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
   return w2_(torch::gelu(w1_(x), "tanh"));
 }
 
-TransformerBlockImpl::TransformerBlockImpl(const ModelConfig& config) {
+MoeFeedForwardImpl::MoeFeedForwardImpl(const ModelConfig& config, int64_t layer) : config_(config), layer_(layer) {
+  router_ = register_module("router", MakeLinear(config.hidden, config.experts, false));
+  auto experts = register_module("experts", std::make_shared<torch::nn::Module>());
+  for (int64_t e = 0; e < config.experts; ++e) {
+    experts_.push_back(experts->register_module(std::to_string(e), FeedForward(config, config.ExpertFfnSize())));
+  }
+  if (config.shared_experts > 0) shared_ = register_module("shared", FeedForward(config, config.ExpertFfnSize()));
+}
+
+torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x, const AttentionContext& context) {
+  const int64_t batch = x.size(0), time = x.size(1), hidden = x.size(2);
+  const int64_t experts = config_.experts, k = config_.top_k;
+  const auto router_dtype = context.router_dtype;
+  auto flat = x.reshape({batch * time, hidden});  // (N, C)
+  auto logits = torch::matmul(flat.to(router_dtype), router_->weight.to(router_dtype).t());  // (N, E)
+  const bool softmax = config_.router == Router::kSoftmax;
+  auto scores = softmax ? torch::softmax(logits, -1) : torch::sigmoid(logits);  // (N, E)
+  // The top k by score, ties to the lower index: a stable descending sort keeps equal scores in
+  // index order (topk promises no order among ties).
+  auto chosen = std::get<1>(scores.detach().sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(1, 0, k);
+  auto top = scores.gather(1, chosen);                                   // (N, k)
+  auto gates = (top / top.sum(-1, /*keepdim=*/true)).to(x.scalar_type());  // (N, k)
+  // Dropless dispatch: expert e runs on the tokens that chose it, each output weighted by its gate
+  // and added back at its token; an expert no token chose runs nothing (and gets no gradient).
+  auto slots = chosen.reshape({-1});  // (N·k): slot j is token j / k's (j % k)-th choice
+  auto flat_gates = gates.reshape({-1});
+  auto output = torch::zeros_like(flat);
+  for (int64_t e = 0; e < experts; ++e) {
+    auto where = (slots == e).nonzero().squeeze(1);  // the slots choosing e, ascending
+    if (where.numel() == 0) continue;
+    auto tokens = torch::div(where, k, "floor");
+    auto routed = experts_[e]->forward(flat.index_select(0, tokens)) * flat_gates.index_select(0, where).unsqueeze(1);
+    output = output.index_add(0, tokens, routed);
+  }
+  if (shared_) output = output + shared_->forward(flat);
+  if (context.moe) {
+    const auto valid = context.valid.reshape({batch * time, 1}).to(router_dtype);  // (N, 1)
+    auto picked = torch::zeros({batch * time, experts}, scores.options().requires_grad(false))
+                      .scatter_(1, chosen, 1.0) * valid;                             // (N, E)
+    auto per_sequence = picked.view({batch, time, experts}).sum(1);                 // (B, E)
+    auto& counts = context.moe->counts[layer_];
+    auto total = per_sequence.sum(0).to(torch::kInt64);
+    counts = counts.defined() ? counts + total : total;
+    if (config_.aux_loss > 0.0) {
+      // Sequence-wise balance loss: f = E / (k · L_s) · (positions of s choosing e), a constant;
+      // P = the mean over s's positions of e's normalised score.
+      const auto lengths = context.lengths.unsqueeze(1);                               // (B, 1)
+      auto fraction = per_sequence * (static_cast<double>(experts) / static_cast<double>(k)) / lengths;
+      auto normalised = softmax ? scores : scores / scores.sum(-1, /*keepdim=*/true);
+      auto mean_score = (normalised * valid).view({batch, time, experts}).sum(1) / lengths;  // (B, E)
+      context.moe->aux_terms.push_back((fraction * mean_score).sum() * context.aux_weight);
+    }
+  }
+  return output.view({batch, time, hidden});
+}
+
+TransformerBlockImpl::TransformerBlockImpl(const ModelConfig& config, int64_t layer) {
   attention_norm_ = register_module("attention_norm", Norm(config.flavor, config.hidden));
   attention_ = register_module("attention", Attention(config));
   ffn_norm_ = register_module("ffn_norm", Norm(config.flavor, config.hidden));
-  feed_forward_ = register_module("feed_forward", FeedForward(config));
+  if (config.IsMoeLayer(layer)) {
+    moe_ = register_module("feed_forward", MoeFeedForward(config, layer));
+  } else {
+    feed_forward_ = register_module("feed_forward", FeedForward(config));
+  }
 }
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const AttentionContext& context) {
   auto h = x + attention_->forward(attention_norm_->forward(x), context);
-  return h + feed_forward_->forward(ffn_norm_->forward(h));
+  auto normed = ffn_norm_->forward(h);
+  return h + (moe_ ? moe_->forward(normed, context) : feed_forward_->forward(normed));
 }
 
 }  // namespace pipecheck::reference

@@ -8,20 +8,45 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
+#include <map>
+#include <memory>
+#include <vector>
+
 #include "reference/model_config.h"
 
 namespace pipecheck::reference {
 
-// What every attention layer of one forward pass shares: built once per (micro)batch.
+// What one forward's mixture-of-experts layers leave behind, for the trainer that ran it.
+struct MoeRecord {
+  // Each MoE layer's balance-loss term (0-dim, in the router's dtype, with its graph), in the
+  // order the layers ran; absent where aux_loss is 0.
+  std::vector<torch::Tensor> aux_terms;
+  // By global layer index: tokens routed to each expert (E) int64, padding positions excluded.
+  std::map<int64_t, torch::Tensor> counts;
+};
+
+// What every layer of one forward pass shares: built once per (micro)batch.
 struct AttentionContext {
   torch::Tensor keep;  // (B, 1, T, T) bool: query t may attend key s (causal, s not padding)
   torch::Tensor cos;   // (T, head_dim) llama rotary tables in the model dtype; undefined for gpt2
   torch::Tensor sin;   // (T, head_dim)
+  // Mixture of experts only (undefined, 0 and null otherwise).
+  torch::Tensor valid;    // (B, T) bool: the position lies within its sequence's length
+  torch::Tensor lengths;  // (B) each sequence's length, in the router's dtype
+  torch::Dtype router_dtype = torch::kFloat32;  // RouterDtype of the model's dtype
+  double aux_weight = 0.0;  // aux_loss / sequences of the whole step's batch (every replica's)
+  std::shared_ptr<MoeRecord> moe;  // where the MoE layers record; null records nothing
 };
 
 // lengths: (B) int64 valid tokens per sequence; the batch is padded to `time` positions.
+// `step_sequences`: the sequences of the whole step's batch over every replica, the balance
+// loss's 1/B (a microbatch's terms are its own sequences' share of the step's objective).
 AttentionContext MakeAttentionContext(const ModelConfig& config, const torch::Tensor& lengths,
-                                      int64_t time, torch::Dtype dtype, torch::Device device);
+                                      int64_t time, torch::Dtype dtype, torch::Device device,
+                                      int64_t step_sequences = 0);
+
+// The router's dtype: float64 for float64 models, else float32.
+torch::Dtype RouterDtype(torch::Dtype model_dtype);
 
 // RMSNorm for llama, LayerNorm (eps 1e-5, weight and bias) for gpt2, under one name.
 class NormImpl : public torch::nn::Module {
@@ -54,6 +79,7 @@ TORCH_MODULE(Attention);
 class FeedForwardImpl : public torch::nn::Module {
  public:
   explicit FeedForwardImpl(const ModelConfig& config);
+  FeedForwardImpl(const ModelConfig& config, int64_t ffn);  // another width (an expert's)
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
@@ -62,10 +88,30 @@ class FeedForwardImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FeedForward);
 
-// h = x + Attn(Norm(x)); y = h + MLP(Norm(h)).
+// A mixture-of-experts feed-forward (llama): a router (E, hidden) in float32 (float64 for
+// float64 models) scores each token over E experts (softmax, or each logit's sigmoid), the token
+// takes its top_k (ties to the lower index), the chosen scores renormalised over the k are its
+// gates; output = Σ gate · expert(x) (+ shared(x)). Dropless: each expert runs on exactly the
+// tokens that chose it, so the routing and every token's output never depend on the batch split.
+// With a context's MoeRecord it records its sequence-wise balance-loss term and its counts.
+class MoeFeedForwardImpl : public torch::nn::Module {
+ public:
+  MoeFeedForwardImpl(const ModelConfig& config, int64_t layer);
+  torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
+
+ private:
+  ModelConfig config_;
+  int64_t layer_;
+  torch::nn::Linear router_{nullptr};
+  std::vector<FeedForward> experts_;
+  FeedForward shared_{nullptr};
+};
+TORCH_MODULE(MoeFeedForward);
+
+// h = x + Attn(Norm(x)); y = h + MLP(Norm(h)), the MLP dense or a mixture of experts.
 class TransformerBlockImpl : public torch::nn::Module {
  public:
-  explicit TransformerBlockImpl(const ModelConfig& config);
+  TransformerBlockImpl(const ModelConfig& config, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
 
  private:
@@ -73,6 +119,7 @@ class TransformerBlockImpl : public torch::nn::Module {
   Attention attention_{nullptr};
   Norm ffn_norm_{nullptr};
   FeedForward feed_forward_{nullptr};
+  MoeFeedForward moe_{nullptr};  // instead of feed_forward_ in an MoE layer
 };
 TORCH_MODULE(TransformerBlock);
 

@@ -29,7 +29,7 @@ TransformerSliceImpl::TransformerSliceImpl(const ModelConfig& config, const Slic
   // Blocks live under "layers.{global index}" so names survive any partition.
   auto layers = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = spec.first_layer; i < spec.end_layer; ++i) {
-    blocks_.push_back(layers->register_module(std::to_string(i), TransformerBlock(config)));
+    blocks_.push_back(layers->register_module(std::to_string(i), TransformerBlock(config, i)));
   }
   if (spec.has_head) {
     norm_ = register_module("norm", Norm(config.flavor, config.hidden));

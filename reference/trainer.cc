@@ -130,12 +130,22 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const torch:
 torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const LossOf& loss_of) {
   const auto device = config_.device;
   const HostSyncCheck no_host_syncs(config_.check_host_syncs, device);
-  auto context = MakeAttentionContext(config_.model, batch.lengths, batch.time(), config_.dtype, device);
+  auto context = MakeAttentionContext(config_.model, batch.lengths, batch.time(), config_.dtype, device,
+                                      step_sequences_ > 0 ? step_sequences_ : batch.size());
+  if (config_.model.HasExperts()) context.moe = std::make_shared<MoeRecord>();
   auto tokens = ToDevice(batch.tokens, device);
   phases_.Mark("data");
   auto logits = model_->forward(tokens, context);  // (B, T, vocab)
   phases_.Mark("forward");
   auto loss = loss_of(logits, ToDevice(batch.labels, device));
+  if (context.moe && !context.moe->aux_terms.empty()) {
+    // The balance loss joins the objective: its gradient enters the same backward.
+    auto aux = context.moe->aux_terms.front();
+    for (size_t i = 1; i < context.moe->aux_terms.size(); ++i) aux = aux + context.moe->aux_terms[i];
+    const auto value = aux.detach().to(torch::kFloat64);
+    aux_sum_ = aux_sum_.defined() ? aux_sum_ + value : value;
+    loss = loss + aux.to(loss.scalar_type());
+  }
   phases_.Mark("loss");
   loss.backward();
   phases_.Mark("backward");
@@ -159,6 +169,8 @@ torch::Tensor MicrobatchMeanWeights(const Batch& batch, int64_t microbatches) {
 StepRecord ReferenceTrainer::ComputeGradients(int64_t step, PendingReads& pending) {
   accumulator_->Begin();
   auto batch = MakeBatch(config_.data, config_.seed, step);
+  step_sequences_ = batch.size();
+  aux_sum_ = torch::Tensor();
   phases_.Mark("data");
   StepRecord record;
   record.step = step;
@@ -185,6 +197,7 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step, PendingReads& pendin
     pending.loss = loss_sum;
   }
   accumulator_->Finish();
+  pending.aux = aux_sum_;
   phases_.Mark("accumulate");
   if (config_.device.is_cuda() && config_.clip <= 0.0) {
     pending.squares = GradSquares(parameters_);  // the norm is reported, not used: read after the step
@@ -199,6 +212,7 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step, PendingReads& pendin
 
 void ReferenceTrainer::Settle(StepRecord& record, PendingReads& pending) {
   if (pending.loss.defined()) record.loss = pending.loss.item<double>();
+  if (pending.aux.defined()) record.aux_loss = pending.aux.item<double>();
   if (pending.squares.defined()) record.grad_norm = std::sqrt(SumOnHost(pending.squares));
   pending = PendingReads();
 }

@@ -86,7 +86,8 @@ struct BoundaryTensors {
 
 struct StepRecord {
   int64_t step = 0;
-  double loss = 0.0;
+  double loss = 0.0;       // the whole objective: cross entropy plus the balance loss
+  double aux_loss = 0.0;   // the balance loss alone (mixture of experts; 0 without)
   double grad_norm = 0.0;  // global norm before clipping
   double step_ms = 0.0;    // forward + backward + clip + optimizer step
   int64_t tokens = 0;      // labelled tokens of the batch
@@ -139,6 +140,10 @@ class ReferenceTrainer {
   // `steps` steps from the initial weights.
   TrainResult Train();
 
+  // The balance loss (mixture of experts) the forwards since the step began added to their loss:
+  // 0-dim float64, undefined where the model has none.
+  const torch::Tensor& AuxLossSum() const { return aux_sum_; }
+
   NamedTensors Weights() const;    // detached copies
   NamedTensors Gradients() const;  // detached copies; undefined gradients are skipped
   TransformerSlice& model() { return model_; }
@@ -149,6 +154,7 @@ class ReferenceTrainer {
   // as a PyTorch user's step does). On the CPU nothing runs ahead of the host: read at once.
   struct PendingReads {
     torch::Tensor loss;     // 0-dim
+    torch::Tensor aux;      // 0-dim float64, the balance loss's part of `loss`; undefined if none
     torch::Tensor squares;  // GradSquares, when the norm is not needed before the optimizer
   };
   // Gradients of `step`'s batch into the parameters, clipped; fills tokens, and loss and
@@ -166,6 +172,10 @@ class ReferenceTrainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<GradientAccumulator> accumulator_;
   int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed
+  // The step being computed: its batch's sequences (the balance loss's 1/B) and the balance
+  // loss its forwards have added so far (0-dim float64; undefined before any).
+  int64_t step_sequences_ = 0;
+  torch::Tensor aux_sum_;
   PhaseClock phases_;
 };
 

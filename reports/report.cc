@@ -57,6 +57,9 @@ const Fields<SummaryRow>& SummaryFields() {
       field::Flag("recompute", &R::recompute),
       field::Integer("accumulation", &R::accumulation),
       field::OptionalInteger("pp_timed_steps", &R::pp_timed_steps),
+      field::OptionalReal("aux_loss_ref", &R::aux_loss_ref),
+      field::OptionalReal("aux_loss_pp", &R::aux_loss_pp),
+      field::OptionalReal("aux_loss_max_rel_err", &R::aux_loss_max_rel_err),
   };
   return fields;
 }

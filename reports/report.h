@@ -49,6 +49,9 @@ struct SummaryRow {
   bool recompute = false;             // activations recomputed in the backward
   int64_t accumulation = 1;           // rounds of the schedule per optimizer step
   std::optional<int64_t> pp_timed_steps;  // steps timed for tokens/s: judged after the warm-up, then timing-only
+  // Mixture of experts: the balance loss's part of loss_ref and loss_pp (last step), and its worst
+  // relative error over the steps at the pipeline's weights; empty without a balance loss.
+  std::optional<double> aux_loss_ref, aux_loss_pp, aux_loss_max_rel_err;
 };
 
 // The median of `values` (at least one).

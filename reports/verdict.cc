@@ -26,7 +26,10 @@ std::string PassMessage(const ParityVerdict& verdict) {
                                        "{:.3g}), the loss as its float64 sum of terms (worst rel err {:.3g}); ",
                                        *verdict.accumulation_max_rel, verdict.accumulated_loss_max_rel.value_or(0.0))
                          : std::string(),
-                     verdict.update_max_rel, verdict.trajectory_note);
+                     verdict.update_max_rel, verdict.trajectory_note) +
+         (verdict.aux_loss_max_rel
+              ? fmt::format("; the balance loss within rel err {:.3g} of the reference's", *verdict.aux_loss_max_rel)
+              : std::string());
 }
 
 }  // namespace
@@ -46,6 +49,9 @@ void ApplyVerdict(const ParityVerdict& verdict, SummaryRow& row) {
   row.worst_param = verdict.worst_param;
   row.params_checked = verdict.params_checked;
   row.weights_max_rel_err = verdict.update_max_rel;
+  row.aux_loss_ref = verdict.aux_loss_ref;
+  row.aux_loss_pp = verdict.aux_loss_pp;
+  row.aux_loss_max_rel_err = verdict.aux_loss_max_rel;
   row.message = verdict.failures.empty() ? PassMessage(verdict) : verdict.failures.front() + MoreFailures(verdict);
   // A row that should have failed and passed must not read as a success in summary.csv.
   if (row.status == Status::kPass && row.expect == "fail") {

@@ -31,6 +31,9 @@ struct ParityVerdict {
   double loss_ref = 0.0;
   double loss_pp = 0.0;
   int64_t params_checked = 0;
+  // Mixture of experts with a balance loss: its last step's value on each side, and its worst
+  // relative error over the steps at the pipeline's weights.
+  std::optional<double> aux_loss_ref, aux_loss_pp, aux_loss_max_rel;
 };
 
 // Whether `status` meets `expect` ("pass": PASS or SKIPPED; "fail": FAIL, ERROR or TIMEOUT).

@@ -33,6 +33,7 @@ namespace {
 constexpr size_t kColumnCount = 35;
 
 const std::vector<std::string> kFlavors = {"llama", "gpt2"};
+const std::vector<std::string> kRouters = {"softmax", "sigmoid"};
 const std::vector<std::string> kDtypes = DtypeNames();
 const std::vector<std::string> kOptimizers = {"sgd", "adamw"};
 const std::vector<std::string> kDevices = {"cpu", "cuda"};
@@ -50,7 +51,8 @@ const std::vector<std::string> kExpectations = {"pass", "fail"};
 // Upper bounds on sizes: generous for any model a CI runner can hold, tight enough to catch
 // typos (an extra zero) before a run spends minutes or all memory on them. docs/scenarios.md lists them.
 constexpr int64_t kMaxLayers = 1024;
-constexpr int64_t kMaxWidth = 65536;  // hidden; ffn up to 8x this
+constexpr int64_t kMaxWidth = 65536;
+constexpr int64_t kMaxExperts = 1024;  // hidden; ffn up to 8x this
 constexpr int64_t kMaxHeads = 1024;
 constexpr int64_t kMaxVocab = 1 << 20;
 constexpr int64_t kMaxWorldSize = 256;
@@ -333,6 +335,25 @@ std::vector<Column> ModelColumns() {
                  [](const Scenario& s) { return s.ffn == 0 ? std::string() : std::to_string(s.ffn); },
                  fmt::format("1 to {}", kMaxWidth * 8))
           .Means("feed-forward width").Default("gpt2 4×hidden; llama ⌈8×hidden/3⌉ rounded up to a multiple of 4"),
+      IntegerColumn("experts", &Scenario::experts, 0, kMaxExperts)
+          .Means("mixture of experts (llama): routed experts of each MoE layer's feed-forward; 0 is the dense MLP, "
+                 "else at least 2")
+          .Config(In::kUnlessDefault),
+      IntegerColumn("top_k", &Scenario::top_k, 1, kMaxExperts)
+          .Means("experts each token takes (at most experts)").Config(In::kUnlessDefault),
+      IntegerColumn("dense_layers", &Scenario::dense_layers, 0, kMaxLayers)
+          .Means("the first layers keep the dense MLP (DeepSeek's first dense layers)").Config(In::kUnlessDefault),
+      IntegerColumn("shared_experts", &Scenario::shared_experts, 0, 1)
+          .Means("an expert every token passes through, added to the routed output").Config(In::kUnlessDefault),
+      TextColumn("expert_ffn", [](Scenario& s, const std::string& v) { s.expert_ffn = ParseInteger(v, 1, kMaxWidth * 8); },
+                 [](const Scenario& s) { return s.expert_ffn == 0 ? std::string() : std::to_string(s.expert_ffn); },
+                 fmt::format("1 to {}", kMaxWidth * 8))
+          .Means("each expert's feed-forward width").Default("ffn").Config(In::kUnlessDefault),
+      ChoiceColumn("router", &Scenario::router, kRouters)
+          .Means("scores from the router's logits: a softmax over the experts, or each logit's sigmoid (DeepSeek-V3)")
+          .Config(In::kUnlessDefault),
+      RealColumn("aux_loss", &Scenario::aux_loss, 0.0, /*min_allowed=*/true, "≥ 0, at most 1")
+          .Means("α of the sequence-wise balance loss added to the objective; 0 is none").Config(In::kUnlessDefault),
       IntegerColumn("vocab", &Scenario::vocab, 2, kMaxVocab).Means("vocabulary size"),
       FlagColumn("tied", &Scenario::tied).Means("the output head shares the embedding's weight"),
   };
@@ -672,6 +693,12 @@ void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
                 fmt::format("{} = {} microbatches, more than batch {}: every microbatch needs a sequence",
                             fmt::join(factors, " x "), s.StepMicrobatches(), s.batch));
   }
+  // The mixture of experts and its balance loss: pipecheck's trainer (and the reference). Another
+  // trainer is not handed the experts' columns, so its row is refused rather than run dense.
+  if (s.experts > 0 && s.trainer != "pipecheck") {
+    throw at.At(line, "experts", std::to_string(s.experts),
+                fmt::format("trainer {} is not given a mixture of experts: experts needs trainer=pipecheck", s.trainer));
+  }
   if (s.trainer == "torchtitan") CheckTorchTitan(s, line, at);
   if (s.trainer == "deepspeed" || s.trainer == "megatron") CheckFramework(s, line, at);
   // microbatch_mean: pipecheck's trainer, the reference and the frameworks whose default it is.
@@ -757,6 +784,24 @@ void CheckModelAndDevice(const Scenario& s, unsigned line, const Locator& at) {
   if (s.kv_heads != 0 && s.kv_heads != s.heads && s.flavor != "llama") {
     throw at.At(line, "kv_heads", std::to_string(s.kv_heads),
                 fmt::format("grouped-query attention is llama's; {} keeps a key/value head per query head", s.flavor));
+  }
+  if (s.experts == 1) {
+    throw at.At(line, "experts", "1", "a mixture of experts needs at least 2 (0 keeps the dense MLP)");
+  }
+  if (s.experts > 0 && s.flavor != "llama") {
+    throw at.At(line, "experts", std::to_string(s.experts),
+                fmt::format("the mixture of experts is llama's; {} keeps its dense MLP", s.flavor));
+  }
+  if (s.experts > 0 && s.top_k > s.experts) {
+    throw at.At(line, "top_k", std::to_string(s.top_k),
+                fmt::format("a token cannot take more experts than the {} there are", s.experts));
+  }
+  if (s.experts > 0 && s.dense_layers >= s.layers) {
+    throw at.At(line, "dense_layers", std::to_string(s.dense_layers),
+                fmt::format("every one of the {} layers would be dense: no MoE layer is left", s.layers));
+  }
+  if (s.aux_loss > 1.0) {
+    throw at.At(line, "aux_loss", FormatReal(s.aux_loss), "at most 1: the balance loss is a small share of the objective");
   }
   if (s.flavor == "llama" && (s.hidden / s.heads) % 2 != 0) {
     throw at.At(line, "heads", std::to_string(s.heads),

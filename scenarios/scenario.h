@@ -28,6 +28,14 @@ struct Scenario {
   int64_t heads = 4;
   int64_t kv_heads = 0;  // grouped-query attention's key/value heads; 0: heads (none grouped)
   int64_t ffn = 0;  // 0: the flavour's default, resolved by the harness
+  // Mixture of experts (llama): experts 0 is the dense MLP (docs/design.md §2).
+  int64_t experts = 0;
+  int64_t top_k = 2;
+  int64_t dense_layers = 0;
+  int64_t shared_experts = 0;
+  int64_t expert_ffn = 0;  // 0: ffn
+  std::string router = "softmax";
+  double aux_loss = 0.01;
   int64_t vocab = 256;
   bool tied = false;
   int64_t world_size = 2;

@@ -58,7 +58,8 @@ AXES = {
     "attention": ["mha", "gqa"],
 }
 
-COLUMNS = ["name", "flavor", "layers", "hidden", "heads", "kv_heads", "tied", "world_size", "schedule", "partition", "batch",
+COLUMNS = ["name", "flavor", "layers", "hidden", "heads", "kv_heads", "experts", "top_k", "dense_layers",
+           "shared_experts", "router", "tied", "world_size", "schedule", "partition", "batch",
            "microbatches", "seq_len", "seq_len_min", "dtype", "steps", "timed_steps", "optimizer", "lr", "clip",
            "recompute", "data_parallel", "virtual_stages", "accumulation", "loss"]
 # Steps each generated row times (after its warm-up): its tokens/s is a median of these, and the

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Cross-check `pipecheck dump` with a second implementation of docs/design.md §2.
 
-The model here is rebuilt from the design text with Python's torch (the PyTorch pipecheck is
+The model here (grouped-query attention and the mixture of experts with its balance loss included)
+is rebuilt from the design text with Python's torch (the PyTorch pipecheck is
 built against), sharing no code with pipecheck: it loads weights.pt and batch.pt, computes the loss and every
 gradient with autograd, and requires loss within 1e-10 and each gradient within 1e-10
 relative of what pipecheck wrote (relative to max(its norm, 1e-6 x the global gradient norm)).
@@ -28,6 +29,21 @@ def ffn_size(row):
     if row["flavor"] == "gpt2":
         return 4 * hidden
     return math.ceil(math.ceil(8 * hidden / 3) / 4) * 4
+
+
+def moe_of(row):
+    """docs/design.md §2's mixture-of-experts columns, with their defaults; None for a dense model."""
+    experts = int(row.get("experts") or 0)
+    if experts < 2:
+        return None
+    aux = row.get("aux_loss")
+    return {"experts": experts, "top_k": int(row.get("top_k") or 2), "dense_layers": int(row.get("dense_layers") or 0),
+            "shared": int(row.get("shared_experts") or 0), "ffn": int(row.get("expert_ffn") or 0) or ffn_size(row),
+            "router": row.get("router") or "softmax", "alpha": float(aux) if aux not in (None, "") else 0.01}
+
+
+def is_moe_layer(moe, layer):
+    return moe is not None and layer >= moe["dense_layers"]
 
 
 def expected_shapes(row):
@@ -58,6 +74,15 @@ def expected_shapes(row):
         for n, out_features in (("wq", hidden), ("wk", kv_width), ("wv", kv_width), ("wo", hidden)):
             linear(p + "attention." + n, out_features, hidden)
         norm(p + "ffn_norm")
+        moe = moe_of(row)
+        if is_moe_layer(moe, i):
+            shapes[p + "feed_forward.router.weight"] = (moe["experts"], hidden)
+            names = [f"experts.{e}" for e in range(moe["experts"])] + (["shared"] if moe["shared"] else [])
+            for name in names:
+                shapes[p + f"feed_forward.{name}.w1.weight"] = (moe["ffn"], hidden)
+                shapes[p + f"feed_forward.{name}.w2.weight"] = (hidden, moe["ffn"])
+                shapes[p + f"feed_forward.{name}.w3.weight"] = (moe["ffn"], hidden)
+            continue
         linear(p + "feed_forward.w1", ffn, hidden)
         linear(p + "feed_forward.w2", hidden, ffn)
         if not gpt2:
@@ -104,7 +129,40 @@ def linear(x, params, prefix, has_bias):
     return F.linear(x, params[prefix + ".weight"], params[prefix + ".bias"] if has_bias else None)
 
 
-def forward(params, row, tokens, lengths):
+def swiglu(h, params, prefix):
+    up = F.silu(F.linear(h, params[prefix + ".w1.weight"])) * F.linear(h, params[prefix + ".w3.weight"])
+    return F.linear(up, params[prefix + ".w2.weight"])
+
+
+def moe_forward(h, params, prefix, moe, lengths, batch_sequences):
+    """One mixture-of-experts feed-forward, computed densely: every expert on every token, weighted
+    by a gate matrix that is zero off each token's top k. Returns the output and the layer's
+    sequence-wise balance-loss term."""
+    B, T, _ = h.shape
+    E, k = moe["experts"], moe["top_k"]
+    logits = h @ params[prefix + ".router.weight"].T                     # (B, T, E), float64 here
+    scores = torch.softmax(logits, -1) if moe["router"] == "softmax" else torch.sigmoid(logits)
+    s = scores.detach()
+    # Expert e is chosen when fewer than k experts beat it: a higher score, or an equal one at a
+    # lower index (ties go to the lower index).
+    index = torch.arange(E)
+    beats = (s[..., None, :] > s[..., :, None]) | ((s[..., None, :] == s[..., :, None]) & (index[None, :] < index[:, None]))
+    chosen = beats.sum(-1) < k                                            # (B, T, E) bool
+    top = scores * chosen
+    gates = top / top.sum(-1, keepdim=True)
+    out = sum(gates[..., e:e + 1] * swiglu(h, params, f"{prefix}.experts.{e}") for e in range(E))
+    if moe["shared"]:
+        out = out + swiglu(h, params, prefix + ".shared")
+    valid = (torch.arange(T)[None, :] < lengths[:, None]).to(h.dtype)    # (B, T)
+    length = lengths.to(h.dtype)[:, None]                                 # (B, 1)
+    f = E / (k * length) * (chosen.to(h.dtype) * valid[..., None]).sum(1)  # (B, E), no gradient
+    probs = scores if moe["router"] == "softmax" else scores / scores.sum(-1, keepdim=True)
+    P = (probs * valid[..., None]).sum(1) / length
+    aux = moe["alpha"] / batch_sequences * (f * P).sum()
+    return out, aux
+
+
+def forward(params, row, tokens, lengths, batch_sequences=None):
     flavor = row["flavor"]
     heads = int(row["heads"])
     kv_heads = int(row.get("kv_heads") or heads)
@@ -125,6 +183,8 @@ def forward(params, row, tokens, lengths):
             return rms_norm(h, params[prefix + ".weight"])
         return layer_norm(h, params[prefix + ".weight"], params[prefix + ".bias"])
 
+    moe = moe_of(row)
+    aux = torch.zeros((), dtype=torch.float64)
     for i in range(layers):
         p = f"layers.{i}."
         h = norm(x, p + "attention_norm")
@@ -143,7 +203,11 @@ def forward(params, row, tokens, lengths):
         attn = attn.transpose(1, 2).reshape(B, T, hidden)
         x = x + linear(attn, params, p + "attention.wo", gpt2)
         h = norm(x, p + "ffn_norm")
-        if flavor == "llama":
+        if is_moe_layer(moe, i):
+            out, term = moe_forward(h, params, p + "feed_forward", moe, lengths, batch_sequences or B)
+            x = x + out
+            aux = aux + term
+        elif flavor == "llama":
             up = F.silu(F.linear(h, params[p + "feed_forward.w1.weight"])) * F.linear(h, params[p + "feed_forward.w3.weight"])
             x = x + F.linear(up, params[p + "feed_forward.w2.weight"])
         else:
@@ -151,7 +215,7 @@ def forward(params, row, tokens, lengths):
             x = x + linear(up, params, p + "feed_forward.w2", True)
     x = norm(x, "norm")
     head = params["tok_embeddings.weight"] if tied else params["output.weight"]
-    return F.linear(x, head)
+    return F.linear(x, head), aux
 
 
 def check_dump(directory, suite_row):
@@ -159,14 +223,17 @@ def check_dump(directory, suite_row):
     with open(os.path.join(directory, "scenario.csv"), newline="") as f:
         row = next(csv.DictReader(f))
     # Shapes come from the suite's own columns and docs/design.md §2, never from what the dump says.
-    row = dict(row, ffn=suite_row.get("ffn") or "")
+    row = dict(row, ffn=suite_row.get("ffn") or "",
+               **{c: suite_row.get(c) or "" for c in ("experts", "top_k", "dense_layers", "shared_experts",
+                                                      "expert_ffn", "router", "aux_loss")})
     dumped_ffn = int(next(csv.DictReader(open(os.path.join(directory, "scenario.csv"), newline="")))["ffn"])
     if dumped_ffn != ffn_size(row):
         return [f"scenario.csv says ffn {dumped_ffn}, docs/design.md §2 gives {ffn_size(row)}"]
     weights = torch.load(os.path.join(directory, "weights.pt"), weights_only=False)
     batch = torch.load(os.path.join(directory, "batch.pt"), weights_only=False)
     grads = torch.load(os.path.join(directory, "grads.pt"), weights_only=False)
-    expected_loss = torch.load(os.path.join(directory, "loss.pt"), weights_only=False)["loss"]
+    dumped_loss = torch.load(os.path.join(directory, "loss.pt"), weights_only=False)
+    expected_loss = dumped_loss["loss"]
 
     problems = []
     shapes = expected_shapes(row)
@@ -187,10 +254,17 @@ def check_dump(directory, suite_row):
 
     # Whole batch, as the reference computes it.
     params = {name: weights[name].clone().requires_grad_(True) for name in shapes}
-    logits = forward(params, row, tokens, lengths)
+    logits, aux = forward(params, row, tokens, lengths)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                           ignore_index=-100, reduction="sum") / valid
+                           ignore_index=-100, reduction="sum") / valid + aux
     loss.backward()
+    if moe_of(row) is not None and moe_of(row)["alpha"] > 0:
+        if "aux_loss" not in dumped_loss:
+            problems.append("loss.pt has no aux_loss for a mixture of experts with a balance loss")
+        elif abs(dumped_loss["aux_loss"].item() - aux.item()) > TOLERANCE * max(1.0, abs(aux.item())):
+            problems.append(f"balance loss {dumped_loss['aux_loss'].item():.15g} vs python {aux.item():.15g}")
+        elif aux.item() <= 0:
+            problems.append(f"balance loss {aux.item():.3g}: a mixture of experts with aux_loss > 0 must have one")
 
     # Microbatched, as a pipeline computes it: contiguous microbatches, each padded only to its
     # own longest sequence, each normalised by the whole batch's tokens, gradients summed.
@@ -203,9 +277,9 @@ def check_dump(directory, suite_row):
         time = int(part_lengths.max())
         part_tokens = tokens[first:first + size, :time]
         part_labels = labels_from(part_tokens, part_lengths)
-        part_logits = forward(mb_params, row, part_tokens, part_lengths)
+        part_logits, part_aux = forward(mb_params, row, part_tokens, part_lengths, batch_sequences=tokens.shape[0])
         part_loss = F.cross_entropy(part_logits.reshape(-1, part_logits.shape[-1]), part_labels.reshape(-1),
-                                    ignore_index=-100, reduction="sum") / valid
+                                    ignore_index=-100, reduction="sum") / valid + part_aux
         part_loss.backward()
         mb_loss += part_loss.item()
         first += size
@@ -214,7 +288,10 @@ def check_dump(directory, suite_row):
         problems.append(f"loss {expected_loss.item():.15g} vs python {loss.item():.15g} (diff {loss_diff:.3g})")
     if abs(mb_loss - expected_loss.item()) > TOLERANCE:
         problems.append(f"loss {expected_loss.item():.15g} vs python over {microbatches} microbatches {mb_loss:.15g}")
-    if set(grads) != set(shapes):
+    # An expert no token chose gets no gradient at all (dropless dispatch runs nothing for it):
+    # absent from grads.pt, and exactly zero here, where every expert runs on every token.
+    unrouted = {name for name in set(shapes) - set(grads) if ".experts." in name and not params[name].grad.any()}
+    if set(grads) | unrouted != set(shapes):
         problems.append(f"grads.pt names differ from docs/design.md §2: missing {sorted(set(shapes) - set(grads))}, "
                         f"unexpected {sorted(set(grads) - set(shapes))}")
     # A gradient that is zero analytically (a key projection's bias: softmax ignores a constant
