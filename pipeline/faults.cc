@@ -792,13 +792,21 @@ constexpr FaultEntry kFaults[] = {
    Make<LossWithOtherMicrobatchLabels>,
    "^step 0, microbatch 0: gradient into stage 0 \\(from rank 1\\) rel err", ""},
   {"aux_loss_last_stage_only", "the balance loss taken from the last stage's MoE layers only",
-   Make<AuxLossLastStageOnly>, "TBD", ""},
+   Make<AuxLossLastStageOnly>,
+   "^loss at step 0: pipeline .* vs reference .* at the same weights \\(diff .*; worst gradient "
+   "layers\\.1\\.feed_forward\\.router\\.weight at step 0 on rank 0 \\(stage 0\\): rel err", ""},
   {"aux_loss_per_microbatch", "each microbatch's balance loss at full weight (over its own sequences)",
-   Make<AuxLossPerMicrobatch>, "TBD", ""},
-  {"balance_counts_padding", "the balance statistics count padding positions", Make<BalanceCountsPadding>, "TBD", ""},
-  {"router_logits_bfloat16", "the router's logits computed in bfloat16", Make<RouterLogitsBfloat16>, "TBD", ""},
+   Make<AuxLossPerMicrobatch>,
+   "^step 0, microbatch 0: gradient into stage 0 \\(from rank 1\\) rel err .*; worst gradient "
+   "layers\\.[0-9]\\.feed_forward\\.router\\.weight at step [01] on rank [01] \\(stage [01]\\): rel err", ""},
+  {"balance_counts_padding", "the balance statistics count padding positions", Make<BalanceCountsPadding>,
+   "^step 0, microbatch 0: gradient into stage 0 \\(from rank 1\\) rel err .*; worst gradient "
+   "layers\\.[0-9]\\.feed_forward\\.router\\.weight at step 0 on rank [01] \\(stage [01]\\): rel err", ""},
+  {"router_logits_bfloat16", "the router's logits computed in bfloat16", Make<RouterLogitsBfloat16>,
+   "^step 0, microbatch 0: activation into stage 1 \\(from rank 0\\) rel err .* against the reference cut", ""},
   {"aux_total_dropped_on_dense_rank", "the head's rank, holding no MoE layer, reports the loss without the "
-   "balance loss", Make<AuxTotalDroppedOnDenseRank>, "TBD", ""},
+   "balance loss", Make<AuxTotalDroppedOnDenseRank>,
+   "^loss at step 0: pipeline .* vs reference .* at the same weights \\(diff .* > tol 1e-09\\) \\(\\+[0-9]+ more\\)$", ""},
 };
 
 }  // namespace

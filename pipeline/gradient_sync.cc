@@ -95,8 +95,9 @@ ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameter
     for (size_t i = 0; i < parameters.size(); ++i) {
       anywhere[i] = held[static_cast<int64_t>(i)].item<double>() > 0.0;
       auto parameter = parameters[i];
-      if (anywhere[i] && !parameter.grad().defined()) {
-        // In the dtype the replicas that have one hold it in (reduced precision sums in float32).
+      if (!parameter.grad().defined()) {
+        // Zeros in the dtype the replicas that have one hold it in (reduced precision: float32
+        // sums), so that every replica's buckets hold the same tensors, as DDP's do.
         const auto dtype = reference::AccumulatesInFloat32(parameter.scalar_type()) ? torch::kFloat32 : parameter.scalar_type();
         parameter.mutable_grad() = torch::zeros_like(parameter, parameter.options().dtype(dtype));
       }
@@ -104,7 +105,6 @@ ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameter
   }
   for (size_t i = 0; i < parameters.size(); ++i) {
     const auto& parameter = parameters[i];
-    if (!anywhere[i]) continue;
     const auto gradient = parameter.grad();
     TORCH_CHECK(gradient.defined(), "a parameter of shape ", parameter.sizes(), " has no gradient to average across ",
                 replicas.world_size(), " replicas");
@@ -121,6 +121,10 @@ ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameter
   }
   for (size_t i = 0; i < own.size(); ++i) {
     AverageBucket({own[i]}, replicas, persistent["alone " + std::to_string(i)], traffic);
+  }
+  // What no replica's tokens reached has no gradient after the average either.
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (!anywhere[i]) parameters[i].mutable_grad().reset();
   }
   return traffic;
 }

@@ -38,8 +38,9 @@ struct ReplicaTraffic {
 using ReplicaBuckets = std::map<std::string, torch::Tensor>;
 // `sparse`: a parameter may have no gradient on some replicas (a mixture of experts' expert that
 // none of a replica's tokens chose). The replicas then agree first on which parameters have one
-// anywhere: those get zeros where they lack one and are averaged; the rest stay without, as the
-// reference leaves an expert no token of the whole batch chose.
+// anywhere. Every replica averages every parameter (zeros where it has no gradient, so that the
+// buckets match, as DDP's do); one that no replica has a gradient for is left without one after
+// the average, as the reference leaves an expert no token of the whole batch chose.
 ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters,
                                      const std::vector<torch::Tensor>& alone, Transport& replicas,
                                      ReplicaBuckets& buckets, bool sparse = false);

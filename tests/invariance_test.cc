@@ -314,6 +314,23 @@ TEST(Invariance, RealRanksAreBitwiseEqualWhereTheArithmeticIsTheSame) {
   EXPECT_NE(output.find("0 of those not bitwise"), std::string::npos) << output;
 }
 
+TEST(Invariance, MixtureOfExpertsRoutesToTheSameBitsInEveryPipelineOfOneArithmetic) {
+  const auto out = testing::ScratchDirectory("invariance_moe");
+  std::string output;
+  const int code = RunCli(fmt::format("invariance --scenarios {} --scenario moe_varlen --out {}", kSuite, out), output);
+  ASSERT_EQ(code, 0) << output;
+  for (const auto& row : ReadCsv(out + "/summary.csv")) EXPECT_EQ(row.at("status"), "PASS") << row.at("scenario");
+  int asserted = 0;
+  for (const auto& row : ReadCsv(out + "/invariance.csv")) {
+    if (row.at("asserted") != "1") continue;
+    ++asserted;
+    EXPECT_EQ(row.at("bitwise"), "1") << row.at("a") << " vs " << row.at("b") << ": " << row.at("first_bits_differ");
+  }
+  // 1F1B on 1 to 4 ranks, front- and back-loaded, GPipe, interleaved, ZB-H1, ZB-V, DualPipeV and
+  // 1F1B recomputing: one class of arithmetic, C(12, 2) = 66 pairs, each asserted bitwise.
+  EXPECT_EQ(asserted, 66) << output;
+}
+
 TEST(Invariance, SummingOneRanksMicrobatchesInAnotherOrderPassesParityButNotTheMatrix) {
   const auto out = testing::ScratchDirectory("invariance_reversed");
   std::string output;

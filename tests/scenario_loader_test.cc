@@ -227,6 +227,34 @@ TEST(ScenarioLoader, TrainersAndTheColumnsThatDependOnThem) {
             "'_'");
 }
 
+TEST(ScenarioLoader, GroupedQueryAttentionAndMixtureOfExpertsAreLlamasAndConsistent) {
+  EXPECT_EQ(ErrorFor("name,heads,kv_heads\nx,4,2\n"), "");
+  EXPECT_EQ(ErrorFor("name,heads,kv_heads\nx,4,3\n"),
+            "suite.csv:2:3: column 'kv_heads', value '3': kv_heads must divide heads (4): each key/value head serves "
+            "heads / kv_heads query heads");
+  EXPECT_EQ(ErrorFor("name,flavor,kv_heads\nx,gpt2,2\n"),
+            "suite.csv:2:3: column 'kv_heads', value '2': grouped-query attention is llama's; gpt2 keeps a key/value "
+            "head per query head");
+  EXPECT_EQ(ErrorFor("name,experts,top_k,dense_layers,shared_experts,router,aux_loss\nx,4,2,1,1,sigmoid,0.05\n"), "");
+  EXPECT_EQ(ErrorFor("name,experts\nx,1\n"),
+            "suite.csv:2:2: column 'experts', value '1': a mixture of experts needs at least 2 (0 keeps the dense MLP)");
+  EXPECT_EQ(ErrorFor("name,flavor,experts\nx,gpt2,4\n"),
+            "suite.csv:2:3: column 'experts', value '4': the mixture of experts is llama's; gpt2 keeps its dense MLP");
+  EXPECT_EQ(ErrorFor("name,experts,top_k\nx,4,5\n"),
+            "suite.csv:2:3: column 'top_k', value '5': a token cannot take more experts than the 4 there are");
+  EXPECT_EQ(ErrorFor("name,layers,experts,dense_layers\nx,4,4,4\n"),
+            "suite.csv:2:4: column 'dense_layers', value '4': every one of the 4 layers would be dense: no MoE layer "
+            "is left");
+  EXPECT_EQ(ErrorFor("name,experts,router\nx,4,softer\n").rfind(
+                "suite.csv:2:3: column 'router', value 'softer': expected one of: softmax, sigmoid", 0),
+            0u);
+  EXPECT_EQ(ErrorFor("name,experts,aux_loss\nx,4,2\n"),
+            "suite.csv:2:3: column 'aux_loss', value '2': at most 1: the balance loss is a small share of the objective");
+  EXPECT_EQ(ErrorFor("name,experts,trainer\nx,4,torch\n"),
+            "suite.csv:2:2: column 'experts', value '4': trainer torch is not given a mixture of experts: experts "
+            "needs trainer=pipecheck");
+}
+
 TEST(ScenarioLoader, RejectsImpossibleCombinations) {
   EXPECT_EQ(ErrorFor("name,hidden,heads\nx,64,5\n"),
             "suite.csv:2:3: column 'heads', value '5': heads must divide hidden (64)");
