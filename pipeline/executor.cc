@@ -44,18 +44,18 @@ void ReleaseOutputData(torch::Tensor& output) {
 // Backward from `output` with `gradient`, straight through the engine: unlike
 // torch::autograd::backward it does not compare against the output's (possibly freed) data.
 // With `aux` (a stage's balance-loss terms) a second root, its gradient 1: both in one backward.
-void BackwardFrom(const torch::Tensor& output, const torch::Tensor& gradient, const torch::Tensor& aux,
-                  const torch::autograd::edge_list& outputs = {}, bool keep_graph = false,
-                  bool accumulate_grad = true, torch::autograd::variable_list* results = nullptr) {
+// Returns the gradients of `outputs` (none without them).
+torch::autograd::variable_list BackwardFrom(const torch::Tensor& output, const torch::Tensor& gradient,
+                                            const torch::Tensor& aux, const torch::autograd::edge_list& outputs = {},
+                                            bool keep_graph = false, bool accumulate_grad = true) {
   torch::autograd::edge_list roots{torch::autograd::impl::gradient_edge(output)};
   torch::autograd::variable_list gradients{gradient};
   if (aux.defined() && aux.requires_grad()) {
     roots.push_back(torch::autograd::impl::gradient_edge(aux));
     gradients.push_back(torch::ones_like(aux));
   }
-  auto made = torch::autograd::Engine::get_default_engine().execute(roots, gradients, keep_graph,
-                                                                    /*create_graph=*/false, accumulate_grad, outputs);
-  if (results != nullptr) *results = std::move(made);
+  return torch::autograd::Engine::get_default_engine().execute(roots, gradients, keep_graph, /*create_graph=*/false,
+                                                               accumulate_grad, outputs);
 }
 
 // The head's loss term with its stage's balance-loss terms added (the terms in their own dtype).
@@ -289,10 +289,8 @@ void Executor::BackwardInput(const Action& action, StepState& state) {
     gradient = start.gradient;
   } else if (s > 0 && input.requires_grad()) {
     // Only the input's edge: no parameter gradient is touched, and the graph stays for W.
-    torch::autograd::variable_list made;
-    BackwardFrom(start.root, start.gradient, start.aux, {torch::autograd::impl::gradient_edge(input)},
-                 /*keep_graph=*/true, /*accumulate_grad=*/false, &made);
-    gradient = made[0];
+    gradient = BackwardFrom(start.root, start.gradient, start.aux, {torch::autograd::impl::gradient_edge(input)},
+                            /*keep_graph=*/true, /*accumulate_grad=*/false)[0];
   }
   if (s > 0) KeepInputGradient(action, gradient, input, state);
   // An empty stage's W runs nothing: it keeps nothing for it either (held from I to W, the gradient
