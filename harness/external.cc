@@ -73,6 +73,20 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const pipeline::P
                      {"heads", effective.heads},   {"ffn", effective.ffn},       {"vocab", effective.vocab},
                      {"tied", effective.tied},     {"seq_len", effective.seq_len},
                      {"kv_heads", effective.kv_heads > 0 ? effective.kv_heads : effective.heads}};
+  if (scenario.experts > 0) {
+    // The mixture of experts (docs/protocol.md "model.moe"): layers dense_layers on route each
+    // token to top_k of `experts` llama MLPs of expert_ffn; aux_loss is the sequence-wise balance
+    // loss's weight; each sequence's term is divided by sequences_per_step, the step's whole batch.
+    const auto model = ToModelConfig(scenario);
+    config["model"]["moe"] = {{"experts", scenario.experts},
+                              {"top_k", scenario.top_k},
+                              {"dense_layers", scenario.dense_layers},
+                              {"shared_experts", scenario.shared_experts},
+                              {"expert_ffn", model.ExpertFfnSize()},
+                              {"router", scenario.router},
+                              {"aux_loss", scenario.aux_loss},
+                              {"sequences_per_step", scenario.batch}};
+  }
   config["optimizer"] = {{"name", scenario.optimizer}, {"lr", scenario.lr}};
   if (scenario.optimizer == "adamw") {
     config["optimizer"]["betas"] = {reference::kAdamBeta1, reference::kAdamBeta2};
@@ -299,6 +313,13 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
     }
     const auto loss = Scalar(record, "loss", what);
     result.losses.push_back(loss.value_or(std::nan("")));
+    // The balance loss's part of "loss" (a mixture of experts), from the rank that reports the loss.
+    const auto aux = Scalar(record, "aux_loss", what);
+    if (aux && !loss) {
+      throw ProtocolError(fmt::format("{}: \"aux_loss\" without \"loss\" (the rank that reports the step's loss "
+                                      "reports its balance-loss part)", what));
+    }
+    result.aux_losses.push_back(aux.value_or(std::nan("")));
     const auto ms = Scalar(record, "step_ms", what);
     result.step_ms.push_back(ms.value_or(std::nan("")));
     const auto peak = Scalar(record, "peak_bytes", what);

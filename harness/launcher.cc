@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -192,6 +193,32 @@ pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& option
 
 // What a rank said last: from its last error line ("pipecheck worker ...", or a fault's own
 // line) to the end, else its last `count` non-empty lines; joined with " | ".
+// Whether `line` raises a Python exception with a message ("RuntimeError: ..." or
+// "torch.OutOfMemoryError: ...", after a "[rankN]: " prefix torchrun may add).
+bool RaisesException(const std::string& line) {
+  size_t at = 0;
+  if (line.rfind("[rank", 0) == 0) {
+    const size_t end = line.find("]:");
+    if (end == std::string::npos) return false;
+    at = line.find_first_not_of(' ', end + 2);
+    if (at == std::string::npos) return false;
+  }
+  const size_t colon = line.find(": ", at);
+  if (colon == std::string::npos || colon + 2 >= line.size()) return false;
+  const std::string name = line.substr(at, colon - at);
+  const bool named = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+  });
+  const auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return named && (ends_with("Error") || ends_with("Exception"));
+}
+
+// A process's last lines of output, joined by " | ": the last `count`, or from its last
+// "pipecheck worker" or "fault" line on. When an exception raised earlier in the log is not among
+// them (a chained Python traceback ends with the wrapping exception, the cause above), its line
+// is added: "(first exception in its log: ...)".
 std::string Tail(const std::string& path, size_t count = 4) {
   std::ifstream stream(path);
   std::vector<std::string> lines;
@@ -212,7 +239,14 @@ std::string Tail(const std::string& path, size_t count = 4) {
   std::vector<std::string> last(lines.begin() + first, lines.begin() + std::min(lines.size(), first + 16));
   std::string joined;
   for (const auto& item : last) joined += (joined.empty() ? "" : " | ") + item;
-  return joined.empty() ? "(no output)" : joined;
+  if (joined.empty()) return "(no output)";
+  const auto cause = std::find_if(lines.begin(), lines.end(), RaisesException);
+  if (cause != lines.end() && std::find(last.begin(), last.end(), *cause) == last.end()) {
+    constexpr size_t kMaxCause = 300;
+    joined += fmt::format(" (first exception in its log: {}{})", cause->substr(0, kMaxCause),
+                          cause->size() > kMaxCause ? " ..." : "");
+  }
+  return joined;
 }
 
 // The last progress line a worker wrote to its log (without the prefix), or "".

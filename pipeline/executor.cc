@@ -192,10 +192,7 @@ torch::Tensor Executor::StageForward(Stage& stage, int microbatch, const torch::
   }
   auto output = stage.module->forward(input, context);
   if (aux != nullptr) {
-    torch::Tensor terms;
-    if (context.moe) {
-      for (const auto& term : context.moe->aux_terms) terms = terms.defined() ? terms + term : term;
-    }
+    const auto terms = context.moe ? context.moe->BalanceLoss() : torch::Tensor();
     const BalanceTermsAt at{stage.index, microbatch, stage.slice.has_head, part.size(), state.batch.size()};
     *aux = terms.defined() ? tensors_.BalanceTerms(at, terms) : terms;
   }

@@ -68,6 +68,9 @@ PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Schedule schedule
               replicas == nullptr ? 1 : replicas->world_size(), " replicas");
   reference::CheckDtypeSupported(config.train.dtype, config.train.device);
   stages_ = BuildStages(config, schedule_.shape, transport.rank());
+  for (const auto& stage : stages_) {
+    owns_moe_layers_ = owns_moe_layers_ || config.train.model.MoeLayersIn(stage->slice.first_layer, stage->slice.end_layer) > 0;
+  }
   accumulator_ = std::make_unique<reference::GradientAccumulator>(OwnedParameters());
   executor_ = std::make_unique<Executor>(config_, schedule_, stages_, *messages_, *seams_.tensors, *seams_.observer,
                                          *accumulator_);
@@ -226,11 +229,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
       replicas_->AllReduceSum(total);
       sum = total[0].item<double>();
     }
-    bool own_moe_layers = false;
-    for (const auto& stage : stages_) {
-      own_moe_layers = own_moe_layers || config_.train.model.MoeLayersIn(stage->slice.first_layer, stage->slice.end_layer) > 0;
-    }
-    aux_total = seams_.tensors->ReportedBalanceLoss(sum, own_moe_layers);
+    aux_total = seams_.tensors->ReportedBalanceLoss(sum, owns_moe_layers_);
     if (loss.defined()) loss = loss.to(torch::kCPU, torch::kFloat64) + aux_total;
   }
   const auto messages = transport_.Stop();

@@ -104,6 +104,7 @@ class PipelineTrainer {
   std::unique_ptr<Transport> messages_;  // the executor's transport: transport_ behind the message seam
   Schedule schedule_;
   Stages stages_;  // this rank's stages, ascending
+  bool owns_moe_layers_ = false;  // whether any of stages_ holds a mixture-of-experts layer
   int64_t baseline_bytes_ = 0;  // tensor bytes held on its device before the trainer existed
   std::unique_ptr<reference::GradientAccumulator> accumulator_;  // over OwnedParameters()
   std::unique_ptr<Executor> executor_;

@@ -23,6 +23,13 @@ struct MoeRecord {
   std::vector<torch::Tensor> aux_terms;
   // By global layer index: tokens routed to each expert (E) int64, padding positions excluded.
   std::map<int64_t, torch::Tensor> counts;
+
+  // The sum of aux_terms, in the order the layers ran, with its graph; undefined when none.
+  torch::Tensor BalanceLoss() const {
+    torch::Tensor sum;
+    for (const auto& term : aux_terms) sum = sum.defined() ? sum + term : term;
+    return sum;
+  }
 };
 
 // What every layer of one forward pass shares: built once per (micro)batch.

@@ -138,10 +138,8 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const LossOf
   auto logits = model_->forward(tokens, context);  // (B, T, vocab)
   phases_.Mark("forward");
   auto loss = loss_of(logits, ToDevice(batch.labels, device));
-  if (context.moe && !context.moe->aux_terms.empty()) {
+  if (const auto aux = context.moe ? context.moe->BalanceLoss() : torch::Tensor(); aux.defined()) {
     // The balance loss joins the objective: its gradient enters the same backward.
-    auto aux = context.moe->aux_terms.front();
-    for (size_t i = 1; i < context.moe->aux_terms.size(); ++i) aux = aux + context.moe->aux_terms[i];
     const auto value = aux.detach().to(torch::kFloat64);
     aux_sum_ = aux_sum_.defined() ? aux_sum_ + value : value;
     loss = loss + aux.to(loss.scalar_type());

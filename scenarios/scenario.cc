@@ -693,11 +693,13 @@ void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
                 fmt::format("{} = {} microbatches, more than batch {}: every microbatch needs a sequence",
                             fmt::join(factors, " x "), s.StepMicrobatches(), s.batch));
   }
-  // The mixture of experts and its balance loss: pipecheck's trainer (and the reference). Another
-  // trainer is not handed the experts' columns, so its row is refused rather than run dense.
-  if (s.experts > 0 && s.trainer != "pipecheck") {
+  // The mixture of experts and its balance loss: pipecheck's trainer, PyTorch's pipelining and an
+  // external trainer (handed config.json's model.moe). The framework adapters build dense models,
+  // so their rows are refused rather than run dense.
+  if (s.experts > 0 && s.trainer != "pipecheck" && s.trainer != "torch" && s.trainer.rfind("external:", 0) != 0) {
     throw at.At(line, "experts", std::to_string(s.experts),
-                fmt::format("trainer {} is not given a mixture of experts: experts needs trainer=pipecheck", s.trainer));
+                fmt::format("trainer {} is not given a mixture of experts: experts needs trainer pipecheck, torch or "
+                            "external:PATH", s.trainer));
   }
   if (s.trainer == "torchtitan") CheckTorchTitan(s, line, at);
   if (s.trainer == "deepspeed" || s.trainer == "megatron") CheckFramework(s, line, at);

@@ -10,6 +10,9 @@ each row's status and the words its message must hold.
   --suite torch: scenarios/torch-pipelining.csv, PyTorch's pipelining: the run exits 0 (every row
     met its expectation as resolved for the PyTorch built against) and every row expected to fail
     fails for the reason its note gives on that PyTorch.
+  --suite torch-moe: scenarios/torch-moe.csv, PyTorch's pipelining training a mixture of experts with
+    the balance loss attached on each stage: the same, and every expect=pass row with a balance
+    loss shows its own parity (summary.csv's aux_loss_max_rel_err within the row's tolerance).
   --suite torchtitan: scenarios/torchtitan.csv, TorchTitan's own Trainer: the run exits 0, every
     expect=pass row passes with its weights judged every step, and every expect=fail row fails for
     the reason its note gives (a defect found, a combination TorchTitan refuses, the control caught
@@ -66,6 +69,15 @@ TORCH_FAILURES = {
         (2, 11): ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"]},
     "torch_dualpipev_identity_stage": {
         (2, 11): ["rank 1", "element 0 of tensors does not require grad and does not have a grad_fn"]},
+    # scenarios/torch-moe.csv (judged on 2.15 only: the oldest build runs trainers_torch_range).
+    "torch_moe_zbh1_3ranks_identity_attach": {(2, 15): ["rank 1", "Stage output:",
+                                                         "Can't detach views in-place"]},
+    "torch_moe_zbv_identity_attach": {(2, 15): ["rank 1", "Stage output:",
+                                                 "Can't detach views in-place"]},
+    "torch_moe_dualpipev_identity_attach": {(2, 15): ["rank 1", "Can't detach views in-place"]},
+    "torch_moe_1f1b_last_stage_only": {(2, 15): ("FAIL", ["on rank 0 (stage 0)",
+                                                          "worst gradient layers.1.feed_forward.router.weight at step 0 "
+                                                          "on rank 0 (stage 0)"])},
     "torch_zbv_gloo_init_as_shipped": {(2, 11): ["Pair is not connected"]},
     "torch_dualpipev_gloo_init_as_shipped": {(2, 11): ["Pair is not connected"]},
 }
@@ -114,6 +126,9 @@ MEGATRON_FAILURES = {
 HANG_DEADLINE_S = 30
 
 
+# --suite NAME for PyTorch's pipelining: its suite file.
+TORCH_SUITES = {"torch": "scenarios/torch-pipelining.csv", "torch-moe": "scenarios/torch-moe.csv"}
+
 # --suite NAME: (suite file, the trainer column its rows hold, the import that proves the framework
 # is installed, what installs it, its expect=fail rows and the words each must hold, the fewest
 # expect=pass rows it must have).
@@ -133,9 +148,13 @@ def torch_version():
 
 
 def failure_words(name, version):
-    """The words `name`'s message must hold on PyTorch `version`, or None where none are written."""
+    """(status, the words `name`'s message must hold) on PyTorch `version`, or None where none are
+    written. A reason is its words (the row ends ERROR) or a (status, words) pair."""
     reasons = {since: words for since, words in TORCH_FAILURES.get(name, {}).items() if since <= version}
-    return reasons[max(reasons)] if reasons else None
+    if not reasons:
+        return None
+    reason = reasons[max(reasons)]
+    return reason if isinstance(reason, tuple) else ("ERROR", reason)
 
 
 def run(pipecheck, suite, out, timeout, only=""):
@@ -164,7 +183,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pipecheck", required=True)
     parser.add_argument("--source", required=True, help="the source tree")
-    parser.add_argument("--suite", choices=["external", "torch", *FRAMEWORKS], required=True)
+    parser.add_argument("--suite", choices=["external", *TORCH_SUITES, *FRAMEWORKS], required=True)
     parser.add_argument("--only", default="",
                         help="--suite torch: only the rows these comma-separated globs name (pipecheck run --only)")
     args = parser.parse_args()
@@ -221,7 +240,7 @@ def main():
                 problems.append(f"only {len(passing)} expect=pass rows: {trainer} must be verified on at least {fewest}")
             problems += [f"{name}: trainer {row['trainer']!r}" for name, row in rows.items() if row["trainer"] != trainer]
         else:
-            suite = os.path.join(args.source, "scenarios/torch-pipelining.csv")
+            suite = os.path.join(args.source, TORCH_SUITES[args.suite])
             code, rows = run(args.pipecheck, suite, out, 300, args.only)
             # Each row's expectation as this build resolved it (summary.csv's expect: an
             # OUTCOME<VERSION in the suite is pass or fail for the PyTorch built against).
@@ -236,12 +255,21 @@ def main():
                 if row["expect"] == "pass":
                     expected[name] = ("PASS", ["weights after each step match"])
                     continue
-                words = failure_words(name, version)
-                if words is None:
+                reason = failure_words(name, version)
+                if reason is None:
                     sys.exit(f"FAIL: {name} is expect=fail on PyTorch {version[0]}.{version[1]} but this test does not "
                              "say which reason it must give")
-                expected[name] = ("ERROR", words)
+                expected[name] = reason
             problems = check(rows, expected)
+            if args.suite == "torch-moe":
+                # The balance loss's own parity, beside the total's, on every passing row that has one.
+                for name, row in rows.items():
+                    if row["status"] != "PASS" or name.endswith("_no_aux"):
+                        continue
+                    rel = row.get("aux_loss_max_rel_err", "")
+                    if rel == "" or not float(rel) <= 1e-9:
+                        problems.append(f"{name}: aux_loss_max_rel_err {rel!r}: the balance loss's parity must be shown "
+                                        "within 1e-9")
             if code != 0:
                 problems.append(f"pipecheck run exited {code}: every row should have met its expectation")
             problems += [f"{name}: trainer {row['trainer']!r}" for name, row in rows.items() if row["trainer"] != "torch"]

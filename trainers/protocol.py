@@ -17,6 +17,8 @@ What a rank hands back, all by pipecheck's global parameter names:
                                 (after accumulation, tied-weight sums and clipping),
                       "weights": {name: tensor}, the weights after step K's update,
                       "loss": 0-dim tensor, step K's loss (only the rank that computes it),
+                      "aux_loss": 0-dim tensor, the balance loss's part of "loss" (a mixture
+                                of experts with aux_loss > 0; the rank that reports "loss"),
                       "step_ms": 0-dim tensor, this rank's step wall time (optional),
                       "peak_bytes": 0-dim tensor, tensor bytes held at most in the step (optional),
                       "master_weights": {name: float32 tensor}, the float32 weights the optimizer
@@ -105,7 +107,7 @@ class Exchange:
         self.save("start.pt", {name: t.detach().cpu().clone() for name, t in weights.items()})
 
     def save_step(self, step, grads, weights, loss=None, step_ms=None, peak_bytes=None, boundaries=None,
-                  master_weights=None):
+                  master_weights=None, aux_loss=None):
         record = {"grads": {name: g.detach().cpu().clone() for name, g in grads.items()},
                   "weights": {name: w.detach().cpu().clone() for name, w in weights.items()}}
         if master_weights is not None:
@@ -114,6 +116,8 @@ class Exchange:
             record["boundaries"] = boundaries
         if loss is not None:
             record["loss"] = torch.tensor(float(loss), dtype=torch.float64)
+        if aux_loss is not None:
+            record["aux_loss"] = torch.tensor(float(aux_loss), dtype=torch.float64)
         if step_ms is not None:
             record["step_ms"] = torch.tensor(float(step_ms), dtype=torch.float64)
         if peak_bytes is not None and peak_bytes >= 0:
@@ -354,17 +358,120 @@ class FeedForward(nn.Module):
         return self.w2(F.gelu(self.w1(x), approximate="tanh"))
 
 
+class ResidualWithBalanceLoss(torch.autograd.Function):
+    """The MoE layer's residual add h + routed that also carries the layer's balance-loss term
+    `aux` (0-dim): in the backward, `aux` gets gradient 1 beside the sum's own. A pipeline schedule
+    backpropagates from each stage's output only (the last stage's from its loss), so a term made
+    inside a stage must enter that stage's backward through its output like this (the pattern of
+    Megatron-Core's MoEAuxLossAutoScaler). The sum is a new tensor, so a stage ending in an MoE
+    layer hands pipelining an output that is no view (see IdentityWithBalanceLoss)."""
+
+    @staticmethod
+    def forward(ctx, h, routed, aux):
+        ctx.save_for_backward(aux)
+        return h + routed
+
+    @staticmethod
+    def backward(ctx, grad):
+        (aux,) = ctx.saved_tensors
+        return grad, grad, torch.ones_like(aux)
+
+
+class IdentityWithBalanceLoss(torch.autograd.Function):
+    """Megatron-Core's MoEAuxLossAutoScaler form: hands its input `x` on as it is and gives `aux`
+    gradient 1 in the backward. Autograd makes an input handed back a view of it, so a stage ending
+    in such a layer outputs a view (torch_pipelining.py's fault=identity_attach)."""
+
+    @staticmethod
+    def forward(ctx, x, aux):
+        ctx.save_for_backward(aux)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (aux,) = ctx.saved_tensors
+        return grad, torch.ones_like(aux)
+
+
+class MoeFeedForward(nn.Module):
+    """docs/design.md §2's mixture of experts: a router (float32, float64 for float64 models)
+    scores `experts` llama MLPs by a softmax or a sigmoid; each token takes the top_k by score
+    (ties to the lower index), weighted by the chosen scores renormalised; dropless. Returns the
+    output and the sequence-wise balance-loss term (None when its weight is 0).
+
+    The dispatch is the grouped one production MoE layers use: the (token, choice) slots sorted by
+    expert, one run of each expert over its slots, the results added back at their tokens. An
+    expert no slot chose runs nothing and gets no gradient."""
+
+    def __init__(self, hidden, moe):
+        super().__init__()
+        self.count, self.top_k, self.softmax = moe["experts"], moe["top_k"], moe["router"] == "softmax"
+        self.weight = moe["aux_loss"] / moe["sequences_per_step"]
+        self.router = nn.Linear(hidden, self.count, bias=False)
+        self.experts = nn.ModuleList(FeedForward("llama", hidden, moe["expert_ffn"]) for _ in range(self.count))
+        if moe["shared_experts"]:
+            self.shared = FeedForward("llama", hidden, moe["expert_ffn"])
+
+    def forward(self, x, lengths):
+        b, t, c = x.shape
+        flat = x.reshape(b * t, c)
+        router_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        logits = F.linear(flat.to(router_dtype), self.router.weight.to(router_dtype))
+        scores = torch.softmax(logits, -1) if self.softmax else torch.sigmoid(logits)
+        chosen = scores.detach().sort(dim=-1, descending=True, stable=True).indices[:, :self.top_k]  # (N, k)
+        top = scores.gather(1, chosen)
+        gates = (top / top.sum(-1, keepdim=True)).to(x.dtype).reshape(-1)
+        slots = chosen.reshape(-1)
+        order = torch.argsort(slots, stable=True)  # slots grouped by expert, each group in token order
+        tokens, slot_gates = order // self.top_k, gates[order]
+        out, first = torch.zeros_like(flat), 0
+        for expert, size in zip(self.experts, torch.bincount(slots, minlength=self.count).tolist()):
+            if size:
+                mine = tokens[first:first + size]
+                out = out.index_add(0, mine, expert(flat[mine]) * slot_gates[first:first + size, None])
+            first += size
+        if hasattr(self, "shared"):
+            out = out + self.shared(flat)
+        aux = None
+        if self.weight > 0:
+            valid = (torch.arange(t, device=x.device)[None, :] < lengths[:, None]).reshape(-1, 1).to(router_dtype)
+            picked = torch.zeros_like(scores, requires_grad=False).scatter_(1, chosen, 1.0) * valid
+            length = lengths.to(router_dtype)[:, None]
+            fraction = picked.view(b, t, -1).sum(1) * (self.count / self.top_k) / length  # (b, E), a constant
+            probs = scores if self.softmax else scores / scores.sum(-1, keepdim=True)
+            mean = (probs * valid).view(b, t, -1).sum(1) / length
+            aux = (fraction * mean).sum() * self.weight
+        return out.view(b, t, c), aux
+
+
 class Block(nn.Module):
-    def __init__(self, flavor, hidden, heads, ffn, kv_heads=None):
+    def __init__(self, flavor, hidden, heads, ffn, kv_heads=None, moe=None):
         super().__init__()
         self.attention_norm = Norm(flavor, hidden)
         self.attention = Attention(flavor, hidden, heads, kv_heads)
         self.ffn_norm = Norm(flavor, hidden)
-        self.feed_forward = FeedForward(flavor, hidden, ffn)
+        self.feed_forward = MoeFeedForward(hidden, moe) if moe else FeedForward(flavor, hidden, ffn)
 
-    def forward(self, x, keep):
+    def forward(self, x, keep, lengths=None, balance=None):
+        """`lengths`: the sequences' lengths (a mixture of experts' balance statistics count only
+        their positions); `balance`: a list that hears each balance-loss term, detached, or None."""
         h = x + self.attention(self.attention_norm(x), keep)
-        return h + self.feed_forward(self.ffn_norm(h))
+        if not isinstance(self.feed_forward, MoeFeedForward):
+            return h + self.feed_forward(self.ffn_norm(h))
+        routed, aux = self.feed_forward(self.ffn_norm(h), lengths)
+        if aux is None:
+            return h + routed
+        if balance is not None:
+            balance.append(aux.detach())
+        if self.attach_balance == "residual":
+            return ResidualWithBalanceLoss.apply(h, routed, aux)
+        if self.attach_balance == "identity":
+            return IdentityWithBalanceLoss.apply(h + routed, aux)
+        return h + routed
+
+    # How the balance-loss term enters the backward: "residual" (ResidualWithBalanceLoss),
+    # "identity" (IdentityWithBalanceLoss), or None (it does not: a trainer's fault).
+    attach_balance = "residual"
 
 
 class StageModule(nn.Module):
@@ -381,9 +488,12 @@ class StageModule(nn.Module):
         if self.has_embedding and flavor == "gpt2":
             self.pos_embeddings = nn.Embedding(model["seq_len"], hidden)
         first, end = stage["layers"]
+        moe = model.get("moe")
         self.layers = nn.ModuleDict({str(i): Block(flavor, hidden, model["heads"], ffn_size(model),
-                                                   model.get("kv_heads"))
+                                                   model.get("kv_heads"),
+                                                   moe if moe and i >= moe["dense_layers"] else None)
                                      for i in range(first, end)})
+        self.balance_terms = []  # each training forward's balance-loss terms, detached
         if self.has_head:
             self.norm = Norm(flavor, hidden)
             if not model["tied"]:
@@ -405,8 +515,11 @@ class StageModule(nn.Module):
             x = self.tok_embeddings(x)
             if self.flavor == "gpt2":
                 x = x + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
+        lengths = self.key_lengths if self.key_lengths is not None else torch.full((x.shape[0],), t, device=x.device)
+        # Only a forward that trains a microbatch (key_lengths set) reports its balance terms.
+        balance = self.balance_terms if self.key_lengths is not None else None
         for block in self.layers.values():
-            x = block(x, keep)
+            x = block(x, keep, lengths, balance)
         if self.has_head:
             head = self.output.weight if hasattr(self, "output") else self.tok_embeddings.weight
             x = F.linear(self.norm(x), head)

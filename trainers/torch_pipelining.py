@@ -18,6 +18,14 @@ TorchTitan do it: the loss is the batch's summed token cross entropy over its la
 by the global norm (the tied weight counted once); then the reference's optimizer steps. Whatever
 PyTorch computes is handed back unaltered for pipecheck to judge.
 
+A mixture of experts (config.json's model.moe) is trained as a pipelining user must: pipelining
+backpropagates from each stage's output only (the last stage's from its loss), so each MoE layer's
+balance-loss term rides on the layer's residual add, an autograd function that gives the term
+gradient 1 in the backward (protocol.py's ResidualWithBalanceLoss; Megatron-Core's
+MoEAuxLossAutoScaler pattern, except that it returns a new tensor, not its input: fault
+identity_attach takes that form, whose view output PyTorch's split backward cannot detach). The step's reported loss is the cross entropy plus every rank's
+terms (one all-reduce of their sum), and "aux_loss" hands that sum back on its own.
+
 Needs PyTorch >= 2.4 (torch.distributed.pipelining); exit 2 when it is missing.
 """
 import csv
@@ -49,7 +57,13 @@ SINGLE_STAGE = ("gpipe", "1f1b")
 FAULTS = {"none": "PyTorch's pipelining as it ships, with Gloo's self-sends stepped around (step_around_self_sends)",
           "stock_p2p_init": "also PyTorch's own first-step self-sends, which Gloo cannot carry",
           "corrupt_activation": "a control: stage 1's input of microbatch 1 arrives scaled by 1.01 at every step, as a "
-                                "transport that corrupts one message would deliver it"}
+                                "transport that corrupts one message would deliver it",
+          "identity_attach": "each MoE layer's balance-loss term attached by a function that hands its input on as it is "
+                             "(Megatron-Core's MoEAuxLossAutoScaler form), not on the residual add: a stage ending in "
+                             "an MoE layer then outputs a view",
+          "balance_last_stage_only": "a control: only the stage holding the head lets its balance-loss terms into the "
+                                     "backward (the others' are logged, not trained), as a loss function on the last "
+                                     "stage alone would have it"}
 
 
 def corrupt_arrivals(microbatches):
@@ -160,8 +174,19 @@ def main():
     tied_across = config["model"]["tied"] and first_rank != last_rank
     tied_group = dist.new_group(sorted({first_rank, last_rank})) if tied_across else None
 
+    moe = config["model"].get("moe")
+    balanced = bool(moe) and moe["aux_loss"] > 0  # a mixture of experts with a balance loss
     weights = exchange.weights()
     modules, stages = build_stages(exchange, device, weights)
+    if exchange.fault == "balance_last_stage_only":
+        for module in modules:
+            if not module.has_head:
+                for block in module.layers.values():
+                    block.attach_balance = None
+    if exchange.fault == "identity_attach":
+        for module in modules:
+            for block in module.layers.values():
+                block.attach_balance = "identity"
     microbatches = Microbatches(modules, exchange.stages_of_rank(), config["microbatch_sizes"], stages)
     if exchange.fault == "corrupt_activation":  # the taps see what arrived
         corrupt_arrivals(microbatches)
@@ -214,9 +239,17 @@ def main():
         if optimizer is not None:
             optimizer.step()
         step_ms, peak = meter.end_step()
-        loss = float(sum(l.detach().double() for l in losses)) if holds_last else None
+        # The balance loss, as a user logs it: this rank's stages' terms, summed over the ranks.
+        aux = torch.zeros((), dtype=torch.float64, device=device)
+        for module in modules:
+            aux += sum((term.double() for term in module.balance_terms), torch.zeros((), dtype=torch.float64, device=device))
+            module.balance_terms.clear()
+        if balanced:
+            dist.all_reduce(aux)
+        loss = float(sum(l.detach().double() for l in losses)) + float(aux) if holds_last else None
         grads = {name: p.grad for name, p in named.items() if p.grad is not None}
-        exchange.save_step(step, grads, named, loss=loss, step_ms=step_ms, peak_bytes=peak, boundaries=taps.end_step())
+        exchange.save_step(step, grads, named, loss=loss, step_ms=step_ms, peak_bytes=peak, boundaries=taps.end_step(),
+                           aux_loss=float(aux) if balanced and holds_last else None)
         if holds_last:
             print(f"pipecheck progress: step {step + 1}/{config['steps']} loss {loss:.6g}", flush=True)
     dist.barrier()
