@@ -665,7 +665,8 @@ class AuxLossPerMicrobatch : public Fault {
 };
 
 // balance_counts_padding: the balance statistics count every position of the padded microbatch,
-// padding included, each sequence as long as the microbatch's longest.
+// padding included, each sequence as long as the microbatch's longest. The same mask decides
+// dispatch, so padding is dispatched too: the padded positions' activations differ first.
 class BalanceCountsPadding : public Fault {
  public:
   using Fault::Fault;
@@ -690,6 +691,18 @@ class AuxTotalDroppedOnDenseRank : public Fault {
  public:
   using Fault::Fault;
   double ReportedBalanceLoss(double total, bool own_moe_layers) const override { return own_moe_layers ? total : 0.0; }
+};
+
+// unrouted_expert_skipped_in_dp_average: a replica whose tokens chose no expert e skips e in the
+// data-parallel average (an all-reduce over the parameters that have a gradient): it keeps no
+// gradient for e and does not step it, while the replicas whose tokens reached e do. Their
+// copies of e drift apart.
+class UnroutedExpertSkippedInDpAverage : public Fault {
+ public:
+  using Fault::Fault;
+  void EditGradientPath(GradientPath& path) override {
+    Find(path, GradientOp::kReplicaAverage)->unrouted_skipped = true;
+  }
 };
 
 constexpr FaultEntry kFaults[] = {
@@ -800,13 +813,17 @@ constexpr FaultEntry kFaults[] = {
    "^step 0, microbatch 0: gradient into stage 0 \\(from rank 1\\) rel err .*; worst gradient "
    "layers\\.[0-9]\\.feed_forward\\.router\\.weight at step [01] on rank [01] \\(stage [01]\\): rel err", ""},
   {"balance_counts_padding", "the balance statistics count padding positions", Make<BalanceCountsPadding>,
-   "^step 0, microbatch 0: gradient into stage 0 \\(from rank 1\\) rel err .*; worst gradient "
+   "^step 0, microbatch 0: activation into stage 1 \\(from rank 0\\) rel err .*; worst gradient "
    "layers\\.[0-9]\\.feed_forward\\.router\\.weight at step 0 on rank [01] \\(stage [01]\\): rel err", ""},
   {"router_logits_bfloat16", "the router's logits computed in bfloat16", Make<RouterLogitsBfloat16>,
    "^step 0, microbatch 0: activation into stage 1 \\(from rank 0\\) rel err .* against the reference cut", ""},
   {"aux_total_dropped_on_dense_rank", "the head's rank, holding no MoE layer, reports the loss without the "
    "balance loss", Make<AuxTotalDroppedOnDenseRank>,
    "^loss at step 0: pipeline .* vs reference .* at the same weights \\(diff .* > tol 1e-09\\) \\(\\+[0-9]+ more\\)$", ""},
+  {"unrouted_expert_skipped_in_dp_average", "a replica none of whose tokens chose an expert skips it in the "
+   "data-parallel average (replicas drift)", Make<UnroutedExpertSkippedInDpAverage>,
+   "^update of layers\\.[0-9]\\.feed_forward\\.experts\\.[0-9]+\\.w[123]\\.weight at step 0 on replica [01] rank [01] "
+   "\\(stage [01]\\): rel err 1 > tol", ""},
 };
 
 }  // namespace

@@ -35,6 +35,10 @@ struct GradientStage {
   // microbatch 0's backward is done instead of after the last backward.
   bool tied_copy_averaged = true;
   bool after_first_microbatch = false;
+  // With a mixture of experts: whether a replica that has no gradient for a parameter (an expert
+  // none of its tokens chose) is left without one after the average, as if it had skipped it,
+  // instead of taking the replicas' average.
+  bool unrouted_skipped = false;
   // kClip: the norm over every rank (else this rank's own), with the tied weight once (else its
   // last-stage copy too).
   bool global_norm = true;

@@ -83,11 +83,12 @@ void AverageBucket(const std::vector<torch::Tensor>& gradients, Transport& repli
 
 ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters,
                                      const std::vector<torch::Tensor>& alone, Transport& replicas,
-                                     ReplicaBuckets& persistent, bool sparse) {
+                                     ReplicaBuckets& persistent, bool sparse, bool unrouted_skipped) {
   ReplicaTraffic traffic;
   std::map<torch::ScalarType, std::vector<torch::Tensor>> shared;
   std::vector<torch::Tensor> own;
   std::vector<bool> anywhere(parameters.size(), true);
+  std::vector<bool> here(parameters.size(), true);
   if (sparse) {
     auto held = torch::zeros({static_cast<int64_t>(parameters.size())}, torch::kFloat64);
     for (size_t i = 0; i < parameters.size(); ++i) held[static_cast<int64_t>(i)] = parameters[i].grad().defined() ? 1.0 : 0.0;
@@ -95,6 +96,7 @@ ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameter
     for (size_t i = 0; i < parameters.size(); ++i) {
       anywhere[i] = held[static_cast<int64_t>(i)].item<double>() > 0.0;
       auto parameter = parameters[i];
+      here[i] = parameter.grad().defined();
       if (!parameter.grad().defined()) {
         // Zeros in the dtype the replicas that have one hold it in (reduced precision: float32
         // sums), so that every replica's buckets hold the same tensors, as DDP's do.
@@ -124,7 +126,7 @@ ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameter
   }
   // What no replica's tokens reached has no gradient after the average either.
   for (size_t i = 0; i < parameters.size(); ++i) {
-    if (!anywhere[i]) parameters[i].mutable_grad().reset();
+    if (!anywhere[i] || (unrouted_skipped && !here[i])) parameters[i].mutable_grad().reset();
   }
   return traffic;
 }

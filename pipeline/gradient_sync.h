@@ -41,9 +41,11 @@ using ReplicaBuckets = std::map<std::string, torch::Tensor>;
 // anywhere. Every replica averages every parameter (zeros where it has no gradient, so that the
 // buckets match, as DDP's do); one that no replica has a gradient for is left without one after
 // the average, as the reference leaves an expert no token of the whole batch chose.
+// `unrouted_skipped` (a fault): a replica's parameter that had no gradient before the average has
+// none after it either.
 ReplicaTraffic AverageAcrossReplicas(const std::vector<torch::Tensor>& parameters,
                                      const std::vector<torch::Tensor>& alone, Transport& replicas,
-                                     ReplicaBuckets& buckets, bool sparse = false);
+                                     ReplicaBuckets& buckets, bool sparse = false, bool unrouted_skipped = false);
 
 // The tied weight's copies this rank holds (none untied): what AverageAcrossReplicas takes alone.
 std::vector<torch::Tensor> TiedCopies(const Stages& stages, const PipelineConfig& config);

@@ -92,7 +92,7 @@ void PipelineTrainer::AverageReplicas(int64_t step, RankResult& result, const Gr
   const double start = executor_->HostMicroseconds();
   const auto parameters = pipeline::OwnedParameters(stages_, config_.train.model.tied, average.tied_copy_averaged);
   const auto traffic = AverageAcrossReplicas(parameters, TiedCopies(stages_, config_), *replicas_, replica_buckets_,
-                                             /*sparse=*/config_.train.model.HasExperts());
+                                             /*sparse=*/config_.train.model.HasExperts(), average.unrouted_skipped);
   const double end = executor_->HostMicroseconds();
   const double step_start = StepStartMicroseconds(result, step);
   result.collectives.push_back({step, traffic.elements, traffic.bytes, config_.data_parallel, start - step_start,

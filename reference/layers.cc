@@ -161,7 +161,16 @@ torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x, const Attentio
   auto gates = (top / top.sum(-1, /*keepdim=*/true)).to(x.scalar_type());  // (N, k)
   // Dropless dispatch: expert e runs on the tokens that chose it, each output weighted by its gate
   // and added back at its token; an expert no token chose runs nothing (and gets no gradient).
+  // Padding positions are routed but not dispatched (their routed output is 0): the loss ignores
+  // them, and were they dispatched, an expert chosen only by padding would get a zero gradient in
+  // a batch padded further than a microbatch is, and none in the microbatch. An optimizer steps
+  // a zero gradient (AdamW's moments and decay) but not a missing one, so which experts have a
+  // gradient must depend on the sequences alone, not on how far the split pads them.
   auto slots = chosen.reshape({-1});  // (N·k): slot j is token j / k's (j % k)-th choice
+  if (context.valid.defined()) {
+    const auto padding = ~context.valid.reshape({-1}).repeat_interleave(k);  // (N·k)
+    slots = slots.masked_fill(padding, experts);                              // no expert's index
+  }
   auto flat_gates = gates.reshape({-1});
   auto output = torch::zeros_like(flat);
   for (int64_t e = 0; e < experts; ++e) {

@@ -149,11 +149,11 @@ def moe_forward(h, params, prefix, moe, lengths, batch_sequences):
     beats = (s[..., None, :] > s[..., :, None]) | ((s[..., None, :] == s[..., :, None]) & (index[None, :] < index[:, None]))
     chosen = beats.sum(-1) < k                                            # (B, T, E) bool
     top = scores * chosen
-    gates = top / top.sum(-1, keepdim=True)
+    valid = (torch.arange(T)[None, :] < lengths[:, None]).to(h.dtype)    # (B, T)
+    gates = top / top.sum(-1, keepdim=True) * valid[..., None]            # padding is not dispatched
     out = sum(gates[..., e:e + 1] * swiglu(h, params, f"{prefix}.experts.{e}") for e in range(E))
     if moe["shared"]:
         out = out + swiglu(h, params, prefix + ".shared")
-    valid = (torch.arange(T)[None, :] < lengths[:, None]).to(h.dtype)    # (B, T)
     length = lengths.to(h.dtype)[:, None]                                 # (B, 1)
     f = E / (k * length) * (chosen.to(h.dtype) * valid[..., None]).sum(1)  # (B, E), no gradient
     probs = scores if moe["router"] == "softmax" else scores / scores.sum(-1, keepdim=True)

@@ -421,11 +421,14 @@ class MoeFeedForward(nn.Module):
         chosen = scores.detach().sort(dim=-1, descending=True, stable=True).indices[:, :self.top_k]  # (N, k)
         top = scores.gather(1, chosen)
         gates = (top / top.sum(-1, keepdim=True)).to(x.dtype).reshape(-1)
-        slots = chosen.reshape(-1)
+        valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]  # (b, t)
+        # Padding positions are routed but not dispatched (design §2): their slots go to index E,
+        # past every expert, so an expert chosen only by padding runs nothing.
+        slots = chosen.masked_fill(~valid.reshape(-1, 1), self.count).reshape(-1)
         order = torch.argsort(slots, stable=True)  # slots grouped by expert, each group in token order
         tokens, slot_gates = order // self.top_k, gates[order]
         out, first = torch.zeros_like(flat), 0
-        for expert, size in zip(self.experts, torch.bincount(slots, minlength=self.count).tolist()):
+        for expert, size in zip(self.experts, torch.bincount(slots, minlength=self.count + 1).tolist()):
             if size:
                 mine = tokens[first:first + size]
                 out = out.index_add(0, mine, expert(flat[mine]) * slot_gates[first:first + size, None])
@@ -434,7 +437,7 @@ class MoeFeedForward(nn.Module):
             out = out + self.shared(flat)
         aux = None
         if self.weight > 0:
-            valid = (torch.arange(t, device=x.device)[None, :] < lengths[:, None]).reshape(-1, 1).to(router_dtype)
+            valid = valid.reshape(-1, 1).to(router_dtype)
             picked = torch.zeros_like(scores, requires_grad=False).scatter_(1, chosen, 1.0) * valid
             length = lengths.to(router_dtype)[:, None]
             fraction = picked.view(b, t, -1).sum(1) * (self.count / self.top_k) / length  # (b, E), a constant
