@@ -11,7 +11,11 @@
 //   llama layer: (8e + 2s)·N·hidden + 4e·N·ffn + e·b·heads·t² (softmax) + b·t² (mask) + 2s·N
 //   gpt2 layer:  (8e + 2s)·N·hidden + 2e·N·ffn + the same attention and norm terms
 //   head:        (2e + s)·N·hidden + N·vocab in the loss dtype + s·N
-// checked against the counting allocator (exact on every flavour and dtype).
+//   a mixture-of-experts layer: the llama layer less its MLP's 4e·N·ffn, plus what its router
+//     keeps (scores, sort indices, the gates' operands) and, per dispatched slot (top_k per
+//     token within its sequence's length), the expert's saved rows (memory_model.cc MlpRetained)
+// checked against the counting allocator (exact on every flavour and dtype; within 24 bytes a
+// microbatch with experts).
 // Transient peaks inside an action (attention scores, logits gradients, optimizer temporaries)
 // are estimated, and reported per action beside the allocator's (timeline.csv): a zero-bubble
 // I keeps the whole graph for W, so two score-sized gradients come on top of everything the
@@ -46,6 +50,7 @@ MemoryPrediction PredictMemory(const PipelineConfig& config, const Schedule& sch
 struct MicrobatchShape {
   int64_t sequences = 0;
   int64_t time = 0;
+  int64_t tokens = 0;  // positions within their sequences' lengths (a mixture of experts dispatches these)
 };
 
 // A step's data for this replica (config.replica): its microbatches' shapes and the bytes the
