@@ -693,6 +693,30 @@ class AuxTotalDroppedOnDenseRank : public Fault {
   double ReportedBalanceLoss(double total, bool own_moe_layers) const override { return own_moe_layers ? total : 0.0; }
 };
 
+// unrouted_expert_dropped_by_accumulation: a parameter that a microbatch's backward gives nothing
+// (an expert none of the microbatch's tokens chose) loses the gradient earlier microbatches
+// gathered for it, as an accumulation that rebuilds its list from each backward's gradients
+// would have it: only the experts the last microbatch reached keep their whole sums.
+class UnroutedExpertDroppedByAccumulation : public Fault {
+ public:
+  using Fault::Fault;
+  void BeforeBackward(const std::vector<torch::Tensor>& parameters) override {
+    before_.clear();
+    for (const auto& parameter : parameters) {
+      before_.push_back(parameter.grad().defined() ? parameter.grad().clone() : torch::Tensor());
+    }
+  }
+  void AfterBackward(const std::vector<torch::Tensor>& parameters) override {
+    for (size_t i = 0; i < parameters.size() && i < before_.size(); ++i) {
+      auto parameter = parameters[i];
+      if (before_[i].defined() && torch::equal(before_[i], parameter.grad())) parameter.mutable_grad().reset();
+    }
+  }
+
+ private:
+  std::vector<torch::Tensor> before_;
+};
+
 // unrouted_expert_skipped_in_dp_average: a replica whose tokens chose no expert e skips e in the
 // data-parallel average (an all-reduce over the parameters that have a gradient): it keeps no
 // gradient for e and does not step it, while the replicas whose tokens reached e do. Their
@@ -820,6 +844,10 @@ constexpr FaultEntry kFaults[] = {
   {"aux_total_dropped_on_dense_rank", "the head's rank, holding no MoE layer, reports the loss without the "
    "balance loss", Make<AuxTotalDroppedOnDenseRank>,
    "^loss at step 0: pipeline .* vs reference .* at the same weights \\(diff .* > tol 1e-09\\) \\(\\+[0-9]+ more\\)$", ""},
+  {"unrouted_expert_dropped_by_accumulation", "an expert a microbatch's tokens did not reach loses the gradient "
+   "earlier microbatches gave it", Make<UnroutedExpertDroppedByAccumulation>,
+   "^gradient of layers\\.[0-9]\\.feed_forward\\.experts\\.[0-9]+\\.w[123]\\.weight at step 0 on rank [01] \\(stage "
+   "[01]\\): rel err", ""},
   {"unrouted_expert_skipped_in_dp_average", "a replica none of whose tokens chose an expert skips it in the "
    "data-parallel average (replicas drift)", Make<UnroutedExpertSkippedInDpAverage>,
    "^update of layers\\.[0-9]\\.feed_forward\\.experts\\.[0-9]+\\.w[123]\\.weight at step 0 on replica [01] rank [01] "
