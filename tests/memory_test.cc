@@ -72,6 +72,17 @@ int ExpectActionPeaksNear(const reports::ScenarioReport& report, const std::stri
   return checked;
 }
 
+// Every rank of `report` (scenario `row`) peaks within 10% of its predicted peak.
+void ExpectEveryRankWithinTenPercent(const reports::ScenarioReport& report, const std::string& row) {
+  ASSERT_FALSE(report.ranks.empty()) << row;
+  for (const auto& rank : report.ranks) {
+    const double measured = static_cast<double>(Bytes(rank.peak_bytes));
+    const double predicted = static_cast<double>(Bytes(rank.peak_bytes_predicted));
+    EXPECT_LT(std::abs(measured / predicted - 1.0), 0.10) << row << " rank " << rank.rank << ": measured " << measured
+                                                         << ", predicted " << predicted;
+  }
+}
+
 TEST(Memory, EveryRanksPeakIsWithinTenPercentOfPredicted) {
   for (const std::string row : {"llama_1f1b,llama,float32,2,1f1b,uniform,0,4,64,4,8,4,32,",
                                 "gpt2_gpipe_tied_bf16,gpt2,bfloat16,2,gpipe,uniform,1,4,64,4,8,4,32,12",
@@ -84,13 +95,7 @@ TEST(Memory, EveryRanksPeakIsWithinTenPercentOfPredicted) {
                                 // clip; it dominates this bfloat16 rank's parameters.
                                 "tied_copy_bf16,gpt2,bfloat16,3,1f1b,params,1,4,64,4,1,1,16,4,1000"}) {
     const auto report = Launch(row);
-    ASSERT_FALSE(report.ranks.empty()) << row;
-    for (const auto& rank : report.ranks) {
-      const double measured = static_cast<double>(Bytes(rank.peak_bytes));
-      const double predicted = static_cast<double>(Bytes(rank.peak_bytes_predicted));
-      EXPECT_LT(std::abs(measured / predicted - 1.0), 0.10) << row << " rank " << rank.rank << ": measured " << measured
-                                                           << ", predicted " << predicted;
-    }
+    ExpectEveryRankWithinTenPercent(report, row);
     EXPECT_TRUE(report.summary.pp_peak_bytes_predicted.has_value());
   }
 }
@@ -108,13 +113,7 @@ TEST(Memory, AMixtureOfExpertsRanksPeakIsWithinTenPercentOfPredicted) {
                                 "moe_bf16_top1,llama,bfloat16,2,1f1b,4,64,4,4,1,0,0,,softmax,0,8,4,32,12,0",
                                 "moe_f32_recompute,llama,float32,2,1f1b,4,64,4,4,2,0,0,,softmax,0.01,8,4,32,,1"}) {
     const auto report = Launch(row, header);
-    ASSERT_FALSE(report.ranks.empty()) << row;
-    for (const auto& rank : report.ranks) {
-      const double measured = static_cast<double>(Bytes(rank.peak_bytes));
-      const double predicted = static_cast<double>(Bytes(rank.peak_bytes_predicted));
-      EXPECT_LT(std::abs(measured / predicted - 1.0), 0.10) << row << " rank " << rank.rank << ": measured " << measured
-                                                           << ", predicted " << predicted;
-    }
+    ExpectEveryRankWithinTenPercent(report, row);
   }
 }
 
