@@ -11,6 +11,7 @@
 #include "pipeline/transport.h"
 #include "reference/data.h"
 #include "reference/gradient_accumulation.h"
+#include "reference/layers.h"
 
 namespace pipecheck::pipeline {
 namespace {
@@ -24,6 +25,7 @@ struct Sizes {
   int64_t s = 4;     // norm statistics (float32 at least)
   int64_t loss = 4;  // logits as the loss sees them (float32 at least)
   int64_t grad = 4;  // an accumulated gradient element (fp32 sums under reduced precision)
+  int64_t router = 4;  // a mixture of experts' router element (reference::RouterDtype)
   bool adamw = true;
 };
 
@@ -34,6 +36,7 @@ Sizes SizesOf(const PipelineConfig& config) {
   sizes.s = config.train.dtype == torch::kFloat64 ? 8 : 4;
   sizes.loss = sizes.s;
   sizes.grad = reference::AccumulatesInFloat32(config.train.dtype) ? 4 : sizes.e;
+  sizes.router = ElementSize(reference::RouterDtype(config.train.dtype));
   sizes.adamw = config.train.optimizer.kind == reference::OptimizerKind::kAdamW;
   return sizes;
 }
@@ -84,7 +87,7 @@ int64_t MlpRetained(const Sizes& z, int64_t layer, int64_t b, int64_t t, int64_t
   const auto& model = z.model;
   if (!model.IsMoeLayer(layer)) return DenseMlpRetained(z, n);
   const int64_t h = model.hidden, experts = model.experts, k = model.top_k, f = model.ExpertFfnSize();
-  const int64_t r = z.e == 8 ? 8 : 4, index = 8;
+  const int64_t r = z.router, index = 8;
   int64_t bytes = r * n * experts + index * n * experts + r * n * k + r * n;
   if (r != z.e) bytes += r * n * h + r * experts * h - z.e * n * h;
   if (model.router == reference::Router::kSigmoid && model.aux_loss > 0.0) bytes += r * n;
@@ -107,7 +110,7 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input,
     for (int64_t layer = slice.first_layer; layer < slice.end_layer; ++layer) bytes += LayerRetained(z, layer, b, t, tokens);
     if (llama) bytes += 2 * t * z.model.HeadDim() * z.e;  // rotary cos and sin tables
     // The stage's balance-loss terms, summed into one 0-dim tensor kept for the backward.
-    if (z.model.aux_loss > 0.0 && z.model.MoeLayersIn(slice.first_layer, slice.end_layer) > 0) bytes += z.e == 8 ? 8 : 4;
+    if (z.model.aux_loss > 0.0 && z.model.MoeLayersIn(slice.first_layer, slice.end_layer) > 0) bytes += z.router;
   }
   if (slice.has_embedding && !llama) bytes += t * 8;  // position indices
   if (slice.has_head) bytes += HeadRetained(z, n);

@@ -23,8 +23,9 @@ backpropagates from each stage's output only (the last stage's from its loss), s
 balance-loss term rides on the layer's residual add, an autograd function that gives the term
 gradient 1 in the backward (protocol.py's ResidualWithBalanceLoss; Megatron-Core's
 MoEAuxLossAutoScaler pattern, except that it returns a new tensor, not its input: fault
-identity_attach takes that form, whose view output PyTorch's split backward cannot detach). The step's reported loss is the cross entropy plus every rank's
-terms (one all-reduce of their sum), and "aux_loss" hands that sum back on its own.
+identity_attach takes that form, whose view output PyTorch's split backward cannot detach). The
+step's reported loss is the cross entropy plus every rank's terms (one all-reduce of their sum),
+and "aux_loss" hands that sum back on its own.
 
 Needs PyTorch >= 2.4 (torch.distributed.pipelining); exit 2 when it is missing.
 """
@@ -240,9 +241,9 @@ def main():
             optimizer.step()
         step_ms, peak = meter.end_step()
         # The balance loss, as a user logs it: this rank's stages' terms, summed over the ranks.
-        aux = torch.zeros((), dtype=torch.float64, device=device)
+        aux = sum((term.double() for module in modules for term in module.balance_terms),
+                  torch.zeros((), dtype=torch.float64, device=device))
         for module in modules:
-            aux += sum((term.double() for term in module.balance_terms), torch.zeros((), dtype=torch.float64, device=device))
             module.balance_terms.clear()
         if balanced:
             dist.all_reduce(aux)
