@@ -12,16 +12,21 @@ Oracle::Oracle(reference::TrainConfig config, int64_t microbatches)
   updater_config.boundary_layers.clear();
   updater_ = std::make_unique<reference::ReferenceTrainer>(updater_config);
   initial_weights_ = evaluator_->Weights();  // before any SetWeights
+  initial_biases_ = evaluator_->ExpertBiases();
 }
 
 const reference::NamedTensors& Oracle::InitialWeights() const { return initial_weights_; }
+const reference::NamedTensors& Oracle::InitialExpertBiases() const { return initial_biases_; }
 
-reference::StepRecord Oracle::EvaluateAt(const reference::NamedTensors& weights, int64_t step) {
+reference::StepRecord Oracle::EvaluateAt(const reference::NamedTensors& weights, const reference::NamedTensors& biases,
+                                         int64_t step) {
   evaluator_->SetWeights(weights);
+  evaluator_->SetExpertBiases(biases);
   return evaluator_->Evaluate(step);
 }
 
-reference::StepRecord Oracle::EvaluateAccumulatedAt(const reference::NamedTensors& weights, int64_t step) {
+reference::StepRecord Oracle::EvaluateAccumulatedAt(const reference::NamedTensors& weights,
+                                                    const reference::NamedTensors& biases, int64_t step) {
   if (!accumulating_) {
     auto config = config_;
     config.microbatches = microbatches_;
@@ -29,6 +34,7 @@ reference::StepRecord Oracle::EvaluateAccumulatedAt(const reference::NamedTensor
     accumulating_ = std::make_unique<reference::ReferenceTrainer>(config);
   }
   accumulating_->SetWeights(weights);
+  accumulating_->SetExpertBiases(biases);
   return accumulating_->Evaluate(step);
 }
 

@@ -25,20 +25,26 @@ class Oracle {
 
   // The initial weights every trainer must start from.
   const reference::NamedTensors& InitialWeights() const;
+  // The expert biases (expert_bias > 0) every trainer starts from: zeros; empty without.
+  const reference::NamedTensors& InitialExpertBiases() const;
 
   // The configuration every reference run starts from (boundary_layers: what EvaluateAt taps).
   const reference::TrainConfig& config() const { return config_; }
 
   // Loss and (clipped) gradients of step k's batch at `weights`, and the hidden states (with
-  // their gradients) entering config().boundary_layers. Call for k = 0, 1, ... in order.
-  reference::StepRecord EvaluateAt(const reference::NamedTensors& weights, int64_t step);
+  // their gradients) entering config().boundary_layers, routing with the expert biases `biases`
+  // (the pipeline's at the step's start; empty without expert_bias); the record's expert_biases
+  // are where the step's counts move them. Call for k = 0, 1, ... in order.
+  reference::StepRecord EvaluateAt(const reference::NamedTensors& weights, const reference::NamedTensors& biases,
+                                   int64_t step);
 
   // Gradients of step k's batch at `weights` as a correct pipeline sums them: the pipeline's
   // microbatches one after another, each gradient added into a float32 sum where the parameters
   // are reduced-precision (GradientAccumulator), clipped by the summed gradients' global norm.
   // Against these a pipeline's own arithmetic differs by rounding of float32 sums only, where the
   // whole batch's gradients differ by bfloat16's rounding. Call for k = 0, 1, ... in order.
-  reference::StepRecord EvaluateAccumulatedAt(const reference::NamedTensors& weights, int64_t step);
+  reference::StepRecord EvaluateAccumulatedAt(const reference::NamedTensors& weights,
+                                              const reference::NamedTensors& biases, int64_t step);
 
   // Weights after one optimizer step from `weights` applying `gradients`. Optimizer state
   // carries over between calls, so call once per step in order.
@@ -62,6 +68,7 @@ class Oracle {
   std::unique_ptr<reference::ReferenceTrainer> master_updater_;  // UpdateMasterFrom's, in float32
   std::unique_ptr<reference::ReferenceTrainer> accumulating_;  // the pipeline's microbatches (made on first use)
   reference::NamedTensors initial_weights_;
+  reference::NamedTensors initial_biases_;
   std::optional<reference::TrainResult> free_running_, envelope_;
 };
 

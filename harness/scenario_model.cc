@@ -130,6 +130,7 @@ reference::ModelConfig ToModelConfig(const scenarios::Scenario& scenario) {
   model.expert_ffn = scenario.expert_ffn;
   model.router = scenario.router == "sigmoid" ? reference::Router::kSigmoid : reference::Router::kSoftmax;
   model.aux_loss = scenario.aux_loss;
+  model.expert_bias = scenario.expert_bias;
   model.vocab = scenario.vocab;
   model.max_seq_len = scenario.seq_len;
   model.tied = scenario.tied;

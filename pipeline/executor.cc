@@ -91,6 +91,7 @@ struct Executor::StepState {
   int64_t replica_tokens = 0;  // of this replica's microbatches (the whole batch's with one replica)
   torch::Tensor loss_sum;  // 0-dim float64 on the device
   torch::Tensor aux_sum;   // this rank's balance-loss terms, 0-dim float64; undefined if none
+  std::map<int64_t, torch::Tensor> expert_counts;  // routing counts by layer (CountRouting)
   std::vector<BoundaryRecord> probes;    // fingerprints without their numbers yet
   std::vector<torch::Tensor> probe_values;  // their numbers, (4) each, still on the device (else undefined)
 };
@@ -106,6 +107,7 @@ Executor::Executor(const PipelineConfig& config, const Schedule& schedule, Stage
   for (size_t i = 0; i < actions.size(); ++i) {
     const ActionKind kind = actions[i].kind;
     if (kind == ActionKind::kBackward || kind == ActionKind::kBackwardWeight) last[actions[i].microbatch / per_round] = i;
+    if (kind == ActionKind::kForward) last_forward_ = i;
   }
   for (const auto& [round, index] : last) round_ends_[index] = round;
 }
@@ -147,7 +149,9 @@ void Executor::Forward(const Action& action, StepState& state) {
   std::optional<torch::NoGradGuard> no_graph;
   if (config_.recompute) no_graph.emplace();
   torch::Tensor aux;
-  auto output = StageForward(stage, mb, input, state, &aux);
+  std::map<int64_t, torch::Tensor> counts;
+  auto output = StageForward(stage, mb, input, state, &aux, &counts);
+  tensors_.CountRouting(/*recomputed=*/false, counts, state.expert_counts);
   if (aux.defined()) {
     auto value = aux.detach().to(torch::kFloat64);
     state.aux_sum = state.aux_sum.defined() ? state.aux_sum + value : value;
@@ -176,7 +180,8 @@ torch::Tensor Executor::LossOf(const torch::Tensor& output, int microbatch, cons
 }
 
 torch::Tensor Executor::StageForward(Stage& stage, int microbatch, const torch::Tensor& input,
-                                     const StepState& state, torch::Tensor* aux) const {
+                                     const StepState& state, torch::Tensor* aux,
+                                     std::map<int64_t, torch::Tensor>* counts) const {
   const auto& part = state.microbatches[microbatch];
   const auto& model = config_.train.model;
   // The mask (and llama's rotary tables) only where the stage has layers to use them: a stage of
@@ -191,6 +196,7 @@ torch::Tensor Executor::StageForward(Stage& stage, int microbatch, const torch::
     tensors_.MoeContext(context);
   }
   auto output = stage.module->forward(input, context);
+  if (counts != nullptr && context.moe) *counts = context.moe->counts;
   if (aux != nullptr) {
     const auto terms = context.moe ? context.moe->BalanceLoss() : torch::Tensor();
     const BalanceTermsAt at{stage.index, microbatch, stage.slice.has_head, part.size(), state.batch.size()};
@@ -208,7 +214,10 @@ torch::Tensor Executor::Recompute(int s, int mb, StepState& state, torch::Tensor
     input = Waiting(state.inputs, {s, mb}, "input", transport_.rank()).detach().requires_grad_(true);
     state.inputs[{s, mb}] = input;
   }
-  return StageForward(StageAt(stages_, s, transport_.rank()), mb, input, state, aux);
+  std::map<int64_t, torch::Tensor> counts;
+  auto output = StageForward(StageAt(stages_, s, transport_.rank()), mb, input, state, aux, &counts);
+  tensors_.CountRouting(/*recomputed=*/true, counts, state.expert_counts);
+  return output;
 }
 
 Executor::BackwardRoot Executor::TakeBackwardRoot(const Action& action, StepState& state) {
@@ -484,6 +493,7 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
     for (size_t index = 0; index < actions.size(); ++index) {
       observer_.BeforeAction(step, index, actions.size());
       marks.push_back(RunAction(index, state));
+      if (index == last_forward_ && after_forwards_) after_forwards_(state.expert_counts);
       if (const auto end = round_ends_.find(index); end != round_ends_.end()) {
         observer_.AfterRound(end->second, owned_parameters_);
       }
@@ -500,6 +510,7 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
     timing.end_us = clock_.Microseconds(marks[i].end) - origin_us;
   }
   last_aux_sum_ = state.aux_sum;
+  last_expert_counts_ = std::move(state.expert_counts);
   return state.loss_sum;
 }
 

@@ -63,6 +63,13 @@ class Executor {
   // The balance loss (mixture of experts) this rank's stages added in the last Run: 0-dim float64
   // on the device, undefined where none of its stages has an MoE layer.
   const torch::Tensor& LastAuxSum() const { return last_aux_sum_; }
+  // The routing counts (mixture of experts) of the last Run, by global layer index: tokens each
+  // expert of this rank's MoE layers was routed over the replica's microbatches (E, int64,
+  // padding excluded), each microbatch counted once, by its forward (CountRouting).
+  const std::map<int64_t, torch::Tensor>& LastExpertCounts() const { return last_expert_counts_; }
+  // Called once a step, after this rank's last forward, with the counts made so far.
+  using CountsHook = std::function<void(const std::map<int64_t, torch::Tensor>&)>;
+  void SetAfterForwards(CountsHook hook) { after_forwards_ = std::move(hook); }
 
   // Called after every backward that accumulates into the parameters (a B or a W), with it.
   void SetAfterBackward(std::function<void(const Action&)> hook) { after_backward_ = std::move(hook); }
@@ -109,8 +116,9 @@ class Executor {
   // Stage `stage`'s forward of `microbatch` on `input`: its output, or for the head's stage the
   // microbatch's loss term (LossOf); `aux`, where given, gets the sum of its MoE layers'
   // balance-loss terms for this microbatch (undefined where it has none).
+  // `counts`, where given, gets its MoE layers' routing counts for this microbatch.
   torch::Tensor StageForward(Stage& stage, int microbatch, const torch::Tensor& input, const StepState& state,
-                             torch::Tensor* aux = nullptr) const;
+                             torch::Tensor* aux = nullptr, std::map<int64_t, torch::Tensor>* counts = nullptr) const;
   // A microbatch's loss term from the head's output.
   torch::Tensor LossOf(const torch::Tensor& output, int microbatch, const StepState& state) const;
   // recompute=1: stage s's forward of microbatch mb again, from its kept input (a fresh leaf, put
@@ -142,6 +150,9 @@ class Executor {
   std::map<size_t, int> round_ends_;
   FlightRecorder* recorder_ = nullptr;
   torch::Tensor last_aux_sum_;
+  std::map<int64_t, torch::Tensor> last_expert_counts_;
+  size_t last_forward_ = SIZE_MAX;  // index of this rank's last forward action
+  CountsHook after_forwards_;
   std::function<void(const Action&)> after_backward_;
 };
 

@@ -729,6 +729,49 @@ class UnroutedExpertSkippedInDpAverage : public Fault {
   }
 };
 
+// bias_counts_recomputed: under recomputation each backward's forward counts its microbatch's
+// routing again, so every count of the step doubles. The biases move by the sign of the mean
+// minus each count, which doubling leaves as it was: the counts themselves show it (and every
+// balance metric read off them).
+class BiasCountsRecomputed : public Fault {
+ public:
+  using Fault::Fault;
+  void CountRouting(bool /*recomputed*/, const std::map<int64_t, torch::Tensor>& counts,
+                    std::map<int64_t, torch::Tensor>& step_counts) const override {
+    TensorSeams::CountRouting(/*recomputed=*/false, counts, step_counts);
+  }
+};
+
+// bias_counts_last_microbatch: each forward's counts replace the step's instead of adding to
+// them, so the biases move by the rank's last microbatch's routing alone.
+class BiasCountsLastMicrobatch : public Fault {
+ public:
+  using Fault::Fault;
+  void CountRouting(bool recomputed, const std::map<int64_t, torch::Tensor>& counts,
+                    std::map<int64_t, torch::Tensor>& step_counts) const override {
+    if (recomputed) return;
+    for (const auto& [layer, layer_counts] : counts) step_counts[layer] = layer_counts;
+  }
+};
+
+// bias_counts_not_summed_over_replicas: each replica moves its biases by its own microbatches'
+// counts, not the whole batch's: the replicas' biases drift apart.
+class BiasCountsNotSummedOverReplicas : public Fault {
+ public:
+  using Fault::Fault;
+  bool CountsSummedOverReplicas() const override { return false; }
+};
+
+// bias_moved_before_step: a rank moves its expert biases as soon as its last forward has counted,
+// before its backwards and the optimizer step. The biases end the step where they should, but a
+// recomputed forward (recompute=1) routes with the moved ones: its backward differentiates
+// another routing than the forward's.
+class BiasMovedBeforeStep : public Fault {
+ public:
+  using Fault::Fault;
+  bool BiasMovedAfterForwards() const override { return true; }
+};
+
 constexpr FaultEntry kFaults[] = {
   {"none", "the correct pipeline", Make<Fault>, "", ""},
   {"detach_input", "a stage's received activation is detached before use", Make<DetachInput>,
@@ -852,6 +895,19 @@ constexpr FaultEntry kFaults[] = {
    "data-parallel average (replicas drift)", Make<UnroutedExpertSkippedInDpAverage>,
    "^update of layers\\.[0-9]\\.feed_forward\\.experts\\.[0-9]+\\.w[123]\\.weight at step 0 on replica [01] rank [01] "
    "\\(stage [01]\\): rel err 1 > tol", ""},
+  {"bias_counts_recomputed", "the routing counts that move the expert biases taken again by each recomputed "
+   "forward", Make<BiasCountsRecomputed>,
+   "^routing counts layers\\.[0-9]\\.feed_forward\\.expert_counts on rank [01] \\(stage [01]\\) at step 0: pipeline", ""},
+  {"bias_counts_last_microbatch", "the expert biases moved by the last microbatch's routing counts only",
+   Make<BiasCountsLastMicrobatch>,
+   "^routing counts layers\\.[0-9]\\.feed_forward\\.expert_counts on rank [01] \\(stage [01]\\) at step 0: pipeline", ""},
+  {"bias_counts_not_summed_over_replicas", "each replica moves its expert biases by its own routing counts",
+   Make<BiasCountsNotSummedOverReplicas>,
+   "^routing counts layers\\.[0-9]\\.feed_forward\\.expert_counts on replica [01] rank [01] \\(stage [01]\\) at "
+   "step 0: pipeline", ""},
+  {"bias_moved_before_step", "the expert biases moved after the forwards, before the backwards and the optimizer "
+   "step", Make<BiasMovedBeforeStep>,
+   "^step 0, microbatch [0-9]: gradient into stage [0-9] \\(from rank [01]\\) rel err", ""},
 };
 
 }  // namespace

@@ -23,6 +23,8 @@ std::vector<RankResult> ReplicaRanks(const std::vector<RankResult>& ranks, int r
   return mine;
 }
 
+std::string ExpertCountsName(int64_t layer) { return "layers." + std::to_string(layer) + ".feed_forward.expert_counts"; }
+
 std::string StageCopyKey(const std::string& name, int stage) { return name + "@stage" + std::to_string(stage); }
 
 std::string ParameterName(const std::string& key) { return key.substr(0, key.find("@stage")); }
@@ -187,6 +189,10 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   InsertPerStep(dict, "master_weights", result.master_weights);
   dict.insert("weights", TensorsOf(result.final_weights));
   dict.insert("weight_names", NamesOf(result.final_weights));
+  InsertPerStep(dict, "step_expert_biases", result.expert_biases);
+  InsertPerStep(dict, "step_expert_counts", result.expert_counts);
+  dict.insert("expert_biases", TensorsOf(result.final_expert_biases));
+  dict.insert("expert_bias_names", NamesOf(result.final_expert_biases));
   dict.insert("collectives", PackRecords(result.collectives, CollectiveFields()));
   dict.insert("timeline", PackRecords(result.timeline, ActionTimingFields()));
   dict.insert("boundaries", PackRecords(result.boundaries, BoundaryFields()));
@@ -215,6 +221,10 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   result.master_weights = PerStep(dict, "master_weights");
   result.final_weights = Zip(c10::impl::toTypedList<std::string>(dict.at("weight_names").toList()),
                              c10::impl::toTypedList<torch::Tensor>(dict.at("weights").toList()));
+  result.expert_biases = PerStep(dict, "step_expert_biases");
+  result.expert_counts = PerStep(dict, "step_expert_counts");
+  result.final_expert_biases = Zip(c10::impl::toTypedList<std::string>(dict.at("expert_bias_names").toList()),
+                                   c10::impl::toTypedList<torch::Tensor>(dict.at("expert_biases").toList()));
   const std::string who = result.Who() + "'s ";
   result.collectives = UnpackRecords(dict.at("collectives").toGenericDict(), CollectiveFields(), who + "collectives");
   result.timeline = UnpackRecords(dict.at("timeline").toGenericDict(), ActionTimingFields(), who + "timeline");

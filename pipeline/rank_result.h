@@ -65,6 +65,13 @@ struct RankResult {
   // keeps them beside lower-precision parameters (its bf16 optimizer's master weights); empty else.
   std::vector<reference::NamedTensors> master_weights;
   reference::NamedTensors final_weights;
+  // expert_bias > 0: per step, the expert biases the step started with (keys as `weights`'), and
+  // after the last step.
+  std::vector<reference::NamedTensors> expert_biases;
+  reference::NamedTensors final_expert_biases;
+  // expert_bias > 0: per step, the routing counts (E, int64) that moved each of the rank's MoE
+  // layers' bias, under ExpertCountsName: the whole batch's, summed over the replicas.
+  std::vector<reference::NamedTensors> expert_counts;
   std::vector<ActionTiming> timeline;
   std::vector<BoundaryRecord> boundaries;  // every step's, in the order the rank met them
   std::vector<MessageRecord> messages;     // every step's, in the order the rank posted them
@@ -80,6 +87,9 @@ struct RankResult {
 std::string StageCopyKey(const std::string& name, int stage);
 // The parameter a recorded key stands for: NAME for both NAME and NAME@stageS.
 std::string ParameterName(const std::string& key);
+
+// The key a layer's routing counts are recorded under: `layers.{i}.feed_forward.expert_counts`.
+std::string ExpertCountsName(int64_t layer);
 
 // Replica `replica`'s ranks of every replica's `ranks`, indexed by pipeline rank (copies).
 std::vector<RankResult> ReplicaRanks(const std::vector<RankResult>& ranks, int replica);

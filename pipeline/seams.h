@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -86,6 +87,22 @@ class TensorSeams {
   // Mixture of experts. The forward context a stage's MoE layers route and count with: as made
   // (the router in RouterDtype, the balance statistics over each sequence's own positions).
   virtual void MoeContext(reference::AttentionContext& /*context*/) const {}
+  // A forward's routing counts (by layer) into the step's: each microbatch counted once, by its
+  // forward, not again by a recomputation of it (recompute=1).
+  virtual void CountRouting(bool recomputed, const std::map<int64_t, torch::Tensor>& counts,
+                            std::map<int64_t, torch::Tensor>& step_counts) const {
+    if (recomputed) return;
+    for (const auto& [layer, layer_counts] : counts) {
+      auto& sum = step_counts[layer];
+      sum = sum.defined() ? sum + layer_counts : layer_counts;
+    }
+  }
+  // Whether the step's counts are summed over the replicas before they move the expert biases.
+  virtual bool CountsSummedOverReplicas() const { return true; }
+  // Whether the expert biases move once this rank's last forward has counted, before its backwards
+  // and the optimizer step, instead of after the step (a recomputed forward would then route with
+  // the moved bias).
+  virtual bool BiasMovedAfterForwards() const { return false; }
   // A stage's balance-loss terms of a microbatch, as they enter its backward and the step's
   // reported loss: its own MoE layers' (undefined where it has none).
   virtual torch::Tensor BalanceTerms(const BalanceTermsAt& /*at*/, const torch::Tensor& terms) const { return terms; }

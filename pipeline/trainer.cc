@@ -127,6 +127,44 @@ reference::NamedTensors PipelineTrainer::WeightCopies() const {
   return weights;
 }
 
+reference::NamedTensors PipelineTrainer::BiasCopies() const {
+  reference::NamedTensors biases;
+  for (const auto& stage : stages_) {
+    for (const auto& item : stage->module->named_buffers()) Record(biases, item.key(), stage->index, item.value());
+  }
+  return biases;
+}
+
+reference::NamedTensors PipelineTrainer::MoveExpertBiases(const std::map<int64_t, torch::Tensor>& counts) {
+  const double gamma = config_.train.model.expert_bias;
+  reference::NamedTensors used;
+  if (gamma <= 0.0) return used;
+  std::vector<torch::Tensor> biases;
+  std::vector<torch::Tensor> rows;  // each bias's layer's counts
+  std::vector<std::string> names;
+  for (const auto& stage : stages_) {
+    for (const auto& item : stage->module->named_buffers()) {
+      const int64_t layer = reference::LayerOfName(item.key());
+      const auto found = counts.find(layer);
+      TORCH_CHECK(found != counts.end(), "rank ", transport_.rank(), " has no routing counts for ", item.key());
+      biases.push_back(item.value());
+      rows.push_back(found->second);
+      names.push_back(ExpertCountsName(layer));
+    }
+  }
+  if (biases.empty()) return used;  // no MoE layer here (every replica's same rank holds the same stages)
+  // One all-reduce for every layer's counts: the whole batch's, over every replica.
+  auto table = torch::stack(rows).to(torch::kCPU, torch::kInt64).contiguous();  // (layers, E)
+  if (replicas_ != nullptr && seams_.tensors->CountsSummedOverReplicas()) replicas_->AllReduceSum(table);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < biases.size(); ++i) {
+    const auto row = table[static_cast<int64_t>(i)];
+    biases[i].copy_(reference::MovedExpertBias(biases[i], row, gamma));
+    if (!used.contains(names[i])) used.insert(names[i], row.clone());
+  }
+  return used;
+}
+
 reference::NamedTensors PipelineTrainer::GradientCopies() const {
   reference::NamedTensors gradients;
   for (const auto& stage : stages_) {
@@ -182,7 +220,10 @@ void PipelineTrainer::AlignClocks() {
 
 void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   const auto started = std::chrono::steady_clock::now();
-  if (config_.train.record_gradients && judged) result.weights.push_back(WeightCopies());
+  if (config_.train.record_gradients && judged) {
+    result.weights.push_back(WeightCopies());
+    if (config_.train.model.expert_bias > 0.0) result.expert_biases.push_back(BiasCopies());
+  }
   accumulator_->Begin();
   transport_.Start(step);
   // The gradient path runs up to its optimizer step once the actions are done, the rest after the
@@ -203,8 +244,14 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
       if (action.microbatch == 0) AverageReplicas(step, result, *average);
     });
   }
+  const bool bias_moved_early = config_.train.model.expert_bias > 0.0 && seams_.tensors->BiasMovedAfterForwards();
+  reference::NamedTensors counts_used;  // the routing counts that moved the expert biases
+  if (bias_moved_early) {
+    executor_->SetAfterForwards([&](const auto& counts) { counts_used = MoveExpertBiases(counts); });
+  }
   torch::Tensor loss = executor_->Run(step, batch, window, result.timeline, result.boundaries);
   executor_->SetAfterBackward({});
+  executor_->SetAfterForwards({});
   accumulator_->Finish();
   RecordPhase(step, "gradient_sync", -1);  // tied sums and the clipping norm: collectives with every owner
   for (auto stage = path.begin(); stage != tail; ++stage) RunGradientStage(*stage, step, result, started);
@@ -241,6 +288,10 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   }
   reference::GradientsToParameterDtype(OwnedParameters());
   for (auto stage = tail; stage != path.end(); ++stage) RunGradientStage(*stage, step, result, started);
+  // Auxiliary-loss-free balancing: the expert biases move after the optimizer step, by the step's
+  // routing counts over the whole batch (every microbatch once, every replica).
+  if (!bias_moved_early) counts_used = MoveExpertBiases(executor_->LastExpertCounts());
+  if (config_.train.model.expert_bias > 0.0 && judged) result.expert_counts.push_back(std::move(counts_used));
   const auto measured = window.End();
 
   result.peak_bytes.push_back(measured.peak_bytes);
@@ -262,6 +313,7 @@ RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankRe
     if (after_step) after_step(step, result);
   }
   result.final_weights = WeightCopies();
+  if (config_.train.model.expert_bias > 0.0) result.final_expert_biases = BiasCopies();
   RunTimingSteps(result);
   return result;
 }

@@ -82,6 +82,11 @@ class PipelineTrainer {
   std::vector<torch::Tensor> OwnedParameters() const;  // with the tied copy
   reference::NamedTensors WeightCopies() const;        // detached copies of this rank's parameters
   reference::NamedTensors GradientCopies() const;
+  reference::NamedTensors BiasCopies() const;  // copies of this rank's expert biases (expert_bias > 0)
+  // Auxiliary-loss-free balancing: each of this rank's MoE layers' bias moved by its layer's
+  // `counts` (this replica's), summed over the replicas first. Nothing without expert_bias.
+  // Returns the counts that moved them, under ExpertCountsName.
+  reference::NamedTensors MoveExpertBiases(const std::map<int64_t, torch::Tensor>& counts);
   // One stage of the gradient path, in step `step` that began at `started`.
   void RunGradientStage(const GradientStage& stage, int64_t step, RankResult& result,
                         std::chrono::steady_clock::time_point started);

@@ -32,6 +32,26 @@ torch::Dtype RouterDtype(torch::Dtype model_dtype) {
   return model_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
 }
 
+torch::Tensor MovedExpertBias(const torch::Tensor& bias, const torch::Tensor& counts, double gamma) {
+  TORCH_CHECK(counts.dim() == 1 && counts.size(0) == bias.size(0), "an expert bias of ", bias.size(0),
+              " experts moved by counts of shape ", counts.sizes());
+  const auto tokens = counts.to(bias.device(), bias.scalar_type());
+  return bias + gamma * torch::sign(tokens.mean() - tokens);
+}
+
+int64_t LayerOfName(const std::string& name) {
+  static const std::string kPrefix = "layers.";
+  if (name.rfind(kPrefix, 0) != 0) return -1;
+  const auto end = name.find('.', kPrefix.size());
+  if (end == std::string::npos || end == kPrefix.size()) return -1;
+  int64_t layer = 0;
+  for (size_t i = kPrefix.size(); i < end; ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  return layer;
+}
+
 AttentionContext MakeAttentionContext(const ModelConfig& config, const torch::Tensor& lengths,
                                       int64_t time, torch::Dtype dtype, torch::Device device,
                                       int64_t step_sequences) {
@@ -139,6 +159,7 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
 
 MoeFeedForwardImpl::MoeFeedForwardImpl(const ModelConfig& config, int64_t layer) : config_(config), layer_(layer) {
   router_ = register_module("router", MakeLinear(config.hidden, config.experts, false));
+  if (config.expert_bias > 0.0) expert_bias_ = register_buffer("expert_bias", torch::zeros({config.experts}));
   auto experts = register_module("experts", std::make_shared<torch::nn::Module>());
   for (int64_t e = 0; e < config.experts; ++e) {
     experts_.push_back(experts->register_module(std::to_string(e), FeedForward(config, config.ExpertFfnSize())));
@@ -154,9 +175,11 @@ torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x, const Attentio
   auto logits = torch::matmul(flat.to(router_dtype), router_->weight.to(router_dtype).t());  // (N, E)
   const bool softmax = config_.router == Router::kSoftmax;
   auto scores = softmax ? torch::softmax(logits, -1) : torch::sigmoid(logits);  // (N, E)
-  // The top k by score, ties to the lower index: a stable descending sort keeps equal scores in
-  // index order (topk promises no order among ties).
-  auto chosen = std::get<1>(scores.detach().sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(1, 0, k);
+  // The top k by score (plus the expert bias, which weighs in the choice alone), ties to the lower
+  // index: a stable descending sort keeps equal scores in index order (topk promises no order
+  // among ties).
+  auto choice = expert_bias_.defined() ? scores.detach() + expert_bias_ : scores.detach();
+  auto chosen = std::get<1>(choice.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(1, 0, k);
   auto top = scores.gather(1, chosen);                                   // (N, k)
   auto gates = (top / top.sum(-1, /*keepdim=*/true)).to(x.scalar_type());  // (N, k)
   // Dropless dispatch: expert e runs on the tokens that chose it, each output weighted by its gate

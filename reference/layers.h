@@ -55,6 +55,15 @@ AttentionContext MakeAttentionContext(const ModelConfig& config, const torch::Te
 // The router's dtype: float64 for float64 models, else float32.
 torch::Dtype RouterDtype(torch::Dtype model_dtype);
 
+// Auxiliary-loss-free balancing: an MoE layer's bias (E) after a step whose whole batch routed
+// `counts` (E, int64: every microbatch once, every replica, padding excluded) tokens to each
+// expert: bias + γ · sign(mean count − count), in the bias's dtype. An expert routed fewer tokens
+// than the mean is favoured next step, one routed more is held back.
+torch::Tensor MovedExpertBias(const torch::Tensor& bias, const torch::Tensor& counts, double gamma);
+
+// The global layer index in a buffer or parameter name `layers.{i}.…`; -1 for any other name.
+int64_t LayerOfName(const std::string& name);
+
 // RMSNorm for llama, LayerNorm (eps 1e-5, weight and bias) for gpt2, under one name.
 class NormImpl : public torch::nn::Module {
  public:
@@ -101,6 +110,9 @@ TORCH_MODULE(FeedForward);
 // gates; output = Σ gate · expert(x) (+ shared(x)). Dropless: each expert runs on exactly the
 // tokens that chose it, so the routing and every token's output never depend on the batch split.
 // With a context's MoeRecord it records its sequence-wise balance-loss term and its counts.
+// With expert_bias γ > 0 it holds the buffer `expert_bias` (E, in the router's dtype, zeros at
+// start), added to the scores for the choice of the top k only (auxiliary-loss-free balancing);
+// its trainer moves it after each step (MovedExpertBias).
 class MoeFeedForwardImpl : public torch::nn::Module {
  public:
   MoeFeedForwardImpl(const ModelConfig& config, int64_t layer);
@@ -109,6 +121,7 @@ class MoeFeedForwardImpl : public torch::nn::Module {
  private:
   ModelConfig config_;
   int64_t layer_;
+  torch::Tensor expert_bias_;  // expert_bias > 0 only
   torch::nn::Linear router_{nullptr};
   std::vector<FeedForward> experts_;
   FeedForward shared_{nullptr};

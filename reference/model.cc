@@ -86,8 +86,25 @@ TransformerSlice BuildSlice(const ModelConfig& config, const SliceSpec& spec, ui
                             torch::Dtype dtype, torch::Device device) {
   TransformerSlice slice(config, spec);
   slice->to(device, dtype);
+  // The only buffers are the MoE layers' expert biases, kept in the router's dtype, not the model's.
+  for (auto& buffer : slice->buffers()) buffer.set_data(torch::zeros_like(buffer, RouterDtype(dtype)));
   InitializeParameters(*slice, seed);
   return slice;
+}
+
+NamedTensors ExpertBiases(const torch::nn::Module& module) {
+  NamedTensors biases;
+  for (const auto& item : module.named_buffers()) biases.insert(item.key(), item.value().detach().clone());
+  return biases;
+}
+
+void SetExpertBiases(torch::nn::Module& module, const NamedTensors& biases) {
+  torch::NoGradGuard no_grad;
+  auto named = module.named_buffers();
+  for (const auto& item : biases) {
+    TORCH_CHECK(named.contains(item.key()), "the model holds no expert bias ", item.key());
+    named[item.key()].copy_(item.value());
+  }
 }
 
 void CheckDtypeSupported(torch::Dtype dtype, torch::Device device) {

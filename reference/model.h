@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/ordered_dict.h>
 #include <torch/types.h>
 
 #include <map>
@@ -69,6 +70,15 @@ TORCH_MODULE(TransformerSlice);
 // A slice with every parameter set by InitializeParameters(seed), in `dtype` on `device`.
 TransformerSlice BuildSlice(const ModelConfig& config, const SliceSpec& spec, uint64_t seed,
                             torch::Dtype dtype, torch::Device device);
+
+// Name -> tensor, in registration order (parameters, gradients, expert biases).
+using NamedTensors = torch::OrderedDict<std::string, torch::Tensor>;
+
+// A module's expert biases (MoE layers with expert_bias > 0; the model's only buffers) under their
+// global names `layers.{i}.feed_forward.expert_bias`, as detached copies; empty where none.
+NamedTensors ExpertBiases(const torch::nn::Module& module);
+// Overwrites the module's expert biases with `biases` (same names; an unknown name is an error).
+void SetExpertBiases(torch::nn::Module& module, const NamedTensors& biases);
 
 // Throws a clear error when this build cannot train in `dtype` on `device` (bfloat16 on a CPU
 // without kernels for it, say), instead of failing somewhere inside the first step.

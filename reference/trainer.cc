@@ -138,6 +138,12 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const LossOf
   auto logits = model_->forward(tokens, context);  // (B, T, vocab)
   phases_.Mark("forward");
   auto loss = loss_of(logits, ToDevice(batch.labels, device));
+  if (context.moe) {
+    for (const auto& [layer, counts] : context.moe->counts) {
+      auto& sum = counts_[layer];
+      sum = sum.defined() ? sum + counts : counts;
+    }
+  }
   if (const auto aux = context.moe ? context.moe->BalanceLoss() : torch::Tensor(); aux.defined()) {
     // The balance loss joins the objective: its gradient enters the same backward.
     const auto value = aux.detach().to(torch::kFloat64);
@@ -169,6 +175,7 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step, PendingReads& pendin
   auto batch = MakeBatch(config_.data, config_.seed, step);
   step_sequences_ = batch.size();
   aux_sum_ = torch::Tensor();
+  counts_.clear();
   phases_.Mark("data");
   StepRecord record;
   record.step = step;
@@ -196,6 +203,14 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step, PendingReads& pendin
   }
   accumulator_->Finish();
   pending.aux = aux_sum_;
+  record.expert_counts = counts_;
+  if (config_.model.expert_bias > 0.0) {
+    for (const auto& item : ExpertBiases()) {
+      const int64_t layer = LayerOfName(item.key());
+      TORCH_CHECK(counts_.count(layer), "no routing counts for ", item.key());
+      record.expert_biases.insert(item.key(), MovedExpertBias(item.value(), counts_.at(layer), config_.model.expert_bias));
+    }
+  }
   phases_.Mark("accumulate");
   if (config_.device.is_cuda() && config_.clip <= 0.0) {
     pending.squares = GradSquares(parameters_);  // the norm is reported, not used: read after the step
@@ -229,6 +244,7 @@ StepRecord ReferenceTrainer::Step(int64_t step) {
   GradientsToParameterDtype(parameters_);
   phases_.Mark("accumulate");
   DeterministicStep(*optimizer_);
+  SetExpertBiases(record.expert_biases);  // after the optimizer step, by the step's counts
   phases_.Mark("optimizer");
   Settle(record, pending);
   phases_.Mark("read_back");
@@ -271,6 +287,7 @@ TrainResult ReferenceTrainer::Train() {
   TrainResult result;
   for (int64_t step = 0; step < config_.steps; ++step) result.steps.push_back(Step(step));
   result.final_weights = Weights();
+  result.final_expert_biases = ExpertBiases();
   return result;
 }
 

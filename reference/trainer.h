@@ -24,8 +24,6 @@
 
 namespace pipecheck::reference {
 
-// Parameter name -> tensor, in the model's registration order.
-using NamedTensors = torch::OrderedDict<std::string, torch::Tensor>;
 
 struct TrainConfig {
   ModelConfig model;
@@ -94,12 +92,18 @@ struct StepRecord {
   int64_t peak_bytes = -1; // tensor bytes the trainer held at most during the step; -1 unmetered
   NamedTensors gradients;  // the gradients the optimizer applied (empty unless recorded)
   std::map<int64_t, BoundaryTensors> boundaries;  // by layer (TrainConfig::boundary_layers)
+  // Mixture of experts: tokens routed to each expert over the step's whole batch (E, int64;
+  // padding excluded), by global layer index. With expert_bias, each MoE layer's bias as this
+  // step leaves it (moved by these counts; Evaluate computes it without applying it).
+  std::map<int64_t, torch::Tensor> expert_counts;
+  NamedTensors expert_biases;
   PhaseTimes phase_ms;     // TrainConfig::phase_times only
 };
 
 struct TrainResult {
   std::vector<StepRecord> steps;
   NamedTensors final_weights;
+  NamedTensors final_expert_biases;  // expert_bias > 0: after the last step
 
   // Median step time, leaving out step 0 (warm-up) when there is more than one step.
   double MedianStepMs() const;
@@ -144,6 +148,10 @@ class ReferenceTrainer {
   // 0-dim float64, undefined where the model has none.
   const torch::Tensor& AuxLossSum() const { return aux_sum_; }
 
+  // The expert biases (expert_bias > 0) the next forward routes with, as copies, and set by name.
+  NamedTensors ExpertBiases() const { return reference::ExpertBiases(*model_); }
+  void SetExpertBiases(const NamedTensors& biases) { reference::SetExpertBiases(*model_, biases); }
+
   NamedTensors Weights() const;    // detached copies
   NamedTensors Gradients() const;  // detached copies; undefined gradients are skipped
   TransformerSlice& model() { return model_; }
@@ -176,6 +184,7 @@ class ReferenceTrainer {
   // loss its forwards have added so far (0-dim float64; undefined before any).
   int64_t step_sequences_ = 0;
   torch::Tensor aux_sum_;
+  std::map<int64_t, torch::Tensor> counts_;  // routing counts its forwards made so far, by layer
   PhaseClock phases_;
 };
 

@@ -30,7 +30,7 @@ namespace pipecheck::scenarios {
 namespace {
 
 // The columns of a suite, in docs/scenarios.md order (Columns() lists them).
-constexpr size_t kColumnCount = 42;
+constexpr size_t kColumnCount = 43;
 
 const std::vector<std::string> kFlavors = {"llama", "gpt2"};
 const std::vector<std::string> kRouters = {"softmax", "sigmoid"};
@@ -354,6 +354,10 @@ std::vector<Column> ModelColumns() {
           .Config(In::kUnlessDefault),
       RealColumn("aux_loss", &Scenario::aux_loss, 0.0, /*min_allowed=*/true, "≥ 0, at most 1")
           .Means("α of the sequence-wise balance loss added to the objective; 0 is none").Config(In::kUnlessDefault),
+      RealColumn("expert_bias", &Scenario::expert_bias, 0.0, /*min_allowed=*/true, "≥ 0, at most 1")
+          .Means("γ of the auxiliary-loss-free balancing: each expert's bias for the choice moves by γ after each step, "
+                 "toward balanced counts; 0 is off")
+          .Config(In::kUnlessDefault),
       IntegerColumn("vocab", &Scenario::vocab, 2, kMaxVocab).Means("vocabulary size"),
       FlagColumn("tied", &Scenario::tied).Means("the output head shares the embedding's weight"),
   };
@@ -801,6 +805,17 @@ void CheckModelAndDevice(const Scenario& s, unsigned line, const Locator& at) {
   if (s.experts > 0 && s.dense_layers >= s.layers) {
     throw at.At(line, "dense_layers", std::to_string(s.dense_layers),
                 fmt::format("every one of the {} layers would be dense: no MoE layer is left", s.layers));
+  }
+  if (s.expert_bias > 0.0 && s.experts == 0) {
+    throw at.At(line, "expert_bias", FormatReal(s.expert_bias), "the expert bias balances a mixture of experts: set experts");
+  }
+  if (s.expert_bias > 1.0) {
+    throw at.At(line, "expert_bias", FormatReal(s.expert_bias), "at most 1: a step moves each bias by γ");
+  }
+  if (s.expert_bias > 0.0 && s.trainer != "pipecheck") {
+    throw at.At(line, "expert_bias", FormatReal(s.expert_bias),
+                fmt::format("trainer {} does not hand back its expert biases: expert_bias needs trainer pipecheck",
+                            s.trainer));
   }
   if (s.aux_loss > 1.0) {
     throw at.At(line, "aux_loss", FormatReal(s.aux_loss), "at most 1: the balance loss is a small share of the objective");

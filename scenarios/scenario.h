@@ -36,6 +36,7 @@ struct Scenario {
   int64_t expert_ffn = 0;  // 0: ffn
   std::string router = "softmax";
   double aux_loss = 0.01;
+  double expert_bias = 0.0;  // γ of the auxiliary-loss-free balancing; 0: off
   int64_t vocab = 256;
   bool tied = false;
   int64_t world_size = 2;
