@@ -56,6 +56,8 @@ void DumpReference(const scenarios::Scenario& scenario, const std::string& direc
   SaveBatch(batch, (out / "batch.pt").string());
   SaveTensors(trainer.Gradients(), (out / "grads.pt").string());
   SaveDict(loss_dict, out / "loss.pt");
+  // expert_bias: each MoE layer's bias after the step's update (from zeros, by the batch's counts).
+  if (scenario.expert_bias > 0.0) SaveTensors(trainer.MovedExpertBiases(), (out / "bias.pt").string());
 
   reports::CsvTable table(scenarios::ColumnNames());
   std::vector<std::string> row;

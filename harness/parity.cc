@@ -127,6 +127,7 @@ struct Verdicts {
   double accumulation_max_rel = 0.0;  // reduced precision: against the reference's float32 sums
   double accumulated_loss_max_rel = 0.0;  // reduced precision: the loss against its float64 sum of terms
   double aux_loss_max_rel = 0.0;  // mixture of experts: the balance loss against the reference's
+  int64_t expert_biases_checked = 0;  // expert bias copies compared (bitwise) over the steps
 };
 
 // Whether the balance loss is judged on its own: a mixture of experts with aux_loss > 0.
@@ -346,6 +347,7 @@ void JudgeExpertBiases(size_t step, const std::vector<pipeline::RankResult>& ran
         continue;
       }
       const auto& reference = expected[name];
+      ++verdicts.expert_biases_checked;
       if (item.value().scalar_type() == reference.scalar_type() && torch::equal(item.value().cpu(), reference.cpu())) {
         continue;
       }
@@ -869,6 +871,7 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
     verdict.aux_loss_ref = reference.steps.back().aux_loss;
     verdict.aux_loss_pp = AuxLossAt(LossRank(input.ranks), reference.steps.size() - 1);
   }
+  if (input.scenario.expert_bias > 0.0) verdict.expert_biases_checked = verdicts.expert_biases_checked;
   for (const auto& step : reference.steps) verdict.tokens += step.tokens;
   verdict.loss_ref = reference.steps.back().loss;
   verdict.loss_pp = LossAt(LossRank(input.ranks), reference.steps.size() - 1);

@@ -204,13 +204,7 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step, PendingReads& pendin
   accumulator_->Finish();
   pending.aux = aux_sum_;
   record.expert_counts = counts_;
-  if (config_.model.expert_bias > 0.0) {
-    for (const auto& item : ExpertBiases()) {
-      const int64_t layer = LayerOfName(item.key());
-      TORCH_CHECK(counts_.count(layer), "no routing counts for ", item.key());
-      record.expert_biases.insert(item.key(), MovedExpertBias(item.value(), counts_.at(layer), config_.model.expert_bias));
-    }
-  }
+  record.expert_biases = MovedExpertBiases();
   phases_.Mark("accumulate");
   if (config_.device.is_cuda() && config_.clip <= 0.0) {
     pending.squares = GradSquares(parameters_);  // the norm is reported, not used: read after the step
@@ -253,6 +247,17 @@ StepRecord ReferenceTrainer::Step(int64_t step) {
   record.peak_bytes = measured.peak_bytes;
   record.step_ms = measured.step_ms;
   return record;
+}
+
+NamedTensors ReferenceTrainer::MovedExpertBiases() const {
+  NamedTensors moved;
+  if (config_.model.expert_bias <= 0.0) return moved;
+  for (const auto& item : ExpertBiases()) {
+    const int64_t layer = LayerOfName(item.key());
+    TORCH_CHECK(counts_.count(layer), "no routing counts for ", item.key());
+    moved.insert(item.key(), MovedExpertBias(item.value(), counts_.at(layer), config_.model.expert_bias));
+  }
+  return moved;
 }
 
 StepRecord ReferenceTrainer::Evaluate(int64_t step) {

@@ -151,6 +151,9 @@ class ReferenceTrainer {
   // The expert biases (expert_bias > 0) the next forward routes with, as copies, and set by name.
   NamedTensors ExpertBiases() const { return reference::ExpertBiases(*model_); }
   void SetExpertBiases(const NamedTensors& biases) { reference::SetExpertBiases(*model_, biases); }
+  // The expert biases as the routing counts of the forwards since the step began (since the
+  // trainer was made, before any step) move them; empty without expert_bias.
+  NamedTensors MovedExpertBiases() const;
 
   NamedTensors Weights() const;    // detached copies
   NamedTensors Gradients() const;  // detached copies; undefined gradients are skipped

@@ -29,6 +29,10 @@ std::string PassMessage(const ParityVerdict& verdict) {
                      verdict.update_max_rel, verdict.trajectory_note) +
          (verdict.aux_loss_max_rel
               ? fmt::format("; the balance loss within rel err {:.3g} of the reference's", *verdict.aux_loss_max_rel)
+              : std::string()) +
+         (verdict.expert_biases_checked
+              ? fmt::format("; expert biases and their routing counts bitwise equal to the reference's ({} copies over "
+                            "the steps)", *verdict.expert_biases_checked)
               : std::string());
 }
 

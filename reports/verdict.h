@@ -34,6 +34,9 @@ struct ParityVerdict {
   // Mixture of experts with a balance loss: its last step's value on each side, and its worst
   // relative error over the steps at the pipeline's weights.
   std::optional<double> aux_loss_ref, aux_loss_pp, aux_loss_max_rel;
+  // Auxiliary-loss-free balancing: the expert biases (and the routing counts that moved them)
+  // judged bitwise after each step: how many copies were compared over the run.
+  std::optional<int64_t> expert_biases_checked;
 };
 
 // Whether `status` meets `expect` ("pass": PASS or SKIPPED; "fail": FAIL, ERROR or TIMEOUT).

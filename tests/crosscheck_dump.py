@@ -39,7 +39,8 @@ def moe_of(row):
     aux = row.get("aux_loss")
     return {"experts": experts, "top_k": int(row.get("top_k") or 2), "dense_layers": int(row.get("dense_layers") or 0),
             "shared": int(row.get("shared_experts") or 0), "ffn": int(row.get("expert_ffn") or 0) or ffn_size(row),
-            "router": row.get("router") or "softmax", "alpha": float(aux) if aux not in (None, "") else 0.01}
+            "router": row.get("router") or "softmax", "alpha": float(aux) if aux not in (None, "") else 0.01,
+            "gamma": float(row.get("expert_bias") or 0)}
 
 
 def is_moe_layer(moe, layer):
@@ -136,8 +137,9 @@ def swiglu(h, params, prefix):
 
 def moe_forward(h, params, prefix, moe, lengths, batch_sequences):
     """One mixture-of-experts feed-forward, computed densely: every expert on every token, weighted
-    by a gate matrix that is zero off each token's top k. Returns the output and the layer's
-    sequence-wise balance-loss term."""
+    by a gate matrix that is zero off each token's top k. Returns the output, the layer's
+    sequence-wise balance-loss term and its routing counts (E) over the sequences' own positions.
+    The expert biases start at zero, so the first step chooses by the scores alone."""
     B, T, _ = h.shape
     E, k = moe["experts"], moe["top_k"]
     logits = h @ params[prefix + ".router.weight"].T                     # (B, T, E), float64 here
@@ -159,10 +161,11 @@ def moe_forward(h, params, prefix, moe, lengths, batch_sequences):
     probs = scores if moe["router"] == "softmax" else scores / scores.sum(-1, keepdim=True)
     P = (probs * valid[..., None]).sum(1) / length
     aux = moe["alpha"] / batch_sequences * (f * P).sum()
-    return out, aux
+    counts = (chosen.to(torch.int64) * (valid[..., None] > 0)).sum((0, 1))  # (E)
+    return out, aux, counts
 
 
-def forward(params, row, tokens, lengths, batch_sequences=None):
+def forward(params, row, tokens, lengths, batch_sequences=None, counts=None):
     flavor = row["flavor"]
     heads = int(row["heads"])
     kv_heads = int(row.get("kv_heads") or heads)
@@ -204,9 +207,11 @@ def forward(params, row, tokens, lengths, batch_sequences=None):
         x = x + linear(attn, params, p + "attention.wo", gpt2)
         h = norm(x, p + "ffn_norm")
         if is_moe_layer(moe, i):
-            out, term = moe_forward(h, params, p + "feed_forward", moe, lengths, batch_sequences or B)
+            out, term, layer_counts = moe_forward(h, params, p + "feed_forward", moe, lengths, batch_sequences or B)
             x = x + out
             aux = aux + term
+            if counts is not None:
+                counts[i] = layer_counts
         elif flavor == "llama":
             up = F.silu(F.linear(h, params[p + "feed_forward.w1.weight"])) * F.linear(h, params[p + "feed_forward.w3.weight"])
             x = x + F.linear(up, params[p + "feed_forward.w2.weight"])
@@ -225,7 +230,7 @@ def check_dump(directory, suite_row):
     # Shapes come from the suite's own columns and docs/design.md §2, never from what the dump says.
     row = dict(row, ffn=suite_row.get("ffn") or "",
                **{c: suite_row.get(c) or "" for c in ("experts", "top_k", "dense_layers", "shared_experts",
-                                                      "expert_ffn", "router", "aux_loss")})
+                                                      "expert_ffn", "router", "aux_loss", "expert_bias")})
     dumped_ffn = int(next(csv.DictReader(open(os.path.join(directory, "scenario.csv"), newline="")))["ffn"])
     if dumped_ffn != ffn_size(row):
         return [f"scenario.csv says ffn {dumped_ffn}, docs/design.md §2 gives {ffn_size(row)}"]
@@ -254,7 +259,8 @@ def check_dump(directory, suite_row):
 
     # Whole batch, as the reference computes it.
     params = {name: weights[name].clone().requires_grad_(True) for name in shapes}
-    logits, aux = forward(params, row, tokens, lengths)
+    counts = {}
+    logits, aux = forward(params, row, tokens, lengths, counts=counts)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                            ignore_index=-100, reduction="sum") / valid + aux
     loss.backward()
@@ -265,6 +271,25 @@ def check_dump(directory, suite_row):
             problems.append(f"balance loss {dumped_loss['aux_loss'].item():.15g} vs python {aux.item():.15g}")
         elif aux.item() <= 0:
             problems.append(f"balance loss {aux.item():.3g}: a mixture of experts with aux_loss > 0 must have one")
+
+    # Auxiliary-loss-free balancing: from zeros, bias_e = γ · sign(mean count − count_e) after the
+    # step, the counts over the whole batch's own positions.
+    moe = moe_of(row)
+    bias_path = os.path.join(directory, "bias.pt")
+    if moe is not None and moe["gamma"] > 0:
+        if not os.path.exists(bias_path):
+            problems.append("no bias.pt for a mixture of experts with expert_bias > 0")
+        else:
+            biases = torch.load(bias_path, weights_only=False)
+            expected = {f"layers.{i}.feed_forward.expert_bias": moe["gamma"] * torch.sign(c.double().mean() - c.double())
+                        for i, c in counts.items()}
+            if set(biases) != set(expected):
+                problems.append(f"bias.pt names {sorted(biases)}, expected {sorted(expected)}")
+            for name, bias in expected.items():
+                if name in biases and not torch.equal(biases[name].double(), bias):
+                    problems.append(f"{name} after the step: {biases[name].tolist()} vs python {bias.tolist()}")
+    elif os.path.exists(bias_path):
+        problems.append("bias.pt without expert_bias")
 
     # Microbatched, as a pipeline computes it: contiguous microbatches, each padded only to its
     # own longest sequence, each normalised by the whole batch's tokens, gradients summed.
