@@ -85,6 +85,7 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const pipeline::P
                               {"expert_ffn", model.ExpertFfnSize()},
                               {"router", scenario.router},
                               {"aux_loss", scenario.aux_loss},
+                              {"expert_bias", scenario.expert_bias},
                               {"sequences_per_step", scenario.batch}};
   }
   config["optimizer"] = {{"name", scenario.optimizer}, {"lr", scenario.lr}};
@@ -269,8 +270,37 @@ std::vector<pipeline::BoundaryRecord> ReadBoundaries(const c10::IValue& value, i
 }
 
 // Rank `rank`'s start weights and every step's record, as the judges read a rank of pipecheck's own.
+// expert_bias: a step's "expert_counts", {layers.{i}.feed_forward.expert_counts: (E) counts},
+// one per MoE layer whose bias the rank moved (`biases`, the names it handed back).
+NamedTensors ReadExpertCounts(const c10::IValue& value, const NamedTensors& biases, const std::string& what) {
+  NamedTensors counts;
+  if (value.isNone()) {
+    if (!biases.is_empty()) throw ProtocolError(fmt::format("{}: \"expert_biases\" without \"expert_counts\"", what));
+    return counts;
+  }
+  if (!value.isGenericDict()) throw ProtocolError(fmt::format("{}: \"expert_counts\" is a {}, not a dict", what, value.tagKind()));
+  for (const auto& entry : value.toGenericDict()) {
+    const std::string name = entry.key().isString() ? entry.key().toStringRef() : std::string();
+    const int64_t layer = reference::LayerOfName(name);
+    const std::string bias = fmt::format("layers.{}.feed_forward.expert_bias", layer);
+    if (name != pipeline::ExpertCountsName(layer) || !biases.contains(bias)) {
+      throw ProtocolError(fmt::format("{}: expert_counts '{}' names no MoE layer whose bias the rank handed back (keys "
+                                      "are layers.{{i}}.feed_forward.expert_counts)", what, name));
+    }
+    const auto tensor = entry.value().isTensor() ? entry.value().toTensor().detach().cpu() : torch::Tensor();
+    if (!tensor.defined() || tensor.dim() != 1 || tensor.size(0) != biases[bias].size(0) ||
+        !torch::equal(tensor.to(torch::kFloat64), tensor.to(torch::kFloat64).round())) {
+      throw ProtocolError(fmt::format("{}: expert_counts '{}' must be a tensor of {} whole counts", what, name,
+                                      biases[bias].size(0)));
+    }
+    counts.insert(name, tensor.to(torch::kInt64));
+  }
+  return counts;
+}
+
 pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios::Scenario& scenario,
                               const pipeline::PipelineShape& shape, const NamedTensors& initial,
+                              const NamedTensors& initial_biases,
                               const std::vector<std::vector<MicrobatchCut>>& microbatches) {
   pipeline::RankResult result;
   result.rank = rank;
@@ -331,6 +361,23 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
       result.weights.push_back(std::move(after));
     } else {
       result.final_weights = std::move(after);
+    }
+    if (scenario.expert_bias > 0.0) {
+      // The biases after the step's update (a rank without MoE layers hands back none), and the
+      // routing counts that moved them. Each starts at the reference's zeros.
+      const auto given = Entry(record, "expert_biases");
+      auto biases = given.isNone() ? NamedTensors() : ReadTensors(given, initial_biases, what + " expert_biases");
+      result.expert_counts.push_back(ReadExpertCounts(Entry(record, "expert_counts"), biases, what));
+      if (step == 0) {
+        NamedTensors start;
+        for (const auto& item : biases) start.insert(item.key(), initial_biases[item.key()]);
+        result.expert_biases.push_back(std::move(start));
+      }
+      if (step + 1 < scenario.steps) {
+        result.expert_biases.push_back(std::move(biases));
+      } else {
+        result.final_expert_biases = std::move(biases);
+      }
     }
   }
   return result;
@@ -423,7 +470,7 @@ reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const
     for (int process = 0; process < scenario.Processes(); ++process) {
       const int rank = process % static_cast<int>(scenario.world_size);
       auto result = ReadRank(fs::path(ExchangeOutputs(directory)) / fmt::format("rank{}", process), rank, scenario,
-                             shape, oracle.InitialWeights(), microbatches);
+                             shape, oracle.InitialWeights(), oracle.InitialExpertBiases(), microbatches);
       result.replica = process / static_cast<int>(scenario.world_size);
       result.replicas = static_cast<int>(scenario.data_parallel);
       ranks.push_back(std::move(result));

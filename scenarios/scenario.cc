@@ -812,11 +812,6 @@ void CheckModelAndDevice(const Scenario& s, unsigned line, const Locator& at) {
   if (s.expert_bias > 1.0) {
     throw at.At(line, "expert_bias", FormatReal(s.expert_bias), "at most 1: a step moves each bias by γ");
   }
-  if (s.expert_bias > 0.0 && s.trainer != "pipecheck") {
-    throw at.At(line, "expert_bias", FormatReal(s.expert_bias),
-                fmt::format("trainer {} does not hand back its expert biases: expert_bias needs trainer pipecheck",
-                            s.trainer));
-  }
   if (s.aux_loss > 1.0) {
     throw at.At(line, "aux_loss", FormatReal(s.aux_loss), "at most 1: the balance loss is a small share of the objective");
   }

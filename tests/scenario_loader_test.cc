@@ -250,6 +250,13 @@ TEST(ScenarioLoader, GroupedQueryAttentionAndMixtureOfExpertsAreLlamasAndConsist
             0u);
   EXPECT_EQ(ErrorFor("name,experts,aux_loss\nx,4,2\n"),
             "suite.csv:2:3: column 'aux_loss', value '2': at most 1: the balance loss is a small share of the objective");
+  EXPECT_EQ(ErrorFor("name,experts,expert_bias\nx,4,1e-3\n"), "");
+  EXPECT_EQ(ErrorFor("name,expert_bias\nx,1e-3\n"),
+            "suite.csv:2:2: column 'expert_bias', value '0.001': the expert bias balances a mixture of experts: set "
+            "experts");
+  EXPECT_EQ(ErrorFor("name,experts,expert_bias\nx,4,2\n"),
+            "suite.csv:2:3: column 'expert_bias', value '2': at most 1: a step moves each bias by γ");
+  EXPECT_NE(ErrorFor("name,experts,expert_bias\nx,4,-1\n"), "");
   // PyTorch's pipelining and an external trainer are handed the experts (config.json's model.moe);
   // the framework adapters build dense models.
   EXPECT_EQ(ErrorFor("name,experts,trainer\nx,4,torch\n"), "");

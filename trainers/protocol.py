@@ -107,9 +107,12 @@ class Exchange:
         self.save("start.pt", {name: t.detach().cpu().clone() for name, t in weights.items()})
 
     def save_step(self, step, grads, weights, loss=None, step_ms=None, peak_bytes=None, boundaries=None,
-                  master_weights=None, aux_loss=None):
+                  master_weights=None, aux_loss=None, expert_biases=None, expert_counts=None):
         record = {"grads": {name: g.detach().cpu().clone() for name, g in grads.items()},
                   "weights": {name: w.detach().cpu().clone() for name, w in weights.items()}}
+        if expert_biases is not None:
+            record["expert_biases"] = {name: b.detach().cpu().clone() for name, b in expert_biases.items()}
+            record["expert_counts"] = {name: c.detach().cpu().clone() for name, c in (expert_counts or {}).items()}
         if master_weights is not None:
             record["master_weights"] = {name: w.detach().float().cpu().clone() for name, w in master_weights.items()}
         if boundaries:
@@ -411,6 +414,12 @@ class MoeFeedForward(nn.Module):
         self.experts = nn.ModuleList(FeedForward("llama", hidden, moe["expert_ffn"]) for _ in range(self.count))
         if moe["shared_experts"]:
             self.shared = FeedForward("llama", hidden, moe["expert_ffn"])
+        if moe.get("expert_bias", 0) > 0:
+            # Auxiliary-loss-free balancing, as TorchTitan's MoE holds it: the bias (for the choice
+            # alone) is state, the counts since the last update are scratch. Its trainer moves the
+            # bias after the step (move_expert_biases) and keeps it in the router's dtype.
+            self.register_buffer("expert_bias", torch.zeros(self.count), persistent=True)
+            self.register_buffer("tokens_per_expert", torch.zeros(self.count), persistent=False)
 
     def forward(self, x, lengths):
         b, t, c = x.shape
@@ -418,7 +427,8 @@ class MoeFeedForward(nn.Module):
         router_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         logits = F.linear(flat.to(router_dtype), self.router.weight.to(router_dtype))
         scores = torch.softmax(logits, -1) if self.softmax else torch.sigmoid(logits)
-        chosen = scores.detach().sort(dim=-1, descending=True, stable=True).indices[:, :self.top_k]  # (N, k)
+        choice = scores.detach() + self.expert_bias if hasattr(self, "expert_bias") else scores.detach()
+        chosen = choice.sort(dim=-1, descending=True, stable=True).indices[:, :self.top_k]  # (N, k)
         top = scores.gather(1, chosen)
         gates = (top / top.sum(-1, keepdim=True)).to(x.dtype).reshape(-1)
         valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]  # (b, t)
@@ -427,8 +437,12 @@ class MoeFeedForward(nn.Module):
         slots = chosen.masked_fill(~valid.reshape(-1, 1), self.count).reshape(-1)
         order = torch.argsort(slots, stable=True)  # slots grouped by expert, each group in token order
         tokens, slot_gates = order // self.top_k, gates[order]
+        counts = torch.bincount(slots, minlength=self.count + 1)
+        if hasattr(self, "tokens_per_expert"):
+            with torch.no_grad():  # every forward counts (TorchTitan's accumulation), padding excluded
+                self.tokens_per_expert.add_(counts[:self.count].to(self.tokens_per_expert.dtype))
         out, first = torch.zeros_like(flat), 0
-        for expert, size in zip(self.experts, torch.bincount(slots, minlength=self.count + 1).tolist()):
+        for expert, size in zip(self.experts, counts.tolist()):
             if size:
                 mine = tokens[first:first + size]
                 out = out.index_add(0, mine, expert(flat[mine]) * slot_gates[first:first + size, None])

@@ -25,7 +25,9 @@ gradient 1 in the backward (protocol.py's ResidualWithBalanceLoss; Megatron-Core
 MoEAuxLossAutoScaler pattern, except that it returns a new tensor, not its input: fault
 identity_attach takes that form, whose view output PyTorch's split backward cannot detach). The
 step's reported loss is the cross entropy plus every rank's terms (one all-reduce of their sum),
-and "aux_loss" hands that sum back on its own.
+and "aux_loss" hands that sum back on its own. With expert_bias, the biases move as TorchTitan moves
+them (ExpertBiasBalancer: counts in a buffer, an optimizer step pre-hook), and each step hands back
+the biases and the counts that moved them.
 
 Needs PyTorch >= 2.4 (torch.distributed.pipelining); exit 2 when it is missing.
 """
@@ -64,7 +66,9 @@ FAULTS = {"none": "PyTorch's pipelining as it ships, with Gloo's self-sends step
                              "an MoE layer then outputs a view",
           "balance_last_stage_only": "a control: only the stage holding the head lets its balance-loss terms into the "
                                      "backward (the others' are logged, not trained), as a loss function on the last "
-                                     "stage alone would have it"}
+                                     "stage alone would have it",
+          "bias_counts_kept": "a control: the expert-bias hook moves the biases but never zeroes the counts, so each "
+                              "step's counts hold every earlier step's too"}
 
 
 def corrupt_arrivals(microbatches):
@@ -140,13 +144,52 @@ def build_stages(exchange, device, weights):
     modules = []
     for stage in exchange.stages_of_rank():
         module = StageModule(model, stage).to(exchange.dtype)
+        keep_balancing_state(module, exchange.dtype)
         if model["tied"] and stage["head"] and modules and modules[0].has_embedding:
             module.tok_embeddings = modules[0].tok_embeddings  # one Parameter, as a single model would have it
-        module.load_state_dict({name: weights[name] for name in module.state_dict()})
+        state = module.state_dict()  # pipecheck's weights; the expert biases start at their zeros
+        module.load_state_dict({name: weights[name] if name in weights else state[name] for name in state})
         modules.append(module.to(device))
     stages = [PipelineStage(module, stage["stage"], len(config["stages"]), device)
               for module, stage in zip(modules, exchange.stages_of_rank())]
     return modules, stages
+
+
+def keep_balancing_state(module, dtype):
+    """Auxiliary-loss-free balancing's state out of the model's dtype, as TorchTitan keeps it out of
+    FSDP's: the expert biases in the router's (float64 for float64 models, else float32), the
+    counts in float32 (whole numbers, exact to 2^24 where bfloat16 rounds past 256)."""
+    router = torch.float64 if dtype == torch.float64 else torch.float32
+    for layer in module.modules():
+        if hasattr(layer, "expert_bias"):
+            layer.expert_bias = layer.expert_bias.to(router)
+            layer.tokens_per_expert = layer.tokens_per_expert.float()
+
+
+class ExpertBiasBalancer:
+    """DeepSeek-V3's auxiliary-loss-free balancing as TorchTitan runs it: each MoE layer counts its
+    tokens per expert in every forward (a buffer), and an optimizer step pre-hook moves each of
+    this rank's layers' biases by gamma * sign(mean count - count) and zeroes the counts (with data
+    parallelism it would sum them over the replicas first; this trainer runs one). `moved` keeps
+    the counts of the last update, under pipecheck's names, for the step's record."""
+
+    def __init__(self, modules, gamma, zero_counts=True):
+        self.gamma, self.moved, self.zero_counts = gamma, {}, zero_counts
+        self.layers = {name: layer for module in modules for name, layer in module.named_modules()
+                       if hasattr(layer, "expert_bias")}
+
+    def __call__(self, *_):
+        self.moved = {}
+        with torch.no_grad():
+            for name, layer in self.layers.items():
+                counts = layer.tokens_per_expert.to(layer.expert_bias.dtype)
+                layer.expert_bias.add_(self.gamma * torch.sign(counts.mean() - counts))
+                self.moved[name + ".expert_counts"] = counts.clone()
+                if self.zero_counts:
+                    layer.tokens_per_expert.zero_()
+
+    def biases(self):
+        return {name + ".expert_bias": layer.expert_bias for name, layer in self.layers.items()}
 
 
 def named_parameters(modules):
@@ -201,6 +244,10 @@ def main():
                                                        and name == "tok_embeddings.weight")]
     # A rank whose stages hold no layers (empty stages) has nothing to update.
     optimizer = make_optimizer(config, list(named.values())) if named else None
+    gamma = moe.get("expert_bias", 0) if moe else 0
+    balancer = ExpertBiasBalancer(modules, gamma, zero_counts=exchange.fault != "bias_counts_kept") if gamma > 0 else None
+    if balancer is not None and balancer.layers:
+        optimizer.register_step_pre_hook(balancer)  # as TorchTitan's MoE training registers it
     # Each step's loss is divided by that step's labelled tokens (design §2).
     labelled = {"tokens": 1}
     schedule = make_schedule(config, stages, lambda logits, target: token_loss(logits, target, labelled["tokens"]),
@@ -250,7 +297,9 @@ def main():
         loss = float(sum(l.detach().double() for l in losses)) + float(aux) if holds_last else None
         grads = {name: p.grad for name, p in named.items() if p.grad is not None}
         exchange.save_step(step, grads, named, loss=loss, step_ms=step_ms, peak_bytes=peak, boundaries=taps.end_step(),
-                           aux_loss=float(aux) if balanced and holds_last else None)
+                           aux_loss=float(aux) if balanced and holds_last else None,
+                           expert_biases=balancer.biases() if balancer else None,
+                           expert_counts=balancer.moved if balancer else None)
         if holds_last:
             print(f"pipecheck progress: step {step + 1}/{config['steps']} loss {loss:.6g}", flush=True)
     dist.barrier()
