@@ -19,14 +19,16 @@ const reference::NamedTensors& Oracle::InitialWeights() const { return initial_w
 const reference::NamedTensors& Oracle::InitialExpertBiases() const { return initial_biases_; }
 
 reference::StepRecord Oracle::EvaluateAt(const reference::NamedTensors& weights, const reference::NamedTensors& biases,
-                                         int64_t step) {
+                                         const reference::RoutingSuggestion& routing, int64_t step) {
   evaluator_->SetWeights(weights);
   evaluator_->SetExpertBiases(biases);
+  evaluator_->SetRoutingSuggestion(routing);
   return evaluator_->Evaluate(step);
 }
 
 reference::StepRecord Oracle::EvaluateAccumulatedAt(const reference::NamedTensors& weights,
-                                                    const reference::NamedTensors& biases, int64_t step) {
+                                                    const reference::NamedTensors& biases,
+                                                    const reference::RoutingSuggestion& routing, int64_t step) {
   if (!accumulating_) {
     auto config = config_;
     config.microbatches = microbatches_;
@@ -35,6 +37,7 @@ reference::StepRecord Oracle::EvaluateAccumulatedAt(const reference::NamedTensor
   }
   accumulating_->SetWeights(weights);
   accumulating_->SetExpertBiases(biases);
+  accumulating_->SetRoutingSuggestion(routing);
   return accumulating_->Evaluate(step);
 }
 

@@ -33,10 +33,11 @@ class Oracle {
 
   // Loss and (clipped) gradients of step k's batch at `weights`, and the hidden states (with
   // their gradients) entering config().boundary_layers, routing with the expert biases `biases`
-  // (the pipeline's at the step's start; empty without expert_bias); the record's expert_biases
-  // are where the step's counts move them. Call for k = 0, 1, ... in order.
+  // (the pipeline's at the step's start; empty without expert_bias) and giving way to `routing`
+  // (the pipeline's choices) where a token's choice is decided within its tolerance; the record's
+  // expert_biases are where the step's counts move them. Call for k = 0, 1, ... in order.
   reference::StepRecord EvaluateAt(const reference::NamedTensors& weights, const reference::NamedTensors& biases,
-                                   int64_t step);
+                                   const reference::RoutingSuggestion& routing, int64_t step);
 
   // Gradients of step k's batch at `weights` as a correct pipeline sums them: the pipeline's
   // microbatches one after another, each gradient added into a float32 sum where the parameters
@@ -44,7 +45,8 @@ class Oracle {
   // Against these a pipeline's own arithmetic differs by rounding of float32 sums only, where the
   // whole batch's gradients differ by bfloat16's rounding. Call for k = 0, 1, ... in order.
   reference::StepRecord EvaluateAccumulatedAt(const reference::NamedTensors& weights,
-                                              const reference::NamedTensors& biases, int64_t step);
+                                              const reference::NamedTensors& biases,
+                                              const reference::RoutingSuggestion& routing, int64_t step);
 
   // Weights after one optimizer step from `weights` applying `gradients`. Optimizer state
   // carries over between calls, so call once per step in order.

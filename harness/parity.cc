@@ -86,12 +86,13 @@ enum class Evidence {
   kStartWeights = 0,
   kCommunication = 1,
   kBoundary = 2,
-  kLoss = 3,
-  kGradients = 4,
-  kUpdate = 5,
-  kExpertBias = 6,  // the biases a step's routing counts moved, after its update
-  kCollective = 7,  // after the gradients: their message names the parameter a skipped average left wrong
-  kTrajectory = 8
+  kRouting = 3,  // a mixture of experts' choices, beyond rounding (the boundaries downstream show it too)
+  kLoss = 4,
+  kGradients = 5,
+  kUpdate = 6,
+  kExpertBias = 7,  // the biases a step's routing counts moved, after its update
+  kCollective = 8,  // after the gradients: their message names the parameter a skipped average left wrong
+  kTrajectory = 9
 };
 
 class Problems {
@@ -128,6 +129,10 @@ struct Verdicts {
   double accumulated_loss_max_rel = 0.0;  // reduced precision: the loss against its float64 sum of terms
   double aux_loss_max_rel = 0.0;  // mixture of experts: the balance loss against the reference's
   int64_t expert_biases_checked = 0;  // expert bias copies compared (bitwise) over the steps
+  int64_t routing_adopted = 0;  // token choices the reference took from the pipeline, within rounding
+  // The first step whose judged reference took a choice from the pipeline: from there the
+  // free-running reference follows its own routing, which the trajectory judge cannot hold it to.
+  size_t first_adopted_step = std::numeric_limits<size_t>::max();
 };
 
 // Whether the balance loss is judged on its own: a mixture of experts with aux_loss > 0.
@@ -370,6 +375,56 @@ void JudgeExpertBiases(size_t step, const std::vector<pipeline::RankResult>& ran
   }
 }
 
+// The pipeline's routing of step `step`'s whole batch, for the reference to give way to where its
+// own choice is decided within `tol` (RoutingSuggestion): each rank's choices of each of its
+// replica's microbatches, placed at the microbatch's sequences and positions; -1 where none.
+// Empty where no rank handed its routing back (another trainer).
+reference::RoutingSuggestion PipelineRouting(const std::vector<pipeline::RankResult>& ranks, size_t step,
+                                             const pipeline::PipelineConfig& config, double tol) {
+  reference::RoutingSuggestion suggestion;
+  suggestion.tolerance = tol;
+  const bool any = std::any_of(ranks.begin(), ranks.end(), [&](const pipeline::RankResult& rank) {
+    return step < rank.routing.size() && !rank.routing[step].is_empty();
+  });
+  if (!any) return suggestion;
+  const auto lengths = reference::MakeLengths(config.train.data, config.train.seed, static_cast<int64_t>(step));
+  const int64_t batch = lengths.size(0), time = lengths.max().item<int64_t>();
+  const auto sizes = reference::MicrobatchSizes(batch, static_cast<int64_t>(config.data_parallel) * config.microbatches);
+  std::vector<int64_t> firsts(sizes.size(), 0);
+  for (size_t m = 1; m < sizes.size(); ++m) firsts[m] = firsts[m - 1] + sizes[m - 1];
+  for (const auto& rank : ranks) {
+    if (step >= rank.routing.size()) continue;
+    for (const auto& item : rank.routing[step]) {
+      const int64_t layer = reference::LayerOfName(item.key());
+      const size_t global = static_cast<size_t>(rank.replica) * static_cast<size_t>(config.microbatches) +
+                            static_cast<size_t>(pipeline::RoutingMicrobatch(item.key()));
+      TORCH_CHECK(layer >= 0 && global < sizes.size(), rank.Who(), " handed back routing '", item.key(),
+                  "' for no microbatch of step ", step);
+      const auto& chosen = item.value();  // (sequences · padded length, k)
+      const int64_t sequences = sizes[global], k = chosen.size(1);
+      auto& whole = suggestion.choices[layer];
+      if (!whole.defined()) whole = torch::full({batch, time, k}, -1, torch::kInt64);
+      whole.slice(0, firsts[global], firsts[global] + sequences)
+          .slice(1, 0, chosen.size(0) / sequences)
+          .copy_(chosen.view({sequences, -1, k}));
+    }
+  }
+  return suggestion;
+}
+
+// 2a''. Routing: a token whose choice the pipeline and the reference made differently, where the
+// reference's own k-th/(k+1)-th margin lies beyond rounding (the reference took the pipeline's
+// choice where it lay within, counted in routing_adopted).
+void JudgeRouting(size_t step, const reference::StepRecord& at_pipeline, Verdicts& verdicts) {
+  verdicts.routing_adopted += at_pipeline.routing_adopted;
+  if (at_pipeline.routing_adopted > 0) verdicts.first_adopted_step = std::min(verdicts.first_adopted_step, step);
+  if (at_pipeline.routing_beyond == 0) return;
+  verdicts.problems.Add(step, Evidence::kRouting,
+                        fmt::format("routing at step {}: {} token choice(s) differ from the reference's beyond "
+                                    "rounding; the first at {}",
+                                    step, at_pipeline.routing_beyond, at_pipeline.routing_first_beyond));
+}
+
 // 1. The pipeline starts from the reference's initial weights.
 void JudgeInitialWeights(const NamedTensors& pipeline_start, const NamedTensors& initial, double tol,
                          Verdicts& verdicts) {
@@ -541,23 +596,36 @@ void JudgeTrajectory(const std::vector<pipeline::RankResult>& ranks, const Named
                      const scenarios::Scenario& scenario, reports::ScenarioReport& report, Verdicts& verdicts) {
   const auto& reference = oracle.FreeRunning();
   const auto& loss_rank = LossRank(ranks);
-  const size_t steps = reference.steps.size();
+  const size_t all_steps = reference.steps.size();
+  // A mixture of experts whose routing took choices decided within rounding from the pipeline at
+  // step a: the pipeline's trajectory follows those choices and the free-running reference its own,
+  // so the trajectory is judged over the steps before a (the steps at the pipeline's weights
+  // judge every step, a included).
+  const size_t steps = std::min(all_steps, verdicts.first_adopted_step);
+  const std::string why = fmt::format("from step {} on, the pipeline's routing took choices decided within rounding, "
+                                      "which a free-running reference cannot follow", steps);
+  const std::string unjudged = steps == all_steps ? std::string() : fmt::format(" over steps before {} ({})", steps, why);
   const double tol = scenario.tol;
-  std::vector<double> diffs(steps);
+  std::vector<double> diffs(all_steps);
   bool within_tol = true;
-  for (size_t k = 0; k < steps; ++k) {
+  for (size_t k = 0; k < all_steps; ++k) {
     const double loss_ref = reference.steps[k].loss, loss_pp = LossAt(loss_rank, k);
     diffs[k] = std::abs(loss_pp - loss_ref);
+    report.steps.push_back({scenario.name, static_cast<int64_t>(k), loss_ref, loss_pp, diffs[k]});
+    if (k >= steps) continue;
     double& worst = verdicts.figures.loss_max_abs_diff;
     worst = std::isnan(diffs[k]) ? diffs[k] : std::max(worst, diffs[k]);
-    report.steps.push_back({scenario.name, static_cast<int64_t>(k), loss_ref, loss_pp, diffs[k]});
     within_tol = within_tol && diffs[k] <= tol * std::max(1.0, std::abs(loss_ref));
   }
   const double weights_ref_norm = GlobalNorm(reference.final_weights);
   const double weights_rel = GlobalDistance(final_pp, reference.final_weights) / std::max(weights_ref_norm, 1e-300);
-  within_tol = within_tol && weights_rel <= tol;
+  within_tol = within_tol && (steps < all_steps || weights_rel <= tol);
+  if (steps == 0) {
+    verdicts.figures.trajectory_note = "trajectory not judged: " + why;
+    return;
+  }
   if (within_tol) {
-    verdicts.figures.trajectory_note = "trajectory within tol";
+    verdicts.figures.trajectory_note = "trajectory within tol" + unjudged;
     return;
   }
   // Past tol: measure how far rounding alone moves the trajectory.
@@ -578,15 +646,15 @@ void JudgeTrajectory(const std::vector<pipeline::RankResult>& ranks, const Named
   const double envelope_weights = GlobalDistance(envelope.final_weights, reference.final_weights) /
                                   std::max(weights_ref_norm, 1e-300);
   const double allowed = std::max(tol, kEnvelopeFactor * envelope_weights);
-  if (!(weights_rel <= allowed)) {
+  if (steps == all_steps && !(weights_rel <= allowed)) {
     verdicts.problems.Add(steps, Evidence::kTrajectory,
                           fmt::format("trajectory: final weights rel diff {:.3g} from the free-running reference > "
                                       "{:.3g} = max(tol, {:.0f} x rounding envelope {:.3g})",
                                       weights_rel, allowed, kEnvelopeFactor, envelope_weights));
   }
   verdicts.figures.trajectory_note = fmt::format(
-      "trajectory past tol but judged against the rounding envelope (loss {:.3g}, weights {:.3g})", envelope_loss,
-      envelope_weights);
+      "trajectory past tol but judged against the rounding envelope (loss {:.3g}, weights {:.3g}){}", envelope_loss,
+      envelope_weights, unjudged);
 }
 
 // params.csv: one row per parameter copy (a tied weight has two: first and last stage).
@@ -762,18 +830,20 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
     }
   }
   for (size_t k = 0; k < steps; ++k) {
-    const auto at_pipeline = input.oracle.EvaluateAt(start, bias_start, static_cast<int64_t>(k));
+    const auto routing = PipelineRouting(input.ranks, k, config, scenario.tol);
+    const auto at_pipeline = input.oracle.EvaluateAt(start, bias_start, routing, static_cast<int64_t>(k));
     const std::string diverged = Divergence(at_pipeline, scenario.vocab);
     if (!diverged.empty()) {
       verdicts.diverged = fmt::format("reference diverged at step {} at the pipeline's weights: {}", k, diverged);
       return NamedTensors();
     }
     JudgeStepBoundaries(input, config, slices, boundary_views, k, at_pipeline, verdicts, report);
+    JudgeRouting(k, at_pipeline, verdicts);
     JudgeLoss(k, LossAt(loss_rank, k), at_pipeline.loss, scenario.tol, verdicts);
     if (JudgesAuxLoss(scenario)) JudgeAuxLoss(k, AuxLossAt(loss_rank, k), at_pipeline.aux_loss, scenario.tol, verdicts);
     JudgeGradients(k, input.ranks, at_pipeline.gradients, slices, scenario, verdicts);
     if (JudgesAccumulation(scenario)) {
-      const auto accumulated = input.oracle.EvaluateAccumulatedAt(start, bias_start, static_cast<int64_t>(k));
+      const auto accumulated = input.oracle.EvaluateAccumulatedAt(start, bias_start, routing, static_cast<int64_t>(k));
       JudgeAccumulation(k, input.ranks, accumulated.gradients, slices, scenario, verdicts);
       JudgeAccumulatedLoss(k, LossAt(loss_rank, k), accumulated.loss, scenario, verdicts);
     }
@@ -872,6 +942,7 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
     verdict.aux_loss_pp = AuxLossAt(LossRank(input.ranks), reference.steps.size() - 1);
   }
   if (input.scenario.expert_bias > 0.0) verdict.expert_biases_checked = verdicts.expert_biases_checked;
+  if (input.scenario.experts > 0) verdict.routing_adopted = verdicts.routing_adopted;
   for (const auto& step : reference.steps) verdict.tokens += step.tokens;
   verdict.loss_ref = reference.steps.back().loss;
   verdict.loss_pp = LossAt(LossRank(input.ranks), reference.steps.size() - 1);

@@ -92,6 +92,7 @@ struct Executor::StepState {
   torch::Tensor loss_sum;  // 0-dim float64 on the device
   torch::Tensor aux_sum;   // this rank's balance-loss terms, 0-dim float64; undefined if none
   std::map<int64_t, torch::Tensor> expert_counts;  // routing counts by layer (CountRouting)
+  std::map<std::pair<int64_t, int>, torch::Tensor> routing;  // choices by (layer, microbatch)
   std::vector<BoundaryRecord> probes;    // fingerprints without their numbers yet
   std::vector<torch::Tensor> probe_values;  // their numbers, (4) each, still on the device (else undefined)
 };
@@ -149,9 +150,10 @@ void Executor::Forward(const Action& action, StepState& state) {
   std::optional<torch::NoGradGuard> no_graph;
   if (config_.recompute) no_graph.emplace();
   torch::Tensor aux;
-  std::map<int64_t, torch::Tensor> counts;
-  auto output = StageForward(stage, mb, input, state, &aux, &counts);
-  tensors_.CountRouting(/*recomputed=*/false, counts, state.expert_counts);
+  reference::MoeRecord moe;
+  auto output = StageForward(stage, mb, input, state, &aux, &moe);
+  tensors_.CountRouting(/*recomputed=*/false, moe.counts, state.expert_counts);
+  for (const auto& [layer, chosen] : moe.chosen) state.routing[{layer, mb}] = chosen;
   if (aux.defined()) {
     auto value = aux.detach().to(torch::kFloat64);
     state.aux_sum = state.aux_sum.defined() ? state.aux_sum + value : value;
@@ -180,8 +182,7 @@ torch::Tensor Executor::LossOf(const torch::Tensor& output, int microbatch, cons
 }
 
 torch::Tensor Executor::StageForward(Stage& stage, int microbatch, const torch::Tensor& input,
-                                     const StepState& state, torch::Tensor* aux,
-                                     std::map<int64_t, torch::Tensor>* counts) const {
+                                     const StepState& state, torch::Tensor* aux, reference::MoeRecord* moe) const {
   const auto& part = state.microbatches[microbatch];
   const auto& model = config_.train.model;
   // The mask (and llama's rotary tables) only where the stage has layers to use them: a stage of
@@ -196,7 +197,7 @@ torch::Tensor Executor::StageForward(Stage& stage, int microbatch, const torch::
     tensors_.MoeContext(context);
   }
   auto output = stage.module->forward(input, context);
-  if (counts != nullptr && context.moe) *counts = context.moe->counts;
+  if (moe != nullptr && context.moe) *moe = *context.moe;
   if (aux != nullptr) {
     const auto terms = context.moe ? context.moe->BalanceLoss() : torch::Tensor();
     const BalanceTermsAt at{stage.index, microbatch, stage.slice.has_head, part.size(), state.batch.size()};
@@ -214,9 +215,9 @@ torch::Tensor Executor::Recompute(int s, int mb, StepState& state, torch::Tensor
     input = Waiting(state.inputs, {s, mb}, "input", transport_.rank()).detach().requires_grad_(true);
     state.inputs[{s, mb}] = input;
   }
-  std::map<int64_t, torch::Tensor> counts;
-  auto output = StageForward(StageAt(stages_, s, transport_.rank()), mb, input, state, aux, &counts);
-  tensors_.CountRouting(/*recomputed=*/true, counts, state.expert_counts);
+  reference::MoeRecord moe;
+  auto output = StageForward(StageAt(stages_, s, transport_.rank()), mb, input, state, aux, &moe);
+  tensors_.CountRouting(/*recomputed=*/true, moe.counts, state.expert_counts);
   return output;
 }
 
@@ -511,6 +512,7 @@ torch::Tensor Executor::Run(int64_t step, const reference::Batch& batch, referen
   }
   last_aux_sum_ = state.aux_sum;
   last_expert_counts_ = std::move(state.expert_counts);
+  last_routing_ = std::move(state.routing);
   return state.loss_sum;
 }
 

@@ -69,6 +69,9 @@ class Executor {
   const std::map<int64_t, torch::Tensor>& LastExpertCounts() const { return last_expert_counts_; }
   // Called once a step, after this rank's last forward, with the counts made so far.
   using CountsHook = std::function<void(const std::map<int64_t, torch::Tensor>&)>;
+  // The routing of the last Run (mixture of experts): each microbatch's choices (its sequences ×
+  // its padded length, k) int64 by (global layer, microbatch), as its forward dispatched them.
+  const std::map<std::pair<int64_t, int>, torch::Tensor>& LastRouting() const { return last_routing_; }
   void SetAfterForwards(CountsHook hook) { after_forwards_ = std::move(hook); }
 
   // Called after every backward that accumulates into the parameters (a B or a W), with it.
@@ -116,9 +119,9 @@ class Executor {
   // Stage `stage`'s forward of `microbatch` on `input`: its output, or for the head's stage the
   // microbatch's loss term (LossOf); `aux`, where given, gets the sum of its MoE layers'
   // balance-loss terms for this microbatch (undefined where it has none).
-  // `counts`, where given, gets its MoE layers' routing counts for this microbatch.
+  // `moe`, where given, gets what its MoE layers recorded (routing counts and choices).
   torch::Tensor StageForward(Stage& stage, int microbatch, const torch::Tensor& input, const StepState& state,
-                             torch::Tensor* aux = nullptr, std::map<int64_t, torch::Tensor>* counts = nullptr) const;
+                             torch::Tensor* aux = nullptr, reference::MoeRecord* moe = nullptr) const;
   // A microbatch's loss term from the head's output.
   torch::Tensor LossOf(const torch::Tensor& output, int microbatch, const StepState& state) const;
   // recompute=1: stage s's forward of microbatch mb again, from its kept input (a fresh leaf, put
@@ -151,6 +154,7 @@ class Executor {
   FlightRecorder* recorder_ = nullptr;
   torch::Tensor last_aux_sum_;
   std::map<int64_t, torch::Tensor> last_expert_counts_;
+  std::map<std::pair<int64_t, int>, torch::Tensor> last_routing_;
   size_t last_forward_ = SIZE_MAX;  // index of this rank's last forward action
   CountsHook after_forwards_;
   std::function<void(const Action&)> after_backward_;

@@ -34,6 +34,7 @@ struct FaultContext {
   int64_t steps = 1;
   int replicas = 1;  // data_parallel
   int rounds = 1;    // accumulation: microbatches / rounds per round of the schedule
+  torch::Dtype dtype = torch::kFloat64;  // the model's
 };
 
 

@@ -25,6 +25,15 @@ std::vector<RankResult> ReplicaRanks(const std::vector<RankResult>& ranks, int r
 
 std::string ExpertCountsName(int64_t layer) { return "layers." + std::to_string(layer) + ".feed_forward.expert_counts"; }
 
+std::string RoutingName(int64_t layer, int microbatch) {
+  return "layers." + std::to_string(layer) + ".feed_forward.routing/" + std::to_string(microbatch);
+}
+
+int RoutingMicrobatch(const std::string& name) {
+  const auto slash = name.rfind('/');
+  return slash == std::string::npos ? -1 : std::stoi(name.substr(slash + 1));
+}
+
 std::string StageCopyKey(const std::string& name, int stage) { return name + "@stage" + std::to_string(stage); }
 
 std::string ParameterName(const std::string& key) { return key.substr(0, key.find("@stage")); }
@@ -191,6 +200,7 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   dict.insert("weight_names", NamesOf(result.final_weights));
   InsertPerStep(dict, "step_expert_biases", result.expert_biases);
   InsertPerStep(dict, "step_expert_counts", result.expert_counts);
+  InsertPerStep(dict, "step_routing", result.routing);
   dict.insert("expert_biases", TensorsOf(result.final_expert_biases));
   dict.insert("expert_bias_names", NamesOf(result.final_expert_biases));
   dict.insert("collectives", PackRecords(result.collectives, CollectiveFields()));
@@ -223,6 +233,7 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
                              c10::impl::toTypedList<torch::Tensor>(dict.at("weights").toList()));
   result.expert_biases = PerStep(dict, "step_expert_biases");
   result.expert_counts = PerStep(dict, "step_expert_counts");
+  result.routing = PerStep(dict, "step_routing");
   result.final_expert_biases = Zip(c10::impl::toTypedList<std::string>(dict.at("expert_bias_names").toList()),
                                    c10::impl::toTypedList<torch::Tensor>(dict.at("expert_biases").toList()));
   const std::string who = result.Who() + "'s ";

@@ -72,6 +72,10 @@ struct RankResult {
   // expert_bias > 0: per step, the routing counts (E, int64) that moved each of the rank's MoE
   // layers' bias, under ExpertCountsName: the whole batch's, summed over the replicas.
   std::vector<reference::NamedTensors> expert_counts;
+  // Mixture of experts, pipecheck's trainer: per step, each MoE layer's choices for each of the
+  // replica's microbatches ((its sequences · its padded length, k) int64), under RoutingName. The
+  // judge's reference gives way to them where its own choice is decided within rounding.
+  std::vector<reference::NamedTensors> routing;
   std::vector<ActionTiming> timeline;
   std::vector<BoundaryRecord> boundaries;  // every step's, in the order the rank met them
   std::vector<MessageRecord> messages;     // every step's, in the order the rank posted them
@@ -90,6 +94,10 @@ std::string ParameterName(const std::string& key);
 
 // The key a layer's routing counts are recorded under: `layers.{i}.feed_forward.expert_counts`.
 std::string ExpertCountsName(int64_t layer);
+// The key of a layer's choices for the replica's microbatch `microbatch`:
+// `layers.{i}.feed_forward.routing/{microbatch}`; RoutingMicrobatch reads the microbatch back.
+std::string RoutingName(int64_t layer, int microbatch);
+int RoutingMicrobatch(const std::string& name);
 
 // Replica `replica`'s ranks of every replica's `ranks`, indexed by pipeline rank (copies).
 std::vector<RankResult> ReplicaRanks(const std::vector<RankResult>& ranks, int replica);

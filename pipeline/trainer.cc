@@ -165,6 +165,14 @@ reference::NamedTensors PipelineTrainer::MoveExpertBiases(const std::map<int64_t
   return used;
 }
 
+reference::NamedTensors PipelineTrainer::RoutingCopies() const {
+  reference::NamedTensors routing;
+  for (const auto& [at, chosen] : executor_->LastRouting()) {
+    routing.insert(RoutingName(at.first, at.second), reference::RecordedCopy(chosen));
+  }
+  return routing;
+}
+
 reference::NamedTensors PipelineTrainer::GradientCopies() const {
   reference::NamedTensors gradients;
   for (const auto& stage : stages_) {
@@ -284,6 +292,7 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
   if (config_.train.record_gradients && judged) {  // a pause waits for the device: only for copies
     window.PauseForCopies();
     result.gradients.push_back(GradientCopies());
+    if (config_.train.model.HasExperts()) result.routing.push_back(RoutingCopies());
     window.ResumeAfterCopies();
   }
   reference::GradientsToParameterDtype(OwnedParameters());

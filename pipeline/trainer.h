@@ -82,7 +82,8 @@ class PipelineTrainer {
   std::vector<torch::Tensor> OwnedParameters() const;  // with the tied copy
   reference::NamedTensors WeightCopies() const;        // detached copies of this rank's parameters
   reference::NamedTensors GradientCopies() const;
-  reference::NamedTensors BiasCopies() const;  // copies of this rank's expert biases (expert_bias > 0)
+  reference::NamedTensors BiasCopies() const;
+  reference::NamedTensors RoutingCopies() const;  // the last step's choices, under RoutingName  // copies of this rank's expert biases (expert_bias > 0)
   // Auxiliary-loss-free balancing: each of this rank's MoE layers' bias moved by its layer's
   // `counts` (this replica's), summed over the replicas first. Nothing without expert_bias.
   // Returns the counts that moved them, under ExpertCountsName.

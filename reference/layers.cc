@@ -1,7 +1,11 @@
 // Building blocks of the transformer (see layers.h).
 #include "reference/layers.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cmath>
+#include <vector>
 
 #include "reference/device.h"
 
@@ -38,6 +42,16 @@ torch::Tensor MovedExpertBias(const torch::Tensor& bias, const torch::Tensor& co
   const auto tokens = counts.to(bias.device(), bias.scalar_type());
   return bias + gamma * torch::sign(tokens.mean() - tokens);
 }
+
+namespace {
+
+// A token's experts, ascending, for a message.
+std::vector<int64_t> SortedExperts(const torch::Tensor& experts) {
+  const auto sorted = std::get<0>(experts.sort()).to(torch::kCPU, torch::kInt64).contiguous();
+  return {sorted.data_ptr<int64_t>(), sorted.data_ptr<int64_t>() + sorted.numel()};
+}
+
+}  // namespace
 
 int64_t LayerOfName(const std::string& name) {
   static const std::string kPrefix = "layers.";
@@ -179,7 +193,53 @@ torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x, const Attentio
   // index: a stable descending sort keeps equal scores in index order (topk promises no order
   // among ties).
   auto choice = expert_bias_.defined() ? scores.detach() + expert_bias_ : scores.detach();
-  auto chosen = std::get<1>(choice.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(1, 0, k);
+  const bool judged_routing = context.suggested_routing.count(layer_) > 0 || context.choice_jitter > 0.0;
+  torch::Tensor scale;  // (N) the logits' rounding scale: max over experts of Σ|w · x|
+  if (judged_routing) {
+    scale = torch::matmul(flat.detach().to(router_dtype).abs(), router_->weight.detach().to(router_dtype).abs().t())
+                .amax(-1);
+  }
+  if (context.choice_jitter > 0.0) {
+    // ± jitter × scale by a fixed pattern over (token, expert): no random state.
+    const auto index = torch::arange(choice.numel(), choice.options().dtype(torch::kInt64)).view(choice.sizes());
+    const auto sign = (index * 7919 % 13).to(choice.scalar_type()) / 6.0 - 1.0;  // in [-1, 1]
+    choice = choice + sign * (context.choice_jitter * scale).unsqueeze(1);
+  }
+  auto [sorted, order] = choice.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true);
+  auto chosen = order.narrow(1, 0, k);
+  if (auto found = context.suggested_routing.find(layer_); found != context.suggested_routing.end() && k < experts) {
+    // Routing within rounding: where another run chose otherwise, its choice is taken if this
+    // token's own choice was decided within the tolerance (its k-th and (k+1)-th choice values
+    // closer than tol × the logits' rounding scale; a logit moved by δ moves a score by at most
+    // δ/2, so a flip needs a margin under δ), else kept and recorded as a disagreement.
+    const auto& suggested = found->second;  // (N, k) int64, -1 rows: none
+    TORCH_CHECK(suggested.size(0) == chosen.size(0) && suggested.size(1) == k, "suggested routing of layer ", layer_,
+                " has shape ", suggested.sizes(), " for ", chosen.size(0), " tokens and top ", k);
+    auto given = suggested.select(1, 0) >= 0;
+    if (context.valid.defined()) given = given & context.valid.reshape({-1});
+    const auto same = (std::get<0>(chosen.sort(-1)) == std::get<0>(suggested.sort(-1))).all(-1);
+    const auto differ = given & ~same;
+    if (differ.any().item<bool>()) {
+      const auto margin = sorted.select(1, k - 1) - sorted.select(1, k);
+      const auto within = margin <= context.routing_tolerance * scale;
+      const auto adopt = differ & within, beyond = differ & ~within;
+      chosen = torch::where(adopt.unsqueeze(1), suggested, chosen);
+      if (context.moe) {
+        context.moe->adopted += adopt.sum().item<int64_t>();
+        const int64_t disagreements = beyond.sum().item<int64_t>();
+        if (disagreements > 0 && context.moe->first_beyond.empty()) {
+          const int64_t token = beyond.nonzero()[0][0].item<int64_t>();
+          context.moe->first_beyond = fmt::format(
+              "layer {}, sequence {}, position {}: chose experts {} where the other run chose {}, with a margin of "
+              "{:.3g} between its top {} and the next (the tolerance allows {:.3g})",
+              layer_, token / time, token % time, fmt::join(SortedExperts(chosen[token]), ","),
+              fmt::join(SortedExperts(suggested[token]), ","), margin[token].item<double>(), k,
+              (context.routing_tolerance * scale[token]).item<double>());
+        }
+        context.moe->beyond += disagreements;
+      }
+    }
+  }
   auto top = scores.gather(1, chosen);                                   // (N, k)
   auto gates = (top / top.sum(-1, /*keepdim=*/true)).to(x.scalar_type());  // (N, k)
   // Dropless dispatch: expert e runs on the tokens that chose it, each output weighted by its gate
@@ -209,6 +269,7 @@ torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x, const Attentio
     auto picked = torch::zeros({batch * time, experts}, scores.options().requires_grad(false))
                       .scatter_(1, chosen, 1.0) * valid;                             // (N, E)
     auto per_sequence = picked.view({batch, time, experts}).sum(1);                 // (B, E)
+    context.moe->chosen[layer_] = chosen.detach();
     auto& counts = context.moe->counts[layer_];
     auto total = per_sequence.sum(0).to(torch::kInt64);
     counts = counts.defined() ? counts + total : total;

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "reference/model_config.h"
@@ -23,6 +24,14 @@ struct MoeRecord {
   std::vector<torch::Tensor> aux_terms;
   // By global layer index: tokens routed to each expert (E) int64, padding positions excluded.
   std::map<int64_t, torch::Tensor> counts;
+  // By global layer index: each token's chosen experts (N, k) int64, detached, as dispatched.
+  std::map<int64_t, torch::Tensor> chosen;
+  // Against AttentionContext::suggested_routing: valid tokens whose own choice differed and whose
+  // k-th/(k+1)-th margin was within the routing tolerance (the suggestion taken), and those whose
+  // margin was not (their own kept), with the first such one described.
+  int64_t adopted = 0;
+  int64_t beyond = 0;
+  std::string first_beyond;
 
   // The sum of aux_terms, in the order the layers ran, with its graph; undefined when none.
   torch::Tensor BalanceLoss() const {
@@ -43,6 +52,17 @@ struct AttentionContext {
   torch::Dtype router_dtype = torch::kFloat32;  // RouterDtype of the model's dtype
   double aux_weight = 0.0;  // aux_loss / sequences of the whole step's batch (every replica's)
   std::shared_ptr<MoeRecord> moe;  // where the MoE layers record; null records nothing
+  // Routing within rounding (a judge's reference only): by layer, the (B·T, k) choices another
+  // run of the same tokens made (rows of -1: none). A valid token whose own choice differs takes
+  // the suggested one where its k-th and (k+1)-th choice values lie within
+  // routing_tolerance × max over experts of Σ|router weight · input| (the logits' rounding scale),
+  // and is recorded in MoeRecord either way.
+  std::map<int64_t, torch::Tensor> suggested_routing;
+  double routing_tolerance = 0.0;
+  // A perturbation of the choice values alone, ± this × the token's rounding scale (fault
+  // router_choice_rounding): flips only choices decided within it, as another kernel's rounding
+  // would. 0: none.
+  double choice_jitter = 0.0;
 };
 
 // lengths: (B) int64 valid tokens per sequence; the batch is padded to `time` positions.

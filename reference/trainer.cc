@@ -133,12 +133,21 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const LossOf
   auto context = MakeAttentionContext(config_.model, batch.lengths, batch.time(), config_.dtype, device,
                                       step_sequences_ > 0 ? step_sequences_ : batch.size());
   if (config_.model.HasExperts()) context.moe = std::make_shared<MoeRecord>();
+  for (const auto& [layer, choices] : suggestion_.choices) {
+    // This (micro)batch's rows and positions of the whole batch's suggestion.
+    auto part = choices.slice(0, part_first_, part_first_ + batch.size()).slice(1, 0, batch.time());
+    context.suggested_routing[layer] = ToDevice(part.reshape({-1, part.size(2)}).contiguous(), device);
+    context.routing_tolerance = suggestion_.tolerance;
+  }
   auto tokens = ToDevice(batch.tokens, device);
   phases_.Mark("data");
   auto logits = model_->forward(tokens, context);  // (B, T, vocab)
   phases_.Mark("forward");
   auto loss = loss_of(logits, ToDevice(batch.labels, device));
   if (context.moe) {
+    adopted_ += context.moe->adopted;
+    beyond_ += context.moe->beyond;
+    if (first_beyond_.empty()) first_beyond_ = context.moe->first_beyond;
     for (const auto& [layer, counts] : context.moe->counts) {
       auto& sum = counts_[layer];
       sum = sum.defined() ? sum + counts : counts;
@@ -176,6 +185,9 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step, PendingReads& pendin
   step_sequences_ = batch.size();
   aux_sum_ = torch::Tensor();
   counts_.clear();
+  adopted_ = beyond_ = 0;
+  first_beyond_.clear();
+  part_first_ = 0;
   phases_.Mark("data");
   StepRecord record;
   record.step = step;
@@ -191,6 +203,7 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step, PendingReads& pendin
     torch::Tensor loss_sum;
     int64_t first = 0;
     for (const auto& part : SplitMicrobatches(batch, config_.microbatches)) {
+      part_first_ = first;
       auto term = (microbatch_mean ? ForwardBackward(part, weights.slice(0, first, first + part.size()))
                                    : ForwardBackward(part, batch.valid_tokens))
                       .to(torch::kFloat64);
@@ -204,6 +217,9 @@ StepRecord ReferenceTrainer::ComputeGradients(int64_t step, PendingReads& pendin
   accumulator_->Finish();
   pending.aux = aux_sum_;
   record.expert_counts = counts_;
+  record.routing_adopted = adopted_;
+  record.routing_beyond = beyond_;
+  record.routing_first_beyond = first_beyond_;
   record.expert_biases = MovedExpertBiases();
   phases_.Mark("accumulate");
   if (config_.device.is_cuda() && config_.clip <= 0.0) {

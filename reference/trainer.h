@@ -82,6 +82,14 @@ struct BoundaryTensors {
   torch::Tensor gradient;    // (B, T, hidden); undefined if none reached it
 };
 
+// Routing within rounding: by layer, the (B, T, k) int64 choices another run of the step's whole
+// batch made (-1 where it reported none), and the tolerance within which a token's own choice
+// gives way to it (AttentionContext::suggested_routing).
+struct RoutingSuggestion {
+  std::map<int64_t, torch::Tensor> choices;
+  double tolerance = 0.0;
+};
+
 struct StepRecord {
   int64_t step = 0;
   double loss = 0.0;       // the whole objective: cross entropy plus the balance loss
@@ -97,6 +105,11 @@ struct StepRecord {
   // step leaves it (moved by these counts; Evaluate computes it without applying it).
   std::map<int64_t, torch::Tensor> expert_counts;
   NamedTensors expert_biases;
+  // Against a RoutingSuggestion: token choices taken from it (within rounding), choices that
+  // differed beyond it, and the first of those described.
+  int64_t routing_adopted = 0;
+  int64_t routing_beyond = 0;
+  std::string routing_first_beyond;
   PhaseTimes phase_ms;     // TrainConfig::phase_times only
 };
 
@@ -148,6 +161,9 @@ class ReferenceTrainer {
   // 0-dim float64, undefined where the model has none.
   const torch::Tensor& AuxLossSum() const { return aux_sum_; }
 
+  // The routing the next steps' forwards give way to within its tolerance (empty: none).
+  void SetRoutingSuggestion(RoutingSuggestion suggestion) { suggestion_ = std::move(suggestion); }
+
   // The expert biases (expert_bias > 0) the next forward routes with, as copies, and set by name.
   NamedTensors ExpertBiases() const { return reference::ExpertBiases(*model_); }
   void SetExpertBiases(const NamedTensors& biases) { reference::SetExpertBiases(*model_, biases); }
@@ -188,6 +204,10 @@ class ReferenceTrainer {
   int64_t step_sequences_ = 0;
   torch::Tensor aux_sum_;
   std::map<int64_t, torch::Tensor> counts_;  // routing counts its forwards made so far, by layer
+  RoutingSuggestion suggestion_;
+  int64_t part_first_ = 0;  // the first sequence of the (micro)batch being run, in the step's batch
+  int64_t adopted_ = 0, beyond_ = 0;  // against suggestion_, this step so far
+  std::string first_beyond_;
   PhaseClock phases_;
 };
 

@@ -60,6 +60,7 @@ const Fields<SummaryRow>& SummaryFields() {
       field::OptionalReal("aux_loss_ref", &R::aux_loss_ref),
       field::OptionalReal("aux_loss_pp", &R::aux_loss_pp),
       field::OptionalReal("aux_loss_max_rel_err", &R::aux_loss_max_rel_err),
+      field::OptionalInteger("routing_adopted", &R::routing_adopted),
   };
   return fields;
 }

@@ -52,6 +52,7 @@ struct SummaryRow {
   // Mixture of experts: the balance loss's part of loss_ref and loss_pp (last step), and its worst
   // relative error over the steps at the pipeline's weights; empty without a balance loss.
   std::optional<double> aux_loss_ref, aux_loss_pp, aux_loss_max_rel_err;
+  std::optional<int64_t> routing_adopted;  // mixture of experts: choices taken from the trainer within rounding
 };
 
 // The median of `values` (at least one).

@@ -30,6 +30,10 @@ std::string PassMessage(const ParityVerdict& verdict) {
          (verdict.aux_loss_max_rel
               ? fmt::format("; the balance loss within rel err {:.3g} of the reference's", *verdict.aux_loss_max_rel)
               : std::string()) +
+         (verdict.routing_adopted && *verdict.routing_adopted > 0
+              ? fmt::format("; {} token choices decided within rounding taken from the trainer's routing",
+                            *verdict.routing_adopted)
+              : std::string()) +
          (verdict.expert_biases_checked
               ? fmt::format("; expert biases and their routing counts bitwise equal to the reference's ({} copies over "
                             "the steps)", *verdict.expert_biases_checked)
@@ -56,6 +60,7 @@ void ApplyVerdict(const ParityVerdict& verdict, SummaryRow& row) {
   row.aux_loss_ref = verdict.aux_loss_ref;
   row.aux_loss_pp = verdict.aux_loss_pp;
   row.aux_loss_max_rel_err = verdict.aux_loss_max_rel;
+  row.routing_adopted = verdict.routing_adopted;
   row.message = verdict.failures.empty() ? PassMessage(verdict) : verdict.failures.front() + MoreFailures(verdict);
   // A row that should have failed and passed must not read as a success in summary.csv.
   if (row.status == Status::kPass && row.expect == "fail") {

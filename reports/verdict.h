@@ -37,6 +37,9 @@ struct ParityVerdict {
   // Auxiliary-loss-free balancing: the expert biases (and the routing counts that moved them)
   // judged bitwise after each step: how many copies were compared over the run.
   std::optional<int64_t> expert_biases_checked;
+  // Mixture of experts: token choices the reference took from the trainer because its own were
+  // decided within rounding (over every step).
+  std::optional<int64_t> routing_adopted;
 };
 
 // Whether `status` meets `expect` ("pass": PASS or SKIPPED; "fail": FAIL, ERROR or TIMEOUT).

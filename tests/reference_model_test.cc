@@ -344,3 +344,102 @@ TEST(MemoryMeter, StepPeakLeavesOutGradientCopies) {
 
 }  // namespace
 }  // namespace pipecheck
+
+namespace pipecheck {
+namespace {
+
+reference::ModelConfig MoeModel(double expert_bias) {
+  reference::ModelConfig config;
+  config.flavor = reference::Flavor::kLlama;
+  config.layers = 1;
+  config.hidden = 16;
+  config.heads = 2;
+  config.experts = 6;
+  config.top_k = 2;
+  config.aux_loss = 0.0;
+  config.expert_bias = expert_bias;
+  return config;
+}
+
+// One MoE feed-forward over `x` (B, T, hidden) with every position valid; what it recorded.
+std::shared_ptr<reference::MoeRecord> RunMoe(reference::MoeFeedForward& layer, const torch::Tensor& x,
+                                             reference::AttentionContext context) {
+  context.valid = torch::ones({x.size(0), x.size(1)}, torch::kBool);
+  context.lengths = torch::full({x.size(0)}, static_cast<double>(x.size(1)), torch::kFloat64);
+  context.router_dtype = torch::kFloat64;
+  context.moe = std::make_shared<reference::MoeRecord>();
+  layer->forward(x, context);
+  return context.moe;
+}
+
+TEST(ExpertBias, MovesBySignOfMeanMinusCountInItsDtype) {
+  const auto bias = torch::tensor({0.5, 0.0, -0.25, 0.0}, torch::kFloat32);
+  const auto counts = torch::tensor({10, 2, 6, 6}, torch::kInt64);  // mean 6
+  const auto moved = reference::MovedExpertBias(bias, counts, 1e-3);
+  EXPECT_EQ(moved.scalar_type(), torch::kFloat32);
+  const auto gamma = torch::tensor(1e-3, torch::kFloat32);
+  EXPECT_TRUE(torch::equal(moved, bias + gamma * torch::tensor({-1.0, 1.0, 0.0, 0.0}, torch::kFloat32)));
+  EXPECT_EQ(reference::LayerOfName("layers.12.feed_forward.expert_bias"), 12);
+  EXPECT_EQ(reference::LayerOfName("norm.weight"), -1);
+}
+
+TEST(ExpertBias, WeighsInTheChoiceOnlyAndLivesInTheRoutersDtype) {
+  auto slice = reference::BuildSlice(MoeModel(1e-3), reference::WholeModel(MoeModel(1e-3)), 7, torch::kBFloat16,
+                                     torch::kCPU);
+  const auto biases = reference::ExpertBiases(*slice);
+  ASSERT_EQ(biases.size(), 1u);
+  EXPECT_EQ(biases.begin()->key(), "layers.0.feed_forward.expert_bias");
+  EXPECT_EQ(biases.begin()->value().scalar_type(), torch::kFloat32);  // not the model's bfloat16
+  EXPECT_TRUE(torch::equal(biases.begin()->value(), torch::zeros({6})));
+
+  torch::manual_seed(3);
+  reference::MoeFeedForward layer(MoeModel(1e-3), 0);
+  layer->to(torch::kFloat64);
+  for (auto& buffer : layer->buffers()) buffer.set_data(torch::zeros({6}, torch::kFloat64));
+  const auto x = torch::randn({2, 5, 16}, torch::kFloat64);
+  const auto unbiased = RunMoe(layer, x, {});
+  // A bias far above every score on expert 5 puts it in every token's top 2.
+  layer->named_buffers()["expert_bias"].fill_(0.0);
+  layer->named_buffers()["expert_bias"][5] = 10.0;
+  const auto biased = RunMoe(layer, x, {});
+  EXPECT_EQ(biased->counts.at(0)[5].item<int64_t>(), 10);
+  EXPECT_FALSE(torch::equal(biased->counts.at(0), unbiased->counts.at(0)));
+  EXPECT_EQ(biased->counts.at(0).sum().item<int64_t>(), 20);  // 10 tokens, 2 choices each
+}
+
+// Routing within rounding: a token whose own k-th/(k+1)-th margin lies within the tolerance takes
+// another run's choice; one beyond it keeps its own and is reported.
+TEST(RoutingSuggestion, TakenWithinTheToleranceAndReportedBeyondIt) {
+  torch::manual_seed(5);
+  reference::MoeFeedForward layer(MoeModel(0.0), 0);
+  layer->to(torch::kFloat64);
+  const auto x = torch::randn({1, 8, 16}, torch::kFloat64);
+  const auto own = RunMoe(layer, x, {})->chosen.at(0);  // (8, 2)
+  // The other run swapped token 3's second choice for another expert.
+  auto other = own.clone();
+  int64_t swapped = 0;
+  while (swapped == own[3][0].item<int64_t>() || swapped == own[3][1].item<int64_t>()) ++swapped;
+  other[3][1] = swapped;
+  reference::AttentionContext context;
+  context.suggested_routing[0] = other;
+
+  context.routing_tolerance = 1e6;  // everything is within: the suggestion is taken
+  const auto taken = RunMoe(layer, x, context);
+  EXPECT_EQ(taken->adopted, 1);
+  EXPECT_EQ(taken->beyond, 0);
+  EXPECT_TRUE(torch::equal(taken->chosen.at(0), other));
+
+  context.routing_tolerance = 0.0;  // nothing is within: its own choice stays, reported
+  const auto kept = RunMoe(layer, x, context);
+  EXPECT_EQ(kept->adopted, 0);
+  EXPECT_EQ(kept->beyond, 1);
+  EXPECT_TRUE(torch::equal(kept->chosen.at(0), own));
+  EXPECT_NE(kept->first_beyond.find("layer 0, sequence 0, position 3"), std::string::npos) << kept->first_beyond;
+
+  // A suggestion equal to its own choice is no disagreement, whatever the tolerance.
+  context.suggested_routing[0] = own;
+  EXPECT_EQ(RunMoe(layer, x, context)->beyond, 0);
+}
+
+}  // namespace
+}  // namespace pipecheck
