@@ -656,8 +656,9 @@ void CheckFramework(const Scenario& s, unsigned line, const Locator& at) {
 
 // Data parallelism, recomputation and accumulation: pipecheck's own trainer runs all three, and
 // the frameworks (TorchTitan, DeepSpeed, Megatron-Core: their data-parallel replicas, their
-// recomputation, their gradient accumulation); another trainer is handed none of them, so a row
-// asking for them there is refused, not ignored.
+// recomputation, their gradient accumulation); PyTorch's pipelining recomputes (activation
+// checkpointing of each block, as a pipelining user wraps them); another trainer is handed none of
+// them, so a row asking for them there is refused, not ignored.
 void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
   const bool layouts = !s.ExternalTrainer() || FrameworkTrainer(s);
   if (!layouts && s.data_parallel > 1) {
@@ -665,10 +666,11 @@ void CheckLayout(const Scenario& s, unsigned line, const Locator& at) {
                 fmt::format("trainer {} is judged one pipeline at a time: data_parallel needs trainer=pipecheck or "
                             "a framework (torchtitan, deepspeed, megatron)", s.trainer));
   }
-  if (!layouts && s.recompute) {
+  if (!layouts && s.recompute && s.trainer != "torch") {
     throw at.At(line, "recompute", "1",
-                fmt::format("trainer {} recomputes as it was written to: recompute needs trainer=pipecheck or "
-                            "a framework (torchtitan, deepspeed, megatron)", s.trainer));
+                fmt::format("trainer {} recomputes as it was written to: recompute needs trainer=pipecheck, torch "
+                            "(activation checkpointing of each block) or a framework (torchtitan, deepspeed, megatron)",
+                            s.trainer));
   }
   if (!layouts && s.accumulation > 1) {
     throw at.At(line, "accumulation", std::to_string(s.accumulation),

@@ -190,8 +190,8 @@ PY
 expect 1 "pp2 +REGRESSION.*tokens/s -50.0%" "$pipecheck" compare "$work/merged" "$work/slow"
 # One run times 20 steps (its 2 judged ones' second, then timing-only ones): a spread of its
 # own, so a one-run baseline gates tokens/s.
-# (pp_timed_steps, then the three balance-loss columns: empty without a mixture of experts)
-expect 0 "^pp2,.*,20,,,$" tail -n 1 "$work/r/summary.csv"
+# (pp_timed_steps, then the three balance-loss columns and routing_adopted: empty without a mixture of experts)
+expect 0 "^pp2,.*,20,,,,$" tail -n 1 "$work/r/summary.csv"
 expect 1 "pp2 +REGRESSION.*tokens/s -50.0% \(limit" "$pipecheck" compare "$work/r" "$work/slow"
 # Without timing-only steps, a one-run baseline of 2 steps recorded no spread: tokens/s is not
 # gated, and it says why (the current run timed as usual: 20 steps).

@@ -71,7 +71,7 @@ TEST(Reports, ColumnsAreExactlyTheDesigns) {
             "ref_step_ms,pp_step_ms,ref_tokens_per_s,pp_tokens_per_s,ref_peak_bytes,pp_peak_bytes_max,bubble_theory,"
             "bubble_measured,message,transport,pp_peak_bytes_predicted,pp_step_ms_predicted,wall_s,pp_tokens_per_s_spread,"
             "pp_tokens_per_s_runs,fingerprint,config,trainer,data_parallel,recompute,accumulation,pp_timed_steps,"
-            "aux_loss_ref,aux_loss_pp,aux_loss_max_rel_err");
+            "aux_loss_ref,aux_loss_pp,aux_loss_max_rel_err,routing_adopted");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::ParamColumns(), ",")),
             "scenario,param,stage,rank,numel,ref_norm,pp_norm,max_abs_diff,rel_err,ok,replica");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::StepColumns(), ",")), "scenario,step,loss_ref,loss_pp,abs_diff");

@@ -41,7 +41,7 @@ def main():
                 x2 = x.detach().clone().requires_grad_(True)
                 dense = {"experts": 4, "top_k": top_k, "dense_layers": 0, "shared": shared, "ffn": 24, "router": router,
                          "alpha": 0.01}
-                out2, aux2 = crosscheck_dump.moe_forward(x2, params, "ff", dense, lengths, 8)
+                out2, aux2, _ = crosscheck_dump.moe_forward(x2, params, "ff", dense, lengths, 8)
                 (out2.pow(2).sum() + aux2).backward()
                 case = f"router {router}, shared {shared}, top_k {top_k}"
                 if (out - out2).abs().max().item() > TOLERANCE:

@@ -305,9 +305,11 @@ TEST(ScenarioLoader, RejectsImpossibleCombinations) {
   EXPECT_EQ(ErrorFor("name,trainer,data_parallel\nx,torch,2\n"),
             "suite.csv:2:3: column 'data_parallel', value '2': trainer torch is judged one pipeline at a time: "
             "data_parallel needs trainer=pipecheck or a framework (torchtitan, deepspeed, megatron)");
-  EXPECT_EQ(ErrorFor("name,trainer,recompute\nx,torch,1\n"),
-            "suite.csv:2:3: column 'recompute', value '1': trainer torch recomputes as it was written to: recompute "
-            "needs trainer=pipecheck or a framework (torchtitan, deepspeed, megatron)");
+  EXPECT_EQ(ErrorFor("name,trainer,recompute\nx,torch,1\n"), "");  // activation checkpointing of each block
+  EXPECT_EQ(ErrorFor("name,trainer,recompute\nx,external:t.py,1\n"),
+            "suite.csv:2:3: column 'recompute', value '1': trainer external:t.py recomputes as it was written to: "
+            "recompute needs trainer=pipecheck, torch (activation checkpointing of each block) or a framework "
+            "(torchtitan, deepspeed, megatron)");
 }
 
 TEST(ScenarioLoader, TorchTitanRowsAskOnlyForWhatTorchTitanCanBeToldToDo) {

@@ -40,6 +40,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -461,6 +462,12 @@ class MoeFeedForward(nn.Module):
         return out.view(b, t, c), aux
 
 
+def recomputing():
+    """Whether this forward runs inside a backward: activation checkpointing recomputing a block,
+    whose balance-loss term was already logged by the forward itself."""
+    return torch._C._current_graph_task_id() != -1
+
+
 class Block(nn.Module):
     def __init__(self, flavor, hidden, heads, ffn, kv_heads=None, moe=None):
         super().__init__()
@@ -478,7 +485,7 @@ class Block(nn.Module):
         routed, aux = self.feed_forward(self.ffn_norm(h), lengths)
         if aux is None:
             return h + routed
-        if balance is not None:
+        if balance is not None and not recomputing():
             balance.append(aux.detach())
         if self.attach_balance == "residual":
             return ResidualWithBalanceLoss.apply(h, routed, aux)
@@ -521,6 +528,9 @@ class StageModule(nn.Module):
     # at the end, so no real position attends to it) but does change padded positions' hidden
     # states, which the first-divergence judge compares.
     key_lengths = None
+    # Activation checkpointing (recompute=1): each block's forward runs again in the backward
+    # (torch.utils.checkpoint, non-reentrant), as TorchTitan's full AC wraps each block.
+    recompute = False
 
     def forward(self, x):
         t = x.shape[1]
@@ -536,7 +546,10 @@ class StageModule(nn.Module):
         # Only a forward that trains a microbatch (key_lengths set) reports its balance terms.
         balance = self.balance_terms if self.key_lengths is not None else None
         for block in self.layers.values():
-            x = block(x, keep, lengths, balance)
+            if self.recompute and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, keep, lengths, balance, use_reentrant=False)
+            else:
+                x = block(x, keep, lengths, balance)
         if self.has_head:
             head = self.output.weight if hasattr(self, "output") else self.tok_embeddings.weight
             x = F.linear(self.norm(x), head)

@@ -68,7 +68,9 @@ FAULTS = {"none": "PyTorch's pipelining as it ships, with Gloo's self-sends step
                                      "backward (the others' are logged, not trained), as a loss function on the last "
                                      "stage alone would have it",
           "bias_counts_kept": "a control: the expert-bias hook moves the biases but never zeroes the counts, so each "
-                              "step's counts hold every earlier step's too"}
+                              "step's counts hold every earlier step's too",
+          "bias_counts_recomputed": "under recompute=1, the counts used as the forwards left them, without "
+                                    "TorchTitan's halving for the recomputed forwards"}
 
 
 def corrupt_arrivals(microbatches):
@@ -173,8 +175,10 @@ class ExpertBiasBalancer:
     parallelism it would sum them over the replicas first; this trainer runs one). `moved` keeps
     the counts of the last update, under pipecheck's names, for the step's record."""
 
-    def __init__(self, modules, gamma, zero_counts=True):
-        self.gamma, self.moved, self.zero_counts = gamma, {}, zero_counts
+    def __init__(self, modules, gamma, zero_counts=True, recomputed=False):
+        # recomputed: under full activation checkpointing every forward runs twice, and the counts
+        # are halved before use, as TorchTitan's hook does (`// 2`, pytorch/torchtitan#1593).
+        self.gamma, self.moved, self.zero_counts, self.recomputed = gamma, {}, zero_counts, recomputed
         self.layers = {name: layer for module in modules for name, layer in module.named_modules()
                        if hasattr(layer, "expert_bias")}
 
@@ -182,7 +186,8 @@ class ExpertBiasBalancer:
         self.moved = {}
         with torch.no_grad():
             for name, layer in self.layers.items():
-                counts = layer.tokens_per_expert.to(layer.expert_bias.dtype)
+                counts = layer.tokens_per_expert // 2 if self.recomputed else layer.tokens_per_expert
+                counts = counts.to(layer.expert_bias.dtype)
                 layer.expert_bias.add_(self.gamma * torch.sign(counts.mean() - counts))
                 self.moved[name + ".expert_counts"] = counts.clone()
                 if self.zero_counts:
@@ -222,6 +227,9 @@ def main():
     balanced = bool(moe) and moe["aux_loss"] > 0  # a mixture of experts with a balance loss
     weights = exchange.weights()
     modules, stages = build_stages(exchange, device, weights)
+    recompute = config["scenario"].get("recompute") == "1"
+    for module in modules:
+        module.recompute = recompute
     if exchange.fault == "balance_last_stage_only":
         for module in modules:
             if not module.has_head:
@@ -245,7 +253,10 @@ def main():
     # A rank whose stages hold no layers (empty stages) has nothing to update.
     optimizer = make_optimizer(config, list(named.values())) if named else None
     gamma = moe.get("expert_bias", 0) if moe else 0
-    balancer = ExpertBiasBalancer(modules, gamma, zero_counts=exchange.fault != "bias_counts_kept") if gamma > 0 else None
+    balancer = None
+    if gamma > 0:
+        balancer = ExpertBiasBalancer(modules, gamma, zero_counts=exchange.fault != "bias_counts_kept",
+                                      recomputed=recompute and exchange.fault != "bias_counts_recomputed")
     if balancer is not None and balancer.layers:
         optimizer.register_step_pre_hook(balancer)  # as TorchTitan's MoE training registers it
     # Each step's loss is divided by that step's labelled tokens (design §2).
