@@ -12,9 +12,32 @@ processes="${4:-2}"
 source "$(dirname "$0")/torch_python.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$python" -m torch.distributed.run --nproc-per-node="$processes" --master-port "$(( 20000 + RANDOM % 20000 ))" --no-python \
-  "$pipecheck" worker --scenarios "$suite" --scenario "$scenario" --out "$work/out" --threads 1
-code=$?
+# The store's port: below Linux's ephemeral range (32768 on), where the connections of tests running
+# beside this one take their ports, and free when chosen. If another process takes it before
+# torchrun binds it (EADDRINUSE), the launch is tried again on another port, at most three times.
+free_port() {
+  "$python" - <<'PY'
+import random
+import socket
+for _ in range(200):
+    port = random.randint(20000, 32000)
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    print(port)
+    break
+PY
+}
+for attempt in 1 2 3; do
+  "$python" -m torch.distributed.run --nproc-per-node="$processes" --master-port "$(free_port)" --no-python \
+    "$pipecheck" worker --scenarios "$suite" --scenario "$scenario" --out "$work/out" --threads 1 >"$work/log" 2>&1
+  code=$?
+  cat "$work/log"
+  [ "$code" -ne 0 ] && grep -q 'EADDRINUSE' "$work/log" || break
+  echo "torchrun: the store's port was taken (attempt $attempt); trying another"
+done
 summary="$work/out/summary.csv"
 if [ "$code" -ne 0 ] || [ ! -f "$summary" ]; then
   echo "FAIL: torchrun exited $code; summary: $(cat "$summary" 2>/dev/null || echo missing)"
