@@ -77,7 +77,7 @@ CommVerdict CheckCommunication(const CommInput& input) {
   const int64_t steps = input.config.train.steps;
   verdict.first_problem.resize(static_cast<size_t>(steps));
   std::vector<size_t> first_index(static_cast<size_t>(steps), SIZE_MAX);
-  for (int64_t step = 0; step < steps; ++step) {
+  for (int64_t step = input.config.first_step; step < steps; ++step) {  // a resumed run: its own steps
     const auto batch = reference::MakeBatch(input.config.train.data, input.config.train.seed, step);
     for (const auto& rank : input.ranks) {
       const auto plan = pipeline::PlannedMessages(input.config, input.schedule, rank.rank, step, batch);
@@ -107,7 +107,8 @@ CommVerdict CheckCommunication(const CommInput& input) {
 CommVerdict CheckCollectives(const CollectiveInput& input) {
   CommVerdict verdict;
   verdict.first_problem.resize(input.steps);
-  for (size_t step = 0; step < input.steps; ++step) {
+  const auto first = input.ranks.empty() ? size_t{0} : static_cast<size_t>(input.ranks.front().first_step);
+  for (size_t step = first; step < input.steps; ++step) {
     for (const auto& rank : input.ranks) {
       int64_t elements = 0;
       for (const auto& item : rank.final_weights) elements += item.value().numel();

@@ -31,6 +31,7 @@
 #include "harness/fork_server.h"
 #include "harness/measurements.h"
 #include "harness/parity.h"
+#include "harness/resume.h"
 #include "harness/scenario_model.h"
 #include "harness/worker.h"
 #include "pipeline/flight_recorder.h"
@@ -632,7 +633,7 @@ reports::ScenarioReport AttemptExternal(const Group& group, int port, bool& port
 // One attempt at the scenario on `port`; sets `port_busy` when rank 0 could not listen on it.
 reports::ScenarioReport Attempt(const Plan& plan, const LaunchOptions& options, int port, bool& port_busy) {
   const auto& scenario = plan.scenario;
-  const fs::path directory = fs::path(options.work_directory) / scenario.name;
+  const fs::path directory = fs::path(options.work_directory) / scenario.name / options.subdirectory;
   fs::create_directories(directory);
   const fs::path result_path = directory / kResultFile;
   fs::remove(result_path);
@@ -665,7 +666,39 @@ reports::ScenarioReport LaunchScenario(const Plan& plan, const LaunchOptions& op
   }
 }
 
+reports::ScenarioReport LaunchResumed(const scenarios::Scenario& scenario, const LaunchOptions& options,
+                                      double timeout_seconds, int threads_per_rank) {
+  const std::string folder = (fs::path(options.work_directory) / scenario.name).string();
+  const auto stretches = StretchesOf(scenario, folder);
+  std::vector<reports::ScenarioReport> reports;
+  for (const auto& stretch : stretches) {
+    Plan plan = ResolvePlan(stretch.scenario);
+    plan.segment = stretch.segment;
+    ApplySegment(plan);
+    if (!plan.unmet.empty()) {
+      return FailedScenarioReport(scenario, reports::Status::kSkipped,
+                                  fmt::format("layout {}: {}", stretch.segment.index, plan.unmet), plan.transport);
+    }
+    // Nothing an earlier run of this row left may stand in for what this run writes.
+    if (!stretch.segment.save_checkpoint.empty()) fs::remove_all(stretch.segment.save_checkpoint);
+    if (!stretch.segment.judge_state_out.empty()) fs::remove(stretch.segment.judge_state_out);
+    auto launch = options;
+    launch.timeout_seconds = timeout_seconds > 0 ? timeout_seconds : plan.deadline_seconds;
+    launch.threads_per_rank = threads_per_rank > 0
+                                  ? threads_per_rank
+                                  : std::max(1, UsableCores() / static_cast<int>(stretch.scenario.Processes()));
+    launch.subdirectory = fmt::format("layout{}", stretch.segment.index);
+    reports.push_back(LaunchScenario(plan, launch));
+    // A stretch that ran to its end (passing or failing) wrote its checkpoint; one that did not
+    // leaves nothing the next could load.
+    const auto status = reports.back().summary.status;
+    if (status != reports::Status::kPass && status != reports::Status::kFail) break;
+  }
+  return MergeStretches(scenario, stretches, reports);
+}
+
 reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, const LaunchOptions& options) {
+  if (!scenario.resumes.empty()) return LaunchResumed(scenario, options, options.timeout_seconds, options.threads_per_rank);
   return LaunchScenario(ResolvePlan(scenario), options);
 }
 

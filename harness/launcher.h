@@ -20,6 +20,8 @@ namespace pipecheck::harness {
 struct LaunchOptions {
   std::string executable;      // the pipecheck binary
   std::string work_directory;  // each scenario gets work_directory/NAME for logs, its plan and results
+  // A stretch of a scenario that resumes (plan.h's Segment) gets work_directory/NAME/subdirectory.
+  std::string subdirectory;
   double timeout_seconds = 300.0;
   int threads_per_rank = 1;
   int port = 0;  // rendezvous port; 0 lets the kernel pick a free one
@@ -78,8 +80,17 @@ void InstallInterruptHandlers();
 // Writes the plan into the scenario's work directory (kPlanFile) and starts its workers on it.
 reports::ScenarioReport LaunchScenario(const Plan& plan, const LaunchOptions& options);
 
-// The same for a scenario resolved here (ResolvePlan), as tests launch one.
+// The same for a scenario resolved here (ResolvePlan), as tests launch one; a scenario that
+// resumes through LaunchResumed, with the options' timeout and threads.
 reports::ScenarioReport LaunchScenario(const scenarios::Scenario& scenario, const LaunchOptions& options);
+
+// A scenario that stops and resumes (resume.h): each layout's stretch planned and launched in
+// turn under work_directory/NAME/layoutI, the next only after one that ran to its end (passing
+// or failing: its checkpoint is written either way); their reports merged into the row's.
+// `timeout_seconds` 0: each stretch's plan's deadline; `threads_per_rank` 0: the usable cores
+// shared among each stretch's processes.
+reports::ScenarioReport LaunchResumed(const scenarios::Scenario& scenario, const LaunchOptions& options,
+                                      double timeout_seconds, int threads_per_rank);
 
 // The plan's file in a scenario's work directory.
 constexpr const char* kPlanFile = "plan.json";

@@ -21,11 +21,22 @@ struct RankTime {
   int steps = 0;
 };
 
+// The first timed step of a rank's run: the one after its warm-up, which a run resumed from a
+// checkpoint takes again at its first step.
+size_t FirstTimed(const pipeline::RankResult& rank, size_t steps) {
+  const size_t first = std::min(steps, static_cast<size_t>(std::max<int64_t>(0, rank.first_step)));
+  return first + reference::FirstTimedStep(steps - first);
+}
+
+size_t FirstTimed(const std::vector<pipeline::RankResult>& ranks, size_t steps) {
+  return ranks.empty() ? reference::FirstTimedStep(steps) : FirstTimed(ranks.front(), steps);
+}
+
 RankTime TimeOf(const pipeline::RankResult& rank, size_t steps) {
   RankTime time;
   std::map<int64_t, double> step_end;
   for (const auto& t : rank.timeline) {
-    if (t.step < static_cast<int64_t>(reference::FirstTimedStep(steps))) continue;
+    if (t.step < static_cast<int64_t>(FirstTimed(rank, steps))) continue;
     step_end[t.step] = std::max(step_end[t.step], t.end_us);
     (t.action.IsCompute() ? time.busy_us : time.comm_us) += t.end_us - t.start_us;
   }
@@ -108,7 +119,7 @@ void TimelineRows(const MeasurementInput& input, reports::ScenarioReport& report
 
 StepPrediction PredictStepMs(const pipeline::Schedule& schedule, const std::vector<pipeline::RankResult>& ranks,
                              size_t steps) {
-  const auto first = static_cast<int64_t>(reference::FirstTimedStep(steps));
+  const auto first = static_cast<int64_t>(FirstTimed(ranks, steps));
   if (ranks.size() != schedule.ranks.size()) return {};
   // [step][rank]: each action's measured duration, in list order, and the time after the last.
   std::map<int64_t, std::vector<std::vector<double>>> durations;
@@ -172,7 +183,7 @@ void RankRows(const MeasurementInput& input, size_t steps, const StepPrediction&
     int64_t rank_peak = -1;
     for (int64_t bytes : rank.peak_bytes) rank_peak = std::max(rank_peak, bytes);
     const size_t r = static_cast<size_t>(rank.rank);
-    std::vector<double> rank_ms(rank.step_ms.begin() + std::min(rank.step_ms.size(), reference::FirstTimedStep(steps)),
+    std::vector<double> rank_ms(rank.step_ms.begin() + std::min(rank.step_ms.size(), FirstTimed(rank, steps)),
                                 rank.step_ms.end());
     reports::RankRow row;
     row.scenario = input.scenario.name;
@@ -224,7 +235,7 @@ void SpeedAndMemoryRows(const MeasurementInput& input, const reference::TrainRes
   const size_t steps = reference.steps.size();
   // A pipeline step lasts as long as its slowest rank.
   std::vector<double> pp_ms, pp_rate;
-  for (size_t k = reference::FirstTimedStep(steps); k < steps; ++k) {
+  for (size_t k = FirstTimed(input.ranks, steps); k < steps; ++k) {
     double slowest = 0.0;
     for (const auto& rank : input.ranks) slowest = std::max(slowest, k < rank.step_ms.size() ? rank.step_ms[k] : 0.0);
     pp_ms.push_back(slowest);

@@ -56,6 +56,12 @@ class Oracle {
   reference::NamedTensors UpdateMasterFrom(const reference::NamedTensors& master,
                                            const reference::NamedTensors& gradients);
 
+  // UpdateFrom's optimizer state by parameter name (ReferenceTrainer::OptimizerState), and set
+  // back: a judge that takes over a run resumed at step k carries on from the state the previous
+  // judge's updater reached at step k.
+  reference::NamedTensors UpdaterState() const { return updater_->OptimizerState(); }
+  void SetUpdaterState(const reference::NamedTensors& state) { updater_->SetOptimizerState(state); }
+
   // The free-running reference (computed on first call; timed and metered).
   const reference::TrainResult& FreeRunning();
 

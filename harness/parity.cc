@@ -5,6 +5,7 @@
 #include "harness/comm_check.h"
 #include "harness/measurements.h"
 #include "harness/scenario_model.h"
+#include "pipeline/checkpoint.h"
 #include "reports/fields.h"
 #include "reports/verdict.h"
 
@@ -83,6 +84,7 @@ reports::SummaryRow ScenarioColumns(const scenarios::Scenario& s, const std::opt
 // Within a step, a message off the plan, then a wrong boundary tensor, come before the loss and
 // gradients they made wrong.
 enum class Evidence {
+  kResume = -1,  // what a resumed run loaded, before the weights it starts from
   kStartWeights = 0,
   kCommunication = 1,
   kBoundary = 2,
@@ -163,7 +165,8 @@ bool JudgesAccumulation(const scenarios::Scenario& scenario) {
 const pipeline::RankResult& LossRank(const std::vector<pipeline::RankResult>& ranks) {
   const pipeline::RankResult* loss_rank = &ranks.back();
   for (const auto& rank : ranks) {
-    if (!rank.losses.empty() && !std::isnan(rank.losses[0])) loss_rank = &rank;
+    const auto first = static_cast<size_t>(std::max<int64_t>(0, rank.first_step));
+    if (first < rank.losses.size() && !std::isnan(rank.losses[first])) loss_rank = &rank;
   }
   return *loss_rank;
 }
@@ -608,7 +611,9 @@ void JudgeTrajectory(const std::vector<pipeline::RankResult>& ranks, const Named
   const double tol = scenario.tol;
   std::vector<double> diffs(all_steps);
   bool within_tol = true;
-  for (size_t k = 0; k < all_steps; ++k) {
+  // A run resumed at step first: the steps before it were judged with the layout that ran them.
+  const size_t first = static_cast<size_t>(std::max<int64_t>(0, loss_rank.first_step));
+  for (size_t k = first; k < all_steps; ++k) {
     const double loss_ref = reference.steps[k].loss, loss_pp = LossAt(loss_rank, k);
     diffs[k] = std::abs(loss_pp - loss_ref);
     report.steps.push_back({scenario.name, static_cast<int64_t>(k), loss_ref, loss_pp, diffs[k]});
@@ -635,7 +640,7 @@ void JudgeTrajectory(const std::vector<pipeline::RankResult>& ranks, const Named
     const double loss_ref = reference.steps[k].loss;
     envelope_loss = std::max(envelope_loss, std::abs(envelope.steps[k].loss - loss_ref));
     const double allowed = std::max(tol * std::max(1.0, std::abs(loss_ref)), kEnvelopeFactor * envelope_loss);
-    if (!(diffs[k] <= allowed)) {
+    if (k >= first && !(diffs[k] <= allowed)) {
       verdicts.problems.Add(k, Evidence::kTrajectory,
                             fmt::format("trajectory: loss at step {}: pipeline {:.12g} vs free-running reference {:.12g} "
                                         "(diff {:.3g} > {:.3g} = max(tol, {:.0f} x rounding envelope {:.3g}))",
@@ -804,6 +809,160 @@ void JudgeAccumulatedLoss(size_t step, double loss_pp, double loss_ref, const sc
   }
 }
 
+// A judge's state at the end of its stretch of a resumed run, for the next stretch's judge: the
+// updater's optimizer state (UpdateFrom's, which has applied every gradient the pipeline applied
+// since step 0) and the weights and expert biases the ranks ended with, under checkpoint keys.
+void SaveJudgeState(const std::string& path, const Oracle& oracle, const NamedTensors& weights,
+                    const NamedTensors& biases) {
+  NamedTensors state;
+  for (const auto& item : oracle.UpdaterState()) state.insert("optimizer/" + item.key(), item.value());
+  for (const auto& item : weights) state.insert(pipeline::CheckpointKey("weight", item.key()), item.value());
+  for (const auto& item : biases) state.insert(pipeline::CheckpointKey("expert_bias", item.key()), item.value());
+  pipeline::WriteTensorFile(path, state);
+}
+
+// How two tensors that should be bitwise equal differ, in words ("" when they do not).
+std::string BitwiseDifference(const torch::Tensor& got, const torch::Tensor& want) {
+  if (got.sizes() != want.sizes()) {
+    return fmt::format("shape {} where {} was saved", c10::str(got.sizes()), c10::str(want.sizes()));
+  }
+  if (got.scalar_type() != want.scalar_type()) {
+    return fmt::format("dtype {} where {} was saved", c10::toString(got.scalar_type()), c10::toString(want.scalar_type()));
+  }
+  const auto a = got.detach().cpu(), b = want.detach().cpu();
+  if (torch::equal(a, b)) return "";
+  if (a.numel() == 1 && !a.is_floating_point()) return fmt::format("{} where {} was saved", a.item<int64_t>(), b.item<int64_t>());
+  const auto unequal = a.ne(b);
+  return fmt::format("{} of {} elements differ, max abs diff {:.3g}", unequal.sum().item<int64_t>(), a.numel(),
+                     (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>());
+}
+
+// A checkpoint key in words: "AdamW's step count of NAME", "weight NAME".
+std::string InWords(const std::string& key) {
+  const auto [part, name] = pipeline::SplitCheckpointKey(key);
+  if (part == "step") return "AdamW's step count of " + name;
+  if (part == "exp_avg" || part == "exp_avg_sq") return fmt::format("AdamW's {} of {}", part, name);
+  if (part == "expert_bias") return "expert bias " + name;
+  return part + " " + name;
+}
+
+// At a resume before step k: the checkpoint against where the previous layout's ranks ended (the
+// previous judge's state: their weights, expert biases and the optimizer step counts), then what
+// every rank of this layout loaded against the checkpoint, all bitwise; each replica's data
+// position must be step k of its own share. The updater carries on from the previous judge's state,
+// so the update judged at step k is the one a run that never stopped makes.
+void JudgeResume(const ParityInput& input, const Segment& segment, Verdicts& verdicts) {
+  const size_t step = static_cast<size_t>(segment.first_step);
+  const std::string at = fmt::format("resume before step {}", step);
+  const NamedTensors ended = pipeline::ReadTensorFile(segment.judge_state_in);
+  NamedTensors updater;
+  for (const auto& item : ended) {
+    const std::string prefix = "optimizer/";
+    if (item.key().rfind(prefix, 0) == 0) updater.insert(item.key().substr(prefix.size()), item.value());
+  }
+  input.oracle.SetUpdaterState(updater);
+  std::optional<pipeline::CheckpointContents> saved;
+  std::string unreadable;  // why the checkpoint cannot be loaded, said with the first parameter it cost
+  try {
+    saved = pipeline::ReadCheckpoint(segment.load_checkpoint);
+  } catch (const pipeline::CheckpointError& error) {
+    unreadable = fmt::format("{}: the checkpoint cannot be loaded ({}), yet the ranks loaded it", at, error.what());
+  }
+  // 1. What was saved against where the previous layout's ranks ended.
+  if (saved) {
+    for (const auto& item : ended) {
+      const auto [part, name] = pipeline::SplitCheckpointKey(item.key());
+      std::string key = item.key();
+      if (part == "optimizer") {
+        if (pipeline::SplitCheckpointKey(name).first != "step") continue;  // moments: judged by the next update
+        key = name;
+      }
+      if (!saved->tensors.contains(key)) {
+        verdicts.problems.Add(step, Evidence::kResume, fmt::format("{}: the checkpoint holds no {}", at, key));
+        continue;
+      }
+      const std::string differs = BitwiseDifference(saved->tensors[key], item.value());
+      if (!differs.empty()) {
+        verdicts.problems.Add(step, Evidence::kResume,
+                              fmt::format("{}: the checkpoint's {} is not what the ranks ended step {} with: {}", at,
+                                          InWords(key), step - 1, differs));
+      }
+    }
+    for (size_t r = 0; r < saved->data.size(); ++r) {
+      const auto& data = saved->data[r];
+      if (!data.contains("next_step") || data["next_step"].item<int64_t>() != segment.first_step) {
+        verdicts.problems.Add(step, Evidence::kResume,
+                              fmt::format("{}: replica {}'s saved data position is not step {}", at, r, step));
+      }
+    }
+  }
+  // 2. What each rank loaded against what was saved (or, where the checkpoint cannot be read,
+  // its weights against where the previous ranks ended).
+  for (const auto& rank : input.ranks) {
+    if (rank.loaded.is_empty()) {
+      verdicts.problems.Add(step, Evidence::kResume, fmt::format("{}: {} handed back no loaded state", at, rank.Who()));
+      continue;
+    }
+    for (const auto& item : rank.loaded) {
+      const std::string key = pipeline::ParameterName(item.key());
+      const auto part = pipeline::SplitCheckpointKey(key).first;
+      const std::string stage = item.key() == key ? "" : item.key().substr(key.size());
+      const std::string who = fmt::format("{}{}", rank.Who(), stage.empty() ? "" : " (" + stage.substr(1) + ")");
+      if (part == "data") {
+        const int64_t value = item.value().item<int64_t>();
+        if (key == "data/next_step" && value != segment.first_step) {
+          verdicts.problems.Add(step, Evidence::kResume,
+                                fmt::format("{}: {} loaded data position {}, so its next step trains on batch {} "
+                                            "instead of {}", at, rank.Who(), value, value, step));
+        }
+        if (key == "data/replica" && value != rank.replica) {
+          verdicts.problems.Add(step, Evidence::kResume,
+                                fmt::format("{}: {} loaded replica {}'s data position: it trains on that replica's "
+                                            "share of every batch, not its own", at, rank.Who(), value));
+        }
+        continue;
+      }
+      const NamedTensors* truth = saved ? &saved->tensors : nullptr;
+      if (truth == nullptr) {
+        if (part != "weight" && part != "expert_bias") continue;
+        truth = &ended;
+      }
+      if (!truth->contains(key)) {
+        verdicts.problems.Add(step, Evidence::kResume,
+                              fmt::format("{}: {} loaded {}, which {} holds no value for", at, who, key,
+                                          saved ? "the checkpoint" : "the previous ranks' end state"));
+        continue;
+      }
+      const std::string differs = BitwiseDifference(item.value(), (*truth)[key]);
+      if (differs.empty()) continue;
+      const std::string what = fmt::format("{} loaded {} unlike {}: {}", who, InWords(key),
+                                           saved ? "the checkpoint's" : "where the previous ranks ended", differs);
+      if (!unreadable.empty()) {
+        verdicts.problems.Add(step, Evidence::kResume, fmt::format("{}: {}", unreadable, what));
+        unreadable.clear();
+      } else {
+        verdicts.problems.Add(step, Evidence::kResume, fmt::format("{}: {}", at, what));
+      }
+    }
+    // Optimizer state the checkpoint holds for a parameter the rank loaded none for.
+    if (!saved) continue;
+    for (const auto& item : rank.loaded) {
+      const auto [part, name] = pipeline::SplitCheckpointKey(pipeline::ParameterName(item.key()));
+      if (part != "weight") continue;
+      const std::string moments = pipeline::CheckpointKey("exp_avg", name);
+      const std::string loaded_key = pipeline::CheckpointKey("exp_avg", pipeline::SplitCheckpointKey(item.key()).second);
+      if (saved->tensors.contains(moments) && !rank.loaded.contains(loaded_key)) {
+        verdicts.problems.Add(step, Evidence::kResume,
+                              fmt::format("{}: {} loaded no optimizer state for {}, which the checkpoint holds", at,
+                                          rank.Who(), pipeline::SplitCheckpointKey(item.key()).second));
+      }
+    }
+  }
+  if (!unreadable.empty()) {
+    verdicts.problems.Add(step, Evidence::kResume, unreadable + ", every weight as the previous ranks ended");
+  }
+}
+
 // Steps 1 and 2 of the header comment, every step in order. Returns the pipeline's final
 // weights (one copy per name), already checked for finiteness and identical tied copies.
 NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig& config, Verdicts& verdicts,
@@ -813,8 +972,10 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
   const auto& scenario = input.scenario;
   const size_t steps = static_cast<size_t>(scenario.steps);
   const auto& loss_rank = LossRank(input.ranks);
-  NamedTensors start = PipelineWeights(input.ranks, 0, steps, verdicts.problems);
-  JudgeInitialWeights(start, input.oracle.InitialWeights(), scenario.tol, verdicts);
+  const Segment* segment = input.segment;
+  const size_t first = segment != nullptr ? static_cast<size_t>(segment->first_step) : 0;
+  NamedTensors start = PipelineWeights(input.ranks, first, steps, verdicts.problems);
+  if (first == 0) JudgeInitialWeights(start, input.oracle.InitialWeights(), scenario.tol, verdicts);
   // A trainer that steps float32 master weights starts them from its weights, widened.
   const bool master = HandsBackMasterWeights(input.ranks, steps, verdicts.problems);
   NamedTensors master_start;
@@ -822,14 +983,15 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
     for (const auto& item : start) master_start.insert(item.key(), item.value().to(torch::kFloat32));
   }
   const bool biased = scenario.expert_bias > 0.0;
-  NamedTensors bias_start = biased ? PipelineBiases(input.ranks, 0, steps) : NamedTensors();
-  for (const auto& item : input.oracle.InitialExpertBiases()) {
+  NamedTensors bias_start = biased ? PipelineBiases(input.ranks, first, steps) : NamedTensors();
+  if (first > 0) JudgeResume(input, *segment, verdicts);
+  for (const auto& item : first > 0 ? NamedTensors() : input.oracle.InitialExpertBiases()) {
     if (!bias_start.contains(item.key()) || !torch::equal(bias_start[item.key()].cpu(), item.value().cpu())) {
       verdicts.problems.Add(0, Evidence::kStartWeights,
                             fmt::format("expert bias {} does not start at the reference's zeros", item.key()));
     }
   }
-  for (size_t k = 0; k < steps; ++k) {
+  for (size_t k = first; k < steps; ++k) {
     const auto routing = PipelineRouting(input.ranks, k, config, scenario.tol);
     const auto at_pipeline = input.oracle.EvaluateAt(start, bias_start, routing, static_cast<int64_t>(k));
     const std::string diverged = Divergence(at_pipeline, scenario.vocab);
@@ -862,6 +1024,9 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
       bias_start = PipelineBiases(input.ranks, k + 1, steps);
     }
     start = PipelineWeights(input.ranks, k + 1, steps, verdicts.problems);
+  }
+  if (segment != nullptr && !segment->judge_state_out.empty()) {
+    SaveJudgeState(segment->judge_state_out, input.oracle, start, bias_start);
   }
   return start;
 }
@@ -915,9 +1080,10 @@ reports::ScenarioReport CompareWithReference(const ParityInput& input) {
   }
   Verdicts verdicts;
   reports::ScenarioReport report;
-  const auto config = input.pipeline_config != nullptr ? *input.pipeline_config
-                      : input.transport                ? ToPipelineConfig(scenario, *input.transport)
-                                                       : ToPipelineConfig(scenario);
+  auto config = input.pipeline_config != nullptr ? *input.pipeline_config
+                : input.transport                ? ToPipelineConfig(scenario, *input.transport)
+                                                 : ToPipelineConfig(scenario);
+  if (input.segment != nullptr) config.first_step = input.segment->first_step;
   if (input.check_communication) JudgeCommunication(input, config, verdicts, report);
   const NamedTensors final_pp = JudgeSteps(input, config, verdicts, report);
   if (!verdicts.diverged.empty()) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "harness/oracle.h"
+#include "harness/plan.h"
 #include "pipeline/memory_model.h"
 #include "pipeline/simulator.h"
 #include "pipeline/trainer.h"
@@ -64,6 +65,10 @@ struct ParityInput {
   // What the ranks ran over (the plan's transport), for the summary; none: what they would run over
   // on this host (ResolveTransport).
   std::optional<std::string> transport = std::nullopt;
+  // A stretch of a run that stops and resumes (plan.h): judged from its first step, its load
+  // judged at the resume (every tensor each rank loaded against the checkpoint, bitwise), the
+  // judge carrying on from the previous stretch's judge state; null: the whole run.
+  const Segment* segment = nullptr;
 };
 
 reports::ScenarioReport CompareWithReference(const ParityInput& input);

@@ -18,7 +18,7 @@ namespace {
 using nlohmann::json;
 
 // The plan file's format; a reader refuses any other.
-constexpr int kPlanFormat = 2;
+constexpr int kPlanFormat = 3;
 
 json ScheduleJson(const pipeline::Schedule& schedule) {
   json ranks = json::array();
@@ -158,6 +158,12 @@ Plan ResolvePlan(const scenarios::Scenario& scenario) {
   return plan;
 }
 
+void ApplySegment(Plan& plan) {
+  plan.config.first_step = plan.segment.first_step;
+  plan.config.load_checkpoint = plan.segment.load_checkpoint;
+  plan.config.save_checkpoint = plan.segment.save_checkpoint;
+}
+
 std::string PlanToJson(const Plan& plan) {
   json j = {{"pipecheck_plan", kPlanFormat},
             {"scenario", scenarios::ToCsv({plan.scenario})},
@@ -169,7 +175,12 @@ std::string PlanToJson(const Plan& plan) {
             {"error", plan.error},
             {"schedule", ScheduleJson(plan.schedule)},
             {"simulation", SimulationJson(plan.simulation)},
-            {"memory", MemoryJson(plan.memory)}};
+            {"memory", MemoryJson(plan.memory)},
+            {"segment", {{"index", plan.segment.index}, {"count", plan.segment.count},
+                         {"first_step", plan.segment.first_step}, {"load_checkpoint", plan.segment.load_checkpoint},
+                         {"save_checkpoint", plan.segment.save_checkpoint},
+                         {"judge_state_in", plan.segment.judge_state_in},
+                         {"judge_state_out", plan.segment.judge_state_out}}}};
   return j.dump() + "\n";
 }
 
@@ -196,6 +207,15 @@ Plan PlanFromJson(const std::string& text, const std::string& file) {
     plan.simulation = SimulationOf(j.at("simulation"));
     plan.memory = MemoryOf(j.at("memory"));
     plan.config = plan.scenario.ExternalTrainer() ? ExternalTrainerView(plan.scenario) : ToPipelineConfig(plan.scenario, plan.transport);
+    const auto& segment = j.at("segment");
+    segment.at("index").get_to(plan.segment.index);
+    segment.at("count").get_to(plan.segment.count);
+    segment.at("first_step").get_to(plan.segment.first_step);
+    segment.at("load_checkpoint").get_to(plan.segment.load_checkpoint);
+    segment.at("save_checkpoint").get_to(plan.segment.save_checkpoint);
+    segment.at("judge_state_in").get_to(plan.segment.judge_state_in);
+    segment.at("judge_state_out").get_to(plan.segment.judge_state_out);
+    ApplySegment(plan);
     return plan;
   } catch (const json::exception& error) {
     throw scenarios::ScenarioError(fmt::format("{}: a plan missing a part or of the wrong type: {}", file, error.what()));

@@ -19,6 +19,18 @@
 
 namespace pipecheck::harness {
 
+// One layout's stretch of a scenario that stops and resumes (scenario column `resume`): its
+// steps run from first_step to the scenario's `steps`, starting from load_checkpoint (none for
+// the first) and writing save_checkpoint (none for the last). The judge of each stretch carries
+// the previous one's on (parity.h): it reads judge_state_in and writes judge_state_out.
+struct Segment {
+  int index = 0;  // 0: the row's own layout; i: the layout after its i-th resume
+  int count = 1;
+  int64_t first_step = 0;
+  std::string load_checkpoint, save_checkpoint;
+  std::string judge_state_in, judge_state_out;
+};
+
 struct Plan {
   scenarios::Scenario scenario;  // as loaded, a run-level --device already applied
   // "none" (world size 1), "gloo", "staged" or "nccl"; "" for another trainer, which picks its own.
@@ -37,7 +49,11 @@ struct Plan {
   // Why the schedule cannot run (a deadlock the loader left unchecked, a fault that breaks the
   // lowering): the scenario's ERROR, found before any rank starts; "" when it can.
   std::string error;
+  Segment segment;  // the whole run, unless the scenario resumes
 };
+
+// The plan's configuration with its segment's first step and checkpoints.
+void ApplySegment(Plan& plan);
 
 // Resolves `scenario` on this host. A row whose requirement is unmet gets `unmet`, and one whose
 // schedule cannot run gets `error`; neither has a schedule (their ranks never start).

@@ -22,6 +22,9 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 // The plan's report: launched, or SKIPPED with why this host cannot run it.
 reports::ScenarioReport PlanAndLaunch(const scenarios::Scenario& scenario, SuiteRunOptions& options) {
+  if (!scenario.resumes.empty()) {
+    return LaunchResumed(scenario, options.launch, options.timeout_seconds, options.threads_per_rank);
+  }
   const Plan plan = ResolvePlan(scenario);
   options.launch.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : plan.deadline_seconds;
   if (!plan.unmet.empty()) {

@@ -136,9 +136,11 @@ int FinishOnRankZero(const Plan& plan, const pipeline::PipelineConfig& config,
   // The reference cuts the global batch as the replicas do (data_parallel x microbatches), so its
   // boundary taps line up with every replica's microbatches.
   Oracle oracle(oracle_config, config.microbatches * config.data_parallel);
-  const auto report = CompareWithReference({plan.scenario, oracle, ranks, plan.schedule, plan.simulation,
-                                            plan.memory.front(), /*check_communication=*/true, nullptr, &plan.memory,
-                                            plan.transport});
+  ParityInput input{plan.scenario, oracle, ranks, plan.schedule, plan.simulation,
+                    plan.memory.front(), /*check_communication=*/true, nullptr, &plan.memory,
+                    plan.transport};
+  input.segment = &plan.segment;
+  const auto report = CompareWithReference(input);
   std::filesystem::create_directories(out);
   if (save_tensors) SaveTrainedTensors(FromRanks(ranks), (std::filesystem::path(out) / kTensorsFile).string());
   return Deliver(plan.scenario, report, out);
@@ -168,6 +170,11 @@ Plan WorkerPlan(const WorkerOptions& options) {
     throw scenarios::ScenarioError(fmt::format(
         "{}: scenario '{}' is trained by trainer {}, whose ranks are its own processes: `pipecheck run` launches "
         "them between a --phase prepare and a --phase judge worker", scenario.source, scenario.name, scenario.trainer));
+  }
+  if (!scenario.resumes.empty()) {
+    throw scenarios::ScenarioError(fmt::format(
+        "{}: scenario '{}' stops and resumes ({}): `pipecheck run` launches each of its layouts in turn",
+        scenario.source, scenario.name, scenario.resume));
   }
   return ResolvePlan(scenario);
 }
@@ -213,6 +220,8 @@ int RunRank(const Plan& plan, const WorkerOptions& options, std::string& rank) {
   auto results = pipeline::GatherResults(*transport, std::move(own));
   if (groups.pipeline_rank == 0) results = pipeline::GatherReplicas(*groups.data_parallel, std::move(results));
   trainer.EndPhase();
+  // Every rank's share of the checkpoint is written (their results came after it): complete it.
+  if (rendezvous.rank == 0) trainer.CommitCheckpoint();
   const int code = rendezvous.rank == 0 ? FinishOnRankZero(plan, config, results, options.out, options.save_tensors) : 0;
   // What this process worked out again that a plan could have handed it: nothing, when it was
   // handed one (rank 0's simulations replay the measured action times, for the step-time prediction).

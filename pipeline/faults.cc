@@ -788,6 +788,58 @@ class BiasMovedBeforeStep : public Fault {
   bool BiasMovedAfterForwards() const override { return true; }
 };
 
+// adam_step_reset_at_load: a resumed rank loads AdamW's moments but not its step count, which
+// restarts at 0: the next update's bias correction is the first step's.
+class AdamStepResetAtLoad : public Fault {
+ public:
+  using Fault::Fault;
+  bool RestoresAdamStep() const override { return false; }
+};
+
+// moments_loaded_by_position: a resumed rank takes each parameter's moments by its position among
+// the saved parameters of the stage with its stage's index, as a positional optimizer state dict
+// maps them: right at an unchanged partition, another layer's moments after a re-partition.
+class MomentsLoadedByPosition : public Fault {
+ public:
+  using Fault::Fault;
+  bool MomentsByName() const override { return false; }
+};
+
+// tied_copy_not_restored: the last stage's copy of a tied weight is not loaded: a head that moved
+// to a new last stage keeps its initial values.
+class TiedCopyNotRestored : public Fault {
+ public:
+  using Fault::Fault;
+  bool RestoresTiedHeadCopy() const override { return false; }
+};
+
+// data_position_lost: the data position is not loaded: the resumed run trains on the first
+// batches again.
+class DataPositionLost : public Fault {
+ public:
+  using Fault::Fault;
+  bool RestoresDataPosition() const override { return false; }
+};
+
+// replica_loads_other_shard: each replica but the first loads the data position the replica
+// before it saved, and trains on that replica's share of every batch: two replicas on the same
+// sequences, the last share on none.
+class ReplicaLoadsOtherShard : public Fault {
+ public:
+  using Fault::Fault;
+  int DataReplicaToLoad(int replica, int /*replicas*/) const override { return replica > 0 ? replica - 1 : 0; }
+};
+
+// missing_stage_file_loaded: the rank of the last stage writes no file (a checkpoint interval
+// that saved nothing), rank 0 commits what is there, and the resumed ranks load it anyway,
+// leaving that stage's parameters where they were.
+class MissingStageFileLoaded : public Fault {
+ public:
+  using Fault::Fault;
+  bool WritesStageFile(int stage, int stages) const override { return stage != stages - 1; }
+  bool RequiresCompleteCheckpoint() const override { return false; }
+};
+
 constexpr FaultEntry kFaults[] = {
   {"none", "the correct pipeline", Make<Fault>, "", ""},
   {"detach_input", "a stage's received activation is detached before use", Make<DetachInput>,
@@ -927,6 +979,45 @@ constexpr FaultEntry kFaults[] = {
   {"bias_moved_before_step", "the expert biases moved after the forwards, before the backwards and the optimizer "
    "step", Make<BiasMovedBeforeStep>,
    "^step 0, microbatch [0-9]: gradient into stage [0-9] \\(from rank [01]\\) rel err", ""},
+  {"adam_step_reset_at_load",
+   "AdamW's step count restarts at 0 when a resumed run loads its checkpoint",
+   Make<AdamStepResetAtLoad>,
+   "^resumed after step 2 \\(world_size=4\\): layout 1 \\(steps 2 to 3\\): resume before step 2: "
+   "rank [0-3] loaded AdamW's step count of [a-z0-9_.]+ unlike the checkpoint's: 0 where 2 was "
+   "saved", ""},
+  {"moments_loaded_by_position",
+   "optimizer moments loaded by position within the stage of the same index, not by name",
+   Make<MomentsLoadedByPosition>,
+   "^resumed after step 2 \\(world_size=4\\): layout 1 \\(steps 2 to 3\\): resume before step 2: "
+   "rank [0-3] loaded AdamW's exp_avg(_sq)? of layers\\.[0-9][a-z0-9_.]+ unlike the checkpoint's: "
+   "[0-9]+ of [0-9]+ elements differ", ""},
+  {"tied_copy_not_restored",
+   "the last stage's copy of the tied weight not loaded at a resume",
+   Make<TiedCopyNotRestored>,
+   "^resumed after step 2 \\(world_size=4\\): layout 1 \\(steps 2 to 3\\): resume before step 2: "
+   "rank 3 loaded weight tok_embeddings\\.weight unlike the checkpoint's: [0-9]+ of [0-9]+ "
+   "elements differ", ""},
+  {"data_position_lost",
+   "the data position not loaded at a resume: batches repeat",
+   Make<DataPositionLost>,
+   "^resumed after step 2 \\(schedule=zbv\\): layout 1 \\(steps 2 to 3\\): resume before step 2: "
+   "rank 0 loaded data position 0, so its next step trains on batch 0 instead of 2 \\(\\+[0-9]+ "
+   "more; worst gradient .* at step 2 on rank [01] \\(stage [0-3]\\): rel err", ""},
+  {"replica_loads_other_shard",
+   "each replica but the first loads the previous replica's data position at a resume",
+   Make<ReplicaLoadsOtherShard>,
+   "^resumed after step 2 \\(schedule=gpipe\\): layout 1 \\(steps 2 to 3\\): resume before step "
+   "2: replica 1 rank [01] loaded replica 0's data position: it trains on that replica's share of "
+   "every batch, not its own \\(\\+[0-9]+ more; worst gradient .* at step [23] on replica [01] "
+   "rank [01] \\(stage [01]\\): rel err", ""},
+  {"missing_stage_file_loaded",
+   "the last stage's checkpoint file never written, the checkpoint loaded anyway",
+   Make<MissingStageFileLoaded>,
+   "^resumed after step 2 \\(world_size=4\\): layout 1 \\(steps 2 to 3\\): resume before step 2: "
+   "the checkpoint cannot be loaded \\(.*/checkpoint_after_step2/manifest.json: a layout of 2 "
+   "stages and 1 replicas writes stage1\\.pt, which the manifest does not list: the checkpoint is "
+   "incomplete\\), yet the ranks loaded it: rank [23] loaded weight [a-z0-9_.]+ unlike where the "
+   "previous ranks ended", ""},
 };
 
 }  // namespace

@@ -203,6 +203,9 @@ torch::Tensor SerializeRankResult(const RankResult& result) {
   InsertPerStep(dict, "step_routing", result.routing);
   dict.insert("expert_biases", TensorsOf(result.final_expert_biases));
   dict.insert("expert_bias_names", NamesOf(result.final_expert_biases));
+  dict.insert("first_step", result.first_step);
+  dict.insert("loaded", TensorsOf(result.loaded));
+  dict.insert("loaded_names", NamesOf(result.loaded));
   dict.insert("collectives", PackRecords(result.collectives, CollectiveFields()));
   dict.insert("timeline", PackRecords(result.timeline, ActionTimingFields()));
   dict.insert("boundaries", PackRecords(result.boundaries, BoundaryFields()));
@@ -236,6 +239,9 @@ RankResult DeserializeRankResult(const torch::Tensor& bytes) {
   result.routing = PerStep(dict, "step_routing");
   result.final_expert_biases = Zip(c10::impl::toTypedList<std::string>(dict.at("expert_bias_names").toList()),
                                    c10::impl::toTypedList<torch::Tensor>(dict.at("expert_biases").toList()));
+  result.first_step = dict.at("first_step").toInt();
+  result.loaded = Zip(c10::impl::toTypedList<std::string>(dict.at("loaded_names").toList()),
+                      c10::impl::toTypedList<torch::Tensor>(dict.at("loaded").toList()));
   const std::string who = result.Who() + "'s ";
   result.collectives = UnpackRecords(dict.at("collectives").toGenericDict(), CollectiveFields(), who + "collectives");
   result.timeline = UnpackRecords(dict.at("timeline").toGenericDict(), ActionTimingFields(), who + "timeline");

@@ -76,6 +76,15 @@ struct RankResult {
   // replica's microbatches ((its sequences · its padded length, k) int64), under RoutingName. The
   // judge's reference gives way to them where its own choice is decided within rounding.
   std::vector<reference::NamedTensors> routing;
+  // A run resumed from a checkpoint (scenario column `resume`) trains from step first_step on: its
+  // per-step vectors hold placeholders before it (NaN, -1, empty), so every index (and every
+  // record's step) is a step of the whole run.
+  int64_t first_step = 0;
+  // Such a run's state right after loading its checkpoint, read off this rank's live parameters,
+  // optimizer and data position: under checkpoint keys (checkpoint.h: weight/NAME, exp_avg/NAME,
+  // exp_avg_sq/NAME, step/NAME, expert_bias/NAME; a second copy on one rank under StageCopyKey's
+  // NAME@stageS), and data/next_step, data/replica. Empty for a run that loaded nothing.
+  reference::NamedTensors loaded;
   std::vector<ActionTiming> timeline;
   std::vector<BoundaryRecord> boundaries;  // every step's, in the order the rank met them
   std::vector<MessageRecord> messages;     // every step's, in the order the rank posted them

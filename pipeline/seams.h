@@ -112,6 +112,24 @@ class TensorSeams {
   // Around a W of `module`: what the first returns is handed to the second.
   virtual torch::Tensor BeforeWeightGradient(const torch::nn::Module& /*module*/) const { return {}; }
   virtual void AfterWeightGradient(const torch::nn::Module& /*module*/, const torch::Tensor& /*before*/) const {}
+  // Checkpoints at a resume (checkpoint.h), as the correct trainer writes and loads them.
+  // Whether the rank holding stage `stage` of replica 0 writes the stage's file.
+  virtual bool WritesStageFile(int /*stage*/, int /*stages*/) const { return true; }
+  // Whether rank 0 commits (and a loader accepts) only a checkpoint holding every file its layout
+  // writes; otherwise what is there is committed and loaded, the rest left as it was.
+  virtual bool RequiresCompleteCheckpoint() const { return true; }
+  // Whether AdamW's step count is loaded (else it restarts at 0, and its bias correction with it).
+  virtual bool RestoresAdamStep() const { return true; }
+  // Whether a parameter's moments are found under its name (else by its position among the
+  // parameters of the saved stage that had this stage's index, as a positional state dict maps them).
+  virtual bool MomentsByName() const { return true; }
+  // Whether the last stage's copy of a tied weight is loaded (else it keeps its initial values).
+  virtual bool RestoresTiedHeadCopy() const { return true; }
+  // Whether the data position is loaded (else the run starts again at the first batch).
+  virtual bool RestoresDataPosition() const { return true; }
+  // The replica whose saved data position replica `replica` of `replicas` loads, where the replica
+  // count is the checkpoint's.
+  virtual int DataReplicaToLoad(int replica, int /*replicas*/) const { return replica; }
 };
 
 // The executor's events, in the order a step meets them; the correct pipeline does nothing at any.

@@ -47,6 +47,12 @@ struct PipelineConfig {
   // Timed steps wanted for a within-run spread of tokens/s: where the judged steps time fewer
   // (the first is a warm-up), timing-only steps follow them (PipelineTrainer::Train); 0 none.
   int timed_samples = 0;
+  // Resumption (scenario column `resume`): the first step this run trains (the steps before it
+  // were an earlier run's, at its own layout), the checkpoint folder it starts from ("": the
+  // initial weights), and the one it writes after its last step ("": none). checkpoint.h.
+  int64_t first_step = 0;
+  std::string load_checkpoint;
+  std::string save_checkpoint;
 };
 
 // The simulator's unit costs for this configuration: a forward 1, a backward 1 (I and W a half

@@ -1,6 +1,7 @@
 // The pipeline trainer (see trainer.h).
 #include "pipeline/trainer.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,9 @@
 #include <limits>
 #include <string>
 
+#include <filesystem>
+
+#include "pipeline/checkpoint.h"
 #include "pipeline/gradient_sync.h"
 #include "pipeline/lowering.h"
 #include "pipeline/message.h"
@@ -60,7 +64,8 @@ PipelineTrainer::PipelineTrainer(const PipelineConfig& config, Schedule schedule
                                  Transport* replicas)
     : config_(config), transport_(transport), replicas_(config.data_parallel > 1 ? replicas : nullptr),
       seams_(SeamsFor(config, transport.rank())), messages_(seams_.wrap_messages(transport_)),
-      schedule_(std::move(schedule)), baseline_bytes_(reference::HeldTensorBytes(config.train.device)) {
+      schedule_(std::move(schedule)), baseline_bytes_(reference::HeldTensorBytes(config.train.device)),
+      replica_(config.replica), data_position_(config.first_step) {
   TORCH_CHECK(transport.world_size() == config.world_size, "the scenario has world_size ", config.world_size,
               " but ", transport.world_size(), " ranks were started");
   TORCH_CHECK(config.data_parallel == 1 || (replicas != nullptr && replicas->world_size() == config.data_parallel),
@@ -244,7 +249,8 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
     for (auto& stage : stages_) stage->optimizer = reference::MakeOptimizer(config_.train.optimizer, stage->parameters);
   }
   reference::StepWindow window(baseline_bytes_, config_.train.device);
-  const auto batch = reference::MakeBatch(config_.train.data, config_.train.seed, step);
+  const auto batch = reference::MakeBatch(config_.train.data, config_.train.seed, judged ? data_position_ : step);
+  if (judged) ++data_position_;
   averaged_this_step_ = false;
   const GradientStage* average = Find(path, GradientOp::kReplicaAverage);
   if (replicas_ != nullptr && average != nullptr && average->after_first_microbatch) {
@@ -312,19 +318,219 @@ void PipelineTrainer::Step(int64_t step, RankResult& result, bool judged) {
 RankResult PipelineTrainer::Train(const std::function<void(int64_t, const RankResult&)>& after_step) {
   RankResult result;
   result.rank = transport_.rank();
-  result.replica = config_.replica;
+  result.replica = replica_;
   result.replicas = config_.data_parallel;
   for (const auto& stage : stages_) result.stages.push_back(stage->index);
+  const int64_t first = config_.first_step;
+  TORCH_CHECK(first == 0 || !config_.load_checkpoint.empty(), "a run that starts at step ", first,
+              " needs a checkpoint to load");
+  if (!config_.load_checkpoint.empty()) {
+    LoadCheckpoint();
+    result.loaded = LoadedState();
+  }
+  // The steps an earlier run trained: placeholders, so that every index is a step of the whole run.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto unset = static_cast<size_t>(std::max<int64_t>(0, first));
+  result.first_step = first;
+  for (auto* values : {&result.losses, &result.aux_losses, &result.step_ms}) values->assign(unset, nan);
+  result.peak_bytes.assign(unset, -1);
+  const bool recorded = config_.train.record_gradients;
+  if (recorded) {
+    result.weights.resize(unset);
+    result.gradients.resize(unset);
+    if (config_.train.model.expert_bias > 0.0) result.expert_biases.resize(unset), result.expert_counts.resize(unset);
+    if (config_.train.model.HasExperts()) result.routing.resize(unset);
+  }
   transport_.OpenChannels(MessageChannels(config_, schedule_));
   AlignClocks();
-  for (int64_t step = 0; step < config_.train.steps; ++step) {
+  for (int64_t step = first; step < config_.train.steps; ++step) {
     Step(step, result);
     if (after_step) after_step(step, result);
   }
   result.final_weights = WeightCopies();
   if (config_.train.model.expert_bias > 0.0) result.final_expert_biases = BiasCopies();
+  if (!config_.save_checkpoint.empty()) SaveCheckpoint();  // before timing-only steps move anything
   RunTimingSteps(result);
   return result;
+}
+
+namespace {
+
+// Stage `stage`'s share of a checkpoint, under checkpoint keys.
+reference::NamedTensors StageState(const Stage& stage) {
+  reference::NamedTensors state;
+  for (const auto& item : stage.module->named_parameters()) {
+    state.insert(CheckpointKey("weight", item.key()), item.value().detach());
+    const auto saved = reference::StateOf(*stage.optimizer, item.value());
+    if (!saved.present) continue;
+    state.insert(CheckpointKey("exp_avg", item.key()), saved.exp_avg);
+    state.insert(CheckpointKey("exp_avg_sq", item.key()), saved.exp_avg_sq);
+    state.insert(CheckpointKey("step", item.key()), torch::scalar_tensor(saved.step, torch::kInt64));
+  }
+  for (const auto& item : stage.module->named_buffers()) {
+    state.insert(CheckpointKey("expert_bias", item.key()), item.value().detach());
+  }
+  return state;
+}
+
+std::string LayoutInWords(const PipelineConfig& config) {
+  return fmt::format("world_size {} schedule {} virtual_stages {} partition {} data_parallel {}", config.world_size,
+                     config.schedule, config.virtual_stages, config.partition, config.data_parallel);
+}
+
+}  // namespace
+
+void PipelineTrainer::SaveCheckpoint() const {
+  const std::string& folder = config_.save_checkpoint;
+  std::filesystem::create_directories(folder);
+  const int stages = schedule_.shape.stages();
+  if (replica_ == 0) {
+    for (const auto& stage : stages_) {
+      if (!seams_.tensors->WritesStageFile(stage->index, stages)) continue;
+      WriteTensorFile((std::filesystem::path(folder) / StageFileName(stage->index)).string(), StageState(*stage));
+    }
+  }
+  const bool first_stage = std::any_of(stages_.begin(), stages_.end(), [](const auto& s) { return s->index == 0; });
+  if (first_stage) {
+    reference::NamedTensors data;
+    data.insert("next_step", torch::scalar_tensor(data_position_, torch::kInt64));
+    data.insert("replica", torch::scalar_tensor(static_cast<int64_t>(config_.replica), torch::kInt64));
+    data.insert("replicas", torch::scalar_tensor(static_cast<int64_t>(config_.data_parallel), torch::kInt64));
+    WriteTensorFile((std::filesystem::path(folder) / DataFileName(replica_)).string(), data);
+  }
+}
+
+void PipelineTrainer::CommitCheckpoint() const {
+  const std::string& folder = config_.save_checkpoint;
+  if (folder.empty()) return;
+  const int stages = schedule_.shape.stages();
+  std::vector<std::string> files;
+  for (int s = 0; s < stages; ++s) {
+    const std::string name = StageFileName(s);
+    if (seams_.tensors->RequiresCompleteCheckpoint() || std::filesystem::exists(std::filesystem::path(folder) / name)) {
+      files.push_back(name);
+    }
+  }
+  for (int r = 0; r < config_.data_parallel; ++r) files.push_back(DataFileName(r));
+  CheckpointManifest manifest;
+  manifest.step = config_.train.steps;
+  manifest.stages = stages;
+  manifest.replicas = config_.data_parallel;
+  manifest.layout = LayoutInWords(config_);
+  WriteManifest(folder, manifest, files);
+}
+
+void PipelineTrainer::LoadCheckpoint() {
+  const std::string& folder = config_.load_checkpoint;
+  const auto& seams = *seams_.tensors;
+  const auto manifest = ReadManifest(folder);  // none: its writers did not all finish
+  if (manifest.step != config_.first_step) {
+    throw CheckpointError(fmt::format("{}: a checkpoint after step {}, where this run starts at step {}", folder,
+                                      manifest.step, config_.first_step));
+  }
+  if (seams.RequiresCompleteCheckpoint()) {
+    for (int s = 0; s < manifest.stages; ++s) {
+      const bool listed = std::any_of(manifest.files.begin(), manifest.files.end(),
+                                      [&](const CheckpointFile& f) { return f.name == StageFileName(s); });
+      if (!listed) {
+        throw CheckpointError(fmt::format("{}: the manifest of a {}-stage layout lists no {}: the checkpoint is "
+                                          "incomplete", (std::filesystem::path(folder) / kCheckpointManifest).string(),
+                                          manifest.stages, StageFileName(s)));
+      }
+    }
+  }
+  std::map<std::string, const CheckpointFile*> file_of;  // key -> the first file holding it
+  for (const auto& file : manifest.files) {
+    for (const auto& key : file.keys) file_of.emplace(key, &file);
+  }
+  std::map<std::string, reference::NamedTensors> read;  // file name -> its tensors, each verified once
+  const auto tensors_of = [&](const CheckpointFile& file) -> const reference::NamedTensors& {
+    auto found = read.find(file.name);
+    if (found != read.end()) return found->second;
+    VerifyFile(folder, file);
+    return read.emplace(file.name, ReadTensorFile((std::filesystem::path(folder) / file.name).string())).first->second;
+  };
+  // The tensor saved under `key`; undefined where the checkpoint has none.
+  const auto saved = [&](const std::string& key) -> torch::Tensor {
+    const auto found = file_of.find(key);
+    if (found == file_of.end()) return {};
+    const auto& tensors = tensors_of(*found->second);
+    return tensors.contains(key) ? tensors[key] : torch::Tensor();
+  };
+  torch::NoGradGuard no_grad;
+  for (auto& stage : stages_) {
+    // The saved stage of this index, for moments found by position.
+    std::vector<std::string> positional;
+    for (const auto& file : manifest.files) {
+      if (file.name != StageFileName(stage->index)) continue;
+      for (const auto& key : file.keys) {
+        if (SplitCheckpointKey(key).first == "exp_avg") positional.push_back(SplitCheckpointKey(key).second);
+      }
+    }
+    size_t position = 0;
+    for (const auto& item : stage->module->named_parameters()) {
+      const std::string& name = item.key();
+      auto parameter = item.value();
+      const bool tied_head_copy = config_.train.model.tied && name == "tok_embeddings.weight" &&
+                                  stage->slice.has_head && !stage->slice.has_embedding;
+      const auto weight = saved(CheckpointKey("weight", name));
+      if (!weight.defined()) {
+        if (seams.RequiresCompleteCheckpoint()) {
+          throw CheckpointError(fmt::format("{}: holds no weight for {} (stage {}): the checkpoint is not of this model",
+                                            folder, name, stage->index));
+        }
+      } else if (!tied_head_copy || seams.RestoresTiedHeadCopy()) {
+        TORCH_CHECK(weight.sizes() == parameter.sizes(), folder, ": ", name, " is ", weight.sizes(), " there, ",
+                    parameter.sizes(), " here");
+        parameter.copy_(weight);
+      }
+      std::string moments_of = name;
+      if (!seams.MomentsByName()) moments_of = position < positional.size() ? positional[position] : "";
+      ++position;
+      reference::ParameterState state;
+      const auto exp_avg = saved(CheckpointKey("exp_avg", moments_of));
+      if (exp_avg.defined() && exp_avg.sizes() != parameter.sizes() && seams.MomentsByName()) {
+        throw CheckpointError(fmt::format("{}: the moments of {} are {} there, {} here", folder, name,
+                                          c10::str(exp_avg.sizes()), c10::str(parameter.sizes())));
+      }
+      if (exp_avg.defined() && exp_avg.sizes() == parameter.sizes()) {
+        state.present = true;
+        state.exp_avg = exp_avg;
+        state.exp_avg_sq = saved(CheckpointKey("exp_avg_sq", moments_of));
+        state.step = seams.RestoresAdamStep() ? saved(CheckpointKey("step", moments_of)).item<int64_t>() : 0;
+        TORCH_CHECK(state.exp_avg_sq.defined(), folder, ": ", moments_of, " has exp_avg but no exp_avg_sq");
+      }
+      if (tied_head_copy && !seams.RestoresTiedHeadCopy()) continue;
+      reference::SetState(*stage->optimizer, parameter, state);
+    }
+    for (const auto& item : stage->module->named_buffers()) {
+      const auto bias = saved(CheckpointKey("expert_bias", item.key()));
+      if (bias.defined()) item.value().copy_(bias);
+    }
+  }
+  // The data position: this replica's own where the replica count is unchanged, else the step
+  // (every replica saved the same) with this rank's own share of each batch.
+  const bool same_replicas = manifest.replicas == config_.data_parallel;
+  const int source = same_replicas ? seams.DataReplicaToLoad(replica_, config_.data_parallel) : 0;
+  const auto found = std::find_if(manifest.files.begin(), manifest.files.end(),
+                                  [&](const CheckpointFile& f) { return f.name == DataFileName(source); });
+  if (found == manifest.files.end()) {
+    throw CheckpointError(fmt::format("{}: the manifest lists no {}", folder, DataFileName(source)));
+  }
+  const auto& data = tensors_of(*found);
+  if (seams.RestoresDataPosition()) data_position_ = data["next_step"].item<int64_t>();
+  else data_position_ = 0;
+  if (same_replicas) config_.replica = static_cast<int>(data["replica"].item<int64_t>());
+}
+
+reference::NamedTensors PipelineTrainer::LoadedState() const {
+  reference::NamedTensors state;
+  for (const auto& stage : stages_) {
+    for (const auto& item : StageState(*stage)) Record(state, item.key(), stage->index, item.value());
+  }
+  state.insert("data/next_step", torch::scalar_tensor(data_position_, torch::kInt64));
+  state.insert("data/replica", torch::scalar_tensor(static_cast<int64_t>(config_.replica), torch::kInt64));
+  return state;
 }
 
 void PipelineTrainer::RunTimingSteps(RankResult& result) {

@@ -74,6 +74,10 @@ class PipelineTrainer {
 
   const Schedule& schedule() const { return schedule_; }
 
+  // Global rank 0, once every rank has written its share of config.save_checkpoint (its results
+  // arrived after it had): the manifest that makes the checkpoint complete (checkpoint.h).
+  void CommitCheckpoint() const;
+
   // Marks a phase outside the schedule's actions (gathering results) in the flight record.
   void RecordPhase(int64_t step, const std::string& what, int peer);
   void EndPhase();
@@ -100,6 +104,12 @@ class PipelineTrainer {
   // tokens/s has a spread: as many as make config.timed_samples timed steps, within
   // kTimingBudgetMs of the judged steps' pace; every rank of every replica agrees on the count.
   void RunTimingSteps(RankResult& result);
+  // Resumption: this rank's share of config.save_checkpoint after the last step, and the state of
+  // config.load_checkpoint set into its stages, optimizer and data position before the first;
+  // what it then holds, read back (RankResult::loaded).
+  void SaveCheckpoint() const;
+  void LoadCheckpoint();
+  reference::NamedTensors LoadedState() const;
 
   PipelineConfig config_;
   RecordingTransport transport_;  // every step's messages recorded, for the communication check
@@ -115,6 +125,8 @@ class PipelineTrainer {
   std::unique_ptr<reference::GradientAccumulator> accumulator_;  // over OwnedParameters()
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<FlightRecorder> recorder_;  // config.flight_record's, or one that records nothing
+  int replica_ = 0;  // this rank's replica; config_.replica is whose share of each batch it trains on
+  int64_t data_position_ = 0;  // the batch the next judged step trains on
 };
 
 }  // namespace pipecheck::pipeline

@@ -69,4 +69,30 @@ void ScaleGradients(const std::vector<torch::Tensor>& parameters, double factor)
   }
 }
 
+ParameterState StateOf(torch::optim::Optimizer& optimizer, const torch::Tensor& parameter) {
+  ParameterState state;
+  const auto found = optimizer.state().find(parameter.unsafeGetTensorImpl());
+  if (found == optimizer.state().end()) return state;
+  const auto* adam = dynamic_cast<const torch::optim::AdamWParamState*>(found->second.get());
+  TORCH_CHECK(adam != nullptr, "only AdamW keeps optimizer state here");
+  state.present = true;
+  state.step = adam->step();
+  state.exp_avg = adam->exp_avg().detach().clone();
+  state.exp_avg_sq = adam->exp_avg_sq().detach().clone();
+  return state;
+}
+
+void SetState(torch::optim::Optimizer& optimizer, const torch::Tensor& parameter, const ParameterState& state) {
+  void* key = parameter.unsafeGetTensorImpl();
+  if (!state.present) {
+    optimizer.state().erase(key);
+    return;
+  }
+  auto adam = std::make_unique<torch::optim::AdamWParamState>();
+  adam->step(state.step);
+  adam->exp_avg(state.exp_avg.detach().to(parameter.device()).clone());
+  adam->exp_avg_sq(state.exp_avg_sq.detach().to(parameter.device()).clone());
+  optimizer.state()[key] = std::move(adam);
+}
+
 }  // namespace pipecheck::reference

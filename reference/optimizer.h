@@ -55,4 +55,18 @@ void ScaleGradients(const std::vector<torch::Tensor>& parameters, double factor)
 // rests on both trainers computing the same step from the same inputs. Costs nothing on a GPU.
 void DeterministicStep(torch::optim::Optimizer& optimizer);
 
+// One parameter's optimizer state, as a checkpoint holds it: AdamW's two moments and its step
+// count; `present` false where the optimizer keeps none for it (SGD, or no step taken yet).
+struct ParameterState {
+  bool present = false;
+  int64_t step = 0;
+  torch::Tensor exp_avg, exp_avg_sq;
+};
+
+// `parameter`'s state in `optimizer` (its moments copied), and the same set back (copies of
+// `state`'s, on the parameter's device, replacing whatever was there). Setting a state that is not
+// `present` removes the parameter's.
+ParameterState StateOf(torch::optim::Optimizer& optimizer, const torch::Tensor& parameter);
+void SetState(torch::optim::Optimizer& optimizer, const torch::Tensor& parameter, const ParameterState& state);
+
 }  // namespace pipecheck::reference

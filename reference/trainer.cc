@@ -322,4 +322,30 @@ NamedTensors ReferenceTrainer::Gradients() const {
   return gradients;
 }
 
+NamedTensors ReferenceTrainer::OptimizerState() const {
+  NamedTensors state;
+  for (const auto& item : model_->named_parameters()) {
+    const auto saved = StateOf(*optimizer_, item.value());
+    if (!saved.present) continue;
+    state.insert("exp_avg/" + item.key(), saved.exp_avg);
+    state.insert("exp_avg_sq/" + item.key(), saved.exp_avg_sq);
+    state.insert("step/" + item.key(), torch::scalar_tensor(saved.step, torch::kInt64));
+  }
+  return state;
+}
+
+void ReferenceTrainer::SetOptimizerState(const NamedTensors& state) {
+  for (const auto& item : model_->named_parameters()) {
+    ParameterState set;
+    const std::string avg = "exp_avg/" + item.key();
+    if (state.contains(avg)) {
+      set.present = true;
+      set.exp_avg = state[avg];
+      set.exp_avg_sq = state["exp_avg_sq/" + item.key()];
+      set.step = state["step/" + item.key()].item<int64_t>();
+    }
+    SetState(*optimizer_, item.value(), set);
+  }
+}
+
 }  // namespace pipecheck::reference

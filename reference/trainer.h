@@ -173,6 +173,10 @@ class ReferenceTrainer {
 
   NamedTensors Weights() const;    // detached copies
   NamedTensors Gradients() const;  // detached copies; undefined gradients are skipped
+  // The optimizer's state by parameter name, as a checkpoint keys it ("exp_avg/NAME",
+  // "exp_avg_sq/NAME", "step/NAME"; nothing for a parameter without state), and set back from it.
+  NamedTensors OptimizerState() const;
+  void SetOptimizerState(const NamedTensors& state);
   TransformerSlice& model() { return model_; }
 
  private:

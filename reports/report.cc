@@ -99,6 +99,7 @@ const Fields<StepRow>& StepFields() {
   static const Fields<StepRow> fields = {
       field::Text("scenario", &R::scenario), field::Integer("step", &R::step), field::Real("loss_ref", &R::loss_ref),
       field::Real("loss_pp", &R::loss_pp),   field::Real("abs_diff", &R::abs_diff),
+      field::Integer("layout", &R::layout),
   };
   return fields;
 }
@@ -120,6 +121,7 @@ const Fields<TimelineRow>& TimelineFields() {
       field::OptionalReal("step_start_us", &R::step_start_us),
       field::OptionalInteger("peak_bytes", &R::peak_bytes),
       field::OptionalInteger("peak_bytes_predicted", &R::peak_bytes_predicted),
+      field::Integer("layout", &R::layout),
   };
   return fields;
 }

@@ -82,6 +82,8 @@ struct StepRow {
   std::string scenario;
   int64_t step = 0;
   double loss_ref = 0, loss_pp = 0, abs_diff = 0;
+  // Which layout trained the step: 0 the row's own, i the one after its i-th resume (`resume`).
+  int64_t layout = 0;
 };
 const Fields<StepRow>& StepFields();
 
@@ -97,6 +99,7 @@ struct TimelineRow {
   double wait_start_us = 0;
   std::optional<double> step_start_us;  // none in a timeline read from flight records
   std::optional<int64_t> peak_bytes, peak_bytes_predicted;
+  int64_t layout = 0;  // as StepRow's: which layout of a resumed run
 };
 const Fields<TimelineRow>& TimelineFields();
 

@@ -30,7 +30,7 @@ namespace pipecheck::scenarios {
 namespace {
 
 // The columns of a suite, in docs/scenarios.md order (Columns() lists them).
-constexpr size_t kColumnCount = 43;
+constexpr size_t kColumnCount = 44;
 
 const std::vector<std::string> kFlavors = {"llama", "gpt2"};
 const std::vector<std::string> kRouters = {"softmax", "sigmoid"};
@@ -417,6 +417,11 @@ std::vector<Column> DataColumns() {
           .Means("rounds of the schedule per optimizer step (below)").Config(In::kUnlessDefault).InSummary(),
       ChoiceColumn("loss", &Scenario::loss, kLossModes)
           .Means("how the step's loss is normalised (below)").Config(In::kUnlessDefault),
+      TextColumn("resume", [](Scenario& s, const std::string& v) { s.resume = v; },
+                 [](const Scenario& s) { return s.resume; },
+                 "`STEP` or `STEP:COLUMN=VALUE;…`, several joined by `|`")
+          .Means("stop after STEP, checkpoint, resume at the layout the columns give (below)")
+          .Config(In::kUnlessDefault),
   };
 }
 
@@ -840,6 +845,109 @@ void CheckModelAndDevice(const Scenario& s, unsigned line, const Locator& at) {
   }
 }
 
+// The columns a resume may change: the layout, never the model, data, optimizer or seed
+// (harness/resume.cc takes these, and only these, from each layout).
+const std::vector<std::string>& ResumeColumns() {
+  static const std::vector<std::string> columns = {"world_size",    "schedule",  "virtual_stages", "partition",
+                                                   "data_parallel", "recompute", "accumulation"};
+  return columns;
+}
+
+void CheckCombinations(Scenario& s, unsigned line, const Locator& at);
+
+// `resume`: each STEP[:COLUMN=VALUE;...], the steps rising inside [1, steps), its layout built
+// from the one before and held to every rule a row's layout is held to (s.layouts).
+void CheckResume(Scenario& s, unsigned line, const Locator& at) {
+  s.resumes.clear();
+  s.layouts.clear();
+  if (s.resume.empty()) return;
+  const auto fail = [&](const std::string& problem) { return at.At(line, "resume", s.resume, problem); };
+  if (s.trainer != "pipecheck") {
+    throw fail(fmt::format("resumption is judged for pipecheck's own trainer; trainer {} does not resume yet",
+                           s.trainer));
+  }
+  std::stringstream parts(s.resume);
+  std::string part;
+  Scenario previous = s;
+  previous.resume.clear();
+  int64_t last_step = 0;
+  while (std::getline(parts, part, '|')) {
+    part = Trim(part);
+    const auto colon = part.find(':');
+    Scenario::Resume resume;
+    int64_t step = 0;
+    try {
+      step = ParseInteger(Trim(part.substr(0, colon)), 1, kMaxSteps);
+    } catch (const ValueProblem& problem) {
+      throw fail(fmt::format("'{}': the step: {}", part, problem.what));
+    }
+    if (step <= last_step || step >= s.steps) {
+      throw fail(fmt::format("'{}': a resume after step {} must come after the previous one ({}) and before the "
+                             "last step ({} steps)", part, step, last_step, s.steps));
+    }
+    resume.step = last_step = step;
+    Scenario layout = previous;
+    bool virtual_stages_given = false;
+    if (colon != std::string::npos) {
+      // Settings are joined by ';', which also joins a partition's counts: a piece without '='
+      // continues the setting before it (`partition=1;3;world_size=2`).
+      std::stringstream pieces(part.substr(colon + 1));
+      std::vector<std::string> settings;
+      std::string piece;
+      while (std::getline(pieces, piece, ';')) {
+        piece = Trim(piece);
+        if (piece.find('=') == std::string::npos && !settings.empty()) {
+          settings.back() += ";" + piece;
+        } else {
+          settings.push_back(piece);
+        }
+      }
+      for (const std::string& setting : settings) {
+        const auto equals = setting.find('=');
+        const std::string column = Trim(setting.substr(0, equals));
+        const auto& allowed = ResumeColumns();
+        if (equals == std::string::npos || std::find(allowed.begin(), allowed.end(), column) == allowed.end()) {
+          throw fail(fmt::format("'{}': a resume sets COLUMN=VALUE of the layout ({}); the model, data, optimizer "
+                                 "and seed stay the row's", setting, fmt::join(allowed, ", ")));
+        }
+        const std::string value = Trim(setting.substr(equals + 1));
+        const auto found = std::find_if(Columns().begin(), Columns().end(),
+                                        [&](const Column& c) { return c.name == column; });
+        try {
+          found->parse(layout, value);
+        } catch (const ValueProblem& problem) {
+          throw fail(fmt::format("'{}': {}", setting, problem.what));
+        }
+        virtual_stages_given = virtual_stages_given || column == "virtual_stages";
+        if (column == "schedule") {  // csv:PATH, relative to the suite file as the row's own
+          layout.schedule_written = layout.schedule;
+          const std::string prefix = "csv:";
+          const std::filesystem::path path = layout.schedule.rfind(prefix, 0) == 0 ? layout.schedule.substr(prefix.size()) : "";
+          if (!path.empty() && path.is_relative()) {
+            const std::string file = s.source.substr(0, s.source.rfind(':'));
+            layout.schedule = prefix + (std::filesystem::path(file).parent_path() / path).string();
+          }
+        }
+        resume.settings.emplace_back(column, value);
+      }
+    }
+    // A new schedule without virtual_stages takes the schedule's own default, as a row does.
+    const auto& rules = CurrentVocabulary()->schedule_rules;
+    const auto rule = std::find_if(rules.begin(), rules.end(), [&](const ScheduleRule& r) { return r.name == layout.schedule; });
+    if (!virtual_stages_given && layout.schedule != previous.schedule && rule != rules.end()) {
+      layout.virtual_stages = rule->default_virtual_stages;
+    }
+    try {
+      CheckCombinations(layout, line, at);
+    } catch (const ScenarioError& error) {
+      throw fail(fmt::format("the layout after step {} breaks a rule: {}", step, error.what()));
+    }
+    s.resumes.push_back(resume);
+    s.layouts.push_back(layout);
+    previous = layout;
+  }
+}
+
 // Rules that involve several columns; defaults resolved first. Independent rules, each naming the
 // columns it relates, in the order the first broken one is reported.
 void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
@@ -854,6 +962,7 @@ void CheckCombinations(Scenario& s, unsigned line, const Locator& at) {
   }
   CheckLayout(s, line, at);
   CheckPartitionCounts(s, line, at);
+  if (!s.resume.empty()) CheckResume(s, line, at);
 }
 
 using Reader = io::CSVReader<kColumnCount, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>,

@@ -84,6 +84,16 @@ struct Scenario {
   std::string trainer = "pipecheck";
   // Free text for people (the upstream issue an expect=fail row reproduces); changes nothing.
   std::string note;
+  // Stop, reshard, resume: `resume` as written ("2:world_size=4|4:world_size=1"); each resume's
+  // step and layout settings in order, and the scenario at the layout after each (every column
+  // the row's but those; validated as a row is). Empty: the run never stops.
+  struct Resume {
+    int64_t step = 0;
+    std::vector<std::pair<std::string, std::string>> settings;  // column, value
+  };
+  std::string resume;
+  std::vector<Resume> resumes;
+  std::vector<Scenario> layouts;
 
   // Where it came from, for messages: "core.csv:7", and where its file's columns sit (1-based).
   std::string source;

@@ -398,6 +398,50 @@ TEST(ScenarioLoader, DataParallelAndRecomputeKeepOnePipelinesFingerprint) {
   EXPECT_NE(Configuration(rounds).find("accumulation=3"), std::string::npos);
 }
 
+// resume: each STEP[:COLUMN=VALUE;...] builds the next layout from the one before, held to a
+// row's rules; only the layout may change, and the steps rise inside [1, steps).
+TEST(ScenarioLoader, ResumeLayoutsAreBuiltInTurnAndHeldToEveryRule) {
+  const auto row = ParseSuite("name,tied,steps,resume\nx,1,6,2:world_size=4|4:world_size=1;schedule=gpipe\n",
+                              "suite.csv")[0];
+  ASSERT_EQ(row.resumes.size(), 2u);
+  EXPECT_EQ(row.resumes[0].step, 2);
+  EXPECT_EQ(row.layouts[0].world_size, 4);
+  EXPECT_EQ(row.layouts[0].schedule, "1f1b");  // unchanged columns carry over from the previous layout
+  EXPECT_EQ(row.layouts[1].world_size, 1);
+  EXPECT_EQ(row.layouts[1].schedule, "gpipe");
+  EXPECT_EQ(row.world_size, 2);
+  // A new schedule takes its own virtual_stages unless the resume gives them.
+  const auto v = ParseSuite("name,steps,resume\nx,4,2:schedule=zbv\n", "suite.csv")[0];
+  EXPECT_EQ(v.layouts[0].virtual_stages, 2);
+  EXPECT_NE(Configuration(v).find("resume=2:schedule=zbv"), std::string::npos);
+  EXPECT_EQ(Configuration(ParseSuite("name\nx\n", "suite.csv")[0]).find("resume"), std::string::npos);
+  EXPECT_EQ(ParseSuite("name,steps,resume\nx,4,3\n", "suite.csv")[0].layouts[0].world_size, 2);  // same layout
+
+  EXPECT_EQ(ErrorFor("name,steps,resume\nx,4,4\n"),
+            "suite.csv:2:3: column 'resume', value '4': '4': a resume after step 4 must come after the previous one "
+            "(0) and before the last step (4 steps)");
+  EXPECT_EQ(ErrorFor("name,steps,resume\nx,6,3|2\n"),
+            "suite.csv:2:3: column 'resume', value '3|2': '2': a resume after step 2 must come after the previous one "
+            "(3) and before the last step (6 steps)");
+  EXPECT_EQ(ErrorFor("name,steps,resume\nx,4,two\n").substr(0, 52), "suite.csv:2:3: column 'resume', value 'two': 'two': ");
+  EXPECT_EQ(ErrorFor("name,steps,resume\nx,4,2:lr=1\n"),
+            "suite.csv:2:3: column 'resume', value '2:lr=1': 'lr=1': a resume sets COLUMN=VALUE of the layout "
+            "(world_size, schedule, virtual_stages, partition, data_parallel, recompute, accumulation); the model, "
+            "data, optimizer and seed stay the row's");
+  EXPECT_NE(ErrorFor("name,steps,resume\nx,4,2:world_size=0\n").find("'world_size=0': "), std::string::npos);
+  // The layout after the resume breaks a rule a row would be held to: a V of three stages per rank.
+  const std::string broken = ErrorFor("name,steps,resume\nx,4,2:schedule=zbv;virtual_stages=3\n");
+  EXPECT_EQ(broken.rfind("suite.csv:2:3: column 'resume', value '2:schedule=zbv;virtual_stages=3': the layout after "
+                         "step 2 breaks a rule: suite.csv:2: column 'virtual_stages'", 0), 0u) << broken;
+  EXPECT_NE(ErrorFor("name,steps,resume\nx,4,2:partition=1;2\n"), "");  // 3 layers of 4
+  const auto counts = ParseSuite("name,steps,resume\nx,4,2:partition=1;3;world_size=2\n", "suite.csv")[0];
+  EXPECT_EQ(counts.layouts[0].partition, "1;3");
+  EXPECT_EQ(counts.resumes[0].settings.size(), 2u);
+  EXPECT_EQ(ErrorFor("name,trainer,dtype,steps,resume\nx,torch,float32,4,2\n"),
+            "suite.csv:2:5: column 'resume', value '2': resumption is judged for pipecheck's own trainer; trainer "
+            "torch does not resume yet");
+}
+
 TEST(ScenarioLoader, RejectsRowsWithTheWrongFieldCount) {
   EXPECT_EQ(ErrorFor("name,layers\nx,2\ny\n"), "suite.csv:3: too few fields: the header has 2 columns");
   EXPECT_EQ(ErrorFor("name,layers\nx,2,3\n"), "suite.csv:2: too many fields: the header has 2 columns");
