@@ -45,7 +45,8 @@ namespace fs = std::filesystem;
 using reference::NamedTensors;
 
 nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
-                          const std::vector<reference::Batch>& batches, const NamedTensors& weights) {
+                          const std::vector<reference::Batch>& batches, const NamedTensors& weights,
+                          const Segment& segment) {
   const auto effective = WithEffectiveValues(scenario);
   nlohmann::json config;
   config["protocol"] = 1;
@@ -58,6 +59,14 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const pipeline::P
   config["world_size"] = scenario.world_size;
   config["virtual_stages"] = scenario.virtual_stages;
   config["steps"] = scenario.steps;
+  if (segment.count > 1) {
+    // A stretch of a resumed run: train steps first_step .. steps - 1, after loading the trainer's
+    // own checkpoint from "load" (none for the first), and write it into "save" after the last
+    // (none for the last stretch).
+    config["resume"] = {{"first_step", segment.first_step},
+                        {"load", segment.load_checkpoint.empty() ? "" : fs::absolute(segment.load_checkpoint).string()},
+                        {"save", segment.save_checkpoint.empty() ? "" : fs::absolute(segment.save_checkpoint).string()}};
+  }
   config["microbatches"] = scenario.microbatches;
   // The step's microbatches in order: replica by replica, each replica's accumulation rounds one
   // after another, each round `microbatches` of them (docs/protocol.md).
@@ -301,15 +310,28 @@ NamedTensors ReadExpertCounts(const c10::IValue& value, const NamedTensors& bias
 pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios::Scenario& scenario,
                               const pipeline::PipelineShape& shape, const NamedTensors& initial,
                               const NamedTensors& initial_biases,
-                              const std::vector<std::vector<MicrobatchCut>>& microbatches) {
+                              const std::vector<std::vector<MicrobatchCut>>& microbatches, int64_t first_step) {
   pipeline::RankResult result;
   result.rank = rank;
+  // A resumed stretch: placeholders for the steps before it, start.pt being what the rank loaded.
+  const auto unset = static_cast<size_t>(first_step);
+  result.first_step = first_step;
+  result.weights.resize(unset);
+  result.gradients.resize(unset);
+  result.losses.assign(unset, std::nan(""));
+  result.aux_losses.assign(unset, std::nan(""));
+  result.step_ms.assign(unset, std::nan(""));
+  result.peak_bytes.assign(unset, -1);
+  if (scenario.expert_bias > 0.0) result.expert_counts.resize(unset), result.expert_biases.resize(unset);
   for (int stage = 0; stage < shape.stages(); ++stage) {
     if (shape.RankOfStage(stage) == rank) result.stages.push_back(stage);
   }
   const std::string who = fmt::format("rank {}", rank);
   const auto start = ReadDict(folder / "start.pt", who);
   result.weights.push_back(ReadTensors(c10::IValue(start), initial, fmt::format("rank {} start.pt", rank)));
+  if (first_step > 0) {
+    for (const auto& item : result.weights.back()) result.loaded.insert("weight/" + item.key(), item.value());
+  }
   NamedTensors initial_float32;  // what master weights are read against: made at the first
   const auto float32_initial = [&]() -> const NamedTensors& {
     if (initial_float32.is_empty()) {
@@ -317,7 +339,7 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
     }
     return initial_float32;
   };
-  for (int64_t step = 0; step < scenario.steps; ++step) {
+  for (int64_t step = first_step; step < scenario.steps; ++step) {
     const std::string file = fmt::format("step_{}.pt", step);
     const std::string what = fmt::format("rank {} {}", rank, file);
     const auto record = ReadDict(folder / file, who);
@@ -330,7 +352,7 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
     result.gradients.push_back(ReadTensors(Entry(record, "grads"), master.isNone() ? initial : float32_initial(),
                                            what + " grads"));
     auto after = ReadTensors(Entry(record, "weights"), initial, what + " weights");
-    if (master.isNone() != result.master_weights.empty() && step > 0) {
+    if (master.isNone() != (result.master_weights.size() <= unset) && step > first_step) {
       throw ProtocolError(fmt::format("{}: \"master_weights\" {} while step 0's record {} them (every step or none)", what,
                                       master.isNone() ? "missing" : "given", master.isNone() ? "gave" : "did not give"));
     }
@@ -339,6 +361,7 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
         throw ProtocolError(fmt::format("{}: \"master_weights\" are for lower-precision parameters, but the scenario's "
                                         "dtype is {}", what, scenario.dtype));
       }
+      if (result.master_weights.size() < unset) result.master_weights.resize(unset);
       result.master_weights.push_back(ReadTensors(master, float32_initial(), what + " master_weights"));
     }
     const auto loss = Scalar(record, "loss", what);
@@ -372,6 +395,11 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
         NamedTensors start;
         for (const auto& item : biases) start.insert(item.key(), initial_biases[item.key()]);
         result.expert_biases.push_back(std::move(start));
+      } else if (step == first_step) {
+        // A resumed stretch starts from biases it does not hand back: the judge holds the moved
+        // ones against the reference from the next step on; this step's starting ones are the
+        // previous stretch's last.
+        result.expert_biases.push_back(NamedTensors());
       }
       if (step + 1 < scenario.steps) {
         result.expert_biases.push_back(std::move(biases));
@@ -385,7 +413,8 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
 
 // Every step's loss came back from some rank, and step times from all ranks or none.
 void CheckCompleteness(const std::vector<pipeline::RankResult>& ranks, int64_t steps) {
-  for (int64_t step = 0; step < steps; ++step) {
+  const int64_t first = ranks.empty() ? 0 : ranks.front().first_step;
+  for (int64_t step = first; step < steps; ++step) {
     const bool has_loss = std::any_of(ranks.begin(), ranks.end(), [&](const pipeline::RankResult& r) {
       return !std::isnan(r.losses[static_cast<size_t>(step)]);
     });
@@ -394,11 +423,13 @@ void CheckCompleteness(const std::vector<pipeline::RankResult>& ranks, int64_t s
                                       "computes it)", step, step));
     }
   }
-  const bool any_timed = std::any_of(ranks.begin(), ranks.end(), [](const pipeline::RankResult& r) {
-    return std::none_of(r.step_ms.begin(), r.step_ms.end(), [](double ms) { return std::isnan(ms); });
-  });
+  const auto timed_all = [&](const pipeline::RankResult& r) {
+    return std::none_of(r.step_ms.begin() + std::min<int64_t>(first, static_cast<int64_t>(r.step_ms.size())),
+                        r.step_ms.end(), [](double ms) { return std::isnan(ms); });
+  };
+  const bool any_timed = std::any_of(ranks.begin(), ranks.end(), timed_all);
   for (auto& rank : ranks) {
-    const bool timed = std::none_of(rank.step_ms.begin(), rank.step_ms.end(), [](double ms) { return std::isnan(ms); });
+    const bool timed = timed_all(rank);
     if (any_timed && !timed) {
       throw ProtocolError(fmt::format("rank {} left out \"step_ms\" in some step while other ranks timed every step", rank.rank));
     }
@@ -437,7 +468,7 @@ std::string ExchangeInputs(const std::string& directory) { return (fs::path(dire
 std::string ExchangeOutputs(const std::string& directory) { return (fs::path(directory) / "exchange" / "out").string(); }
 
 void PrepareExchange(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
-                     const std::string& directory) {
+                     const std::string& directory, const Segment& segment) {
   const fs::path in = ExchangeInputs(directory);
   RemoveTree(fs::path(directory) / "exchange");
   fs::create_directories(in);
@@ -452,11 +483,11 @@ void PrepareExchange(const scenarios::Scenario& scenario, const pipeline::Pipeli
     batches.push_back(reference::MakeBatch(train.data, train.seed, step));
     SaveBatch(batches.back(), (in / fmt::format("batch_{}.pt", step)).string());
   }
-  reports::WriteFileAtomically((in / "config.json").string(), ConfigJson(scenario, shape, batches, weights).dump(2) + "\n");
+  reports::WriteFileAtomically((in / "config.json").string(), ConfigJson(scenario, shape, batches, weights, segment).dump(2) + "\n");
 }
 
 reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
-                                      const std::string& directory) {
+                                      const std::string& directory, const Segment& segment) {
   const auto view = ExternalTrainerView(scenario);
   // The reference taps the stage boundaries, as for pipecheck's own ranks; they are judged where
   // the trainer handed some back.
@@ -470,7 +501,8 @@ reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const
     for (int process = 0; process < scenario.Processes(); ++process) {
       const int rank = process % static_cast<int>(scenario.world_size);
       auto result = ReadRank(fs::path(ExchangeOutputs(directory)) / fmt::format("rank{}", process), rank, scenario,
-                             shape, oracle.InitialWeights(), oracle.InitialExpertBiases(), microbatches);
+                             shape, oracle.InitialWeights(), oracle.InitialExpertBiases(), microbatches,
+                             segment.first_step);
       result.replica = process / static_cast<int>(scenario.world_size);
       result.replicas = static_cast<int>(scenario.data_parallel);
       ranks.push_back(std::move(result));
@@ -484,8 +516,9 @@ reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const
   const auto schedule = pipeline::EmptySchedule(scenario.schedule, shape, /*virtual_stages_allowed=*/true);
   const pipeline::SimulationResult simulation;
   const pipeline::MemoryPrediction memory;
-  auto report = CompareWithReference(
-      {scenario, oracle, ranks, schedule, simulation, memory, /*check_communication=*/false, &view});
+  ParityInput input{scenario, oracle, ranks, schedule, simulation, memory, /*check_communication=*/false, &view};
+  if (segment.count > 1) input.segment = &segment;
+  auto report = CompareWithReference(input);
   report.summary.bubble_theory.reset();
   if (report.summary.bubble_measured && std::isnan(*report.summary.bubble_measured)) report.summary.bubble_measured.reset();
   return report;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/plan.h"
 #include "pipeline/schedule.h"
 #include "reports/report.h"
 #include "scenarios/scenario.h"
@@ -22,15 +23,19 @@ std::string ExchangeOutputs(const std::string& directory);  // DIR/exchange/out
 // Writes config.json, weights.pt and batch_K.pt (every step) into ExchangeInputs(directory), and
 // empties ExchangeOutputs(directory).
 // `shape` as JudgeExchange's.
+// A stretch of a resumed run (`segment`, plan.h) adds config.json's "resume": the step it starts
+// at and the folders the trainer loads its own checkpoint from and writes it into.
 void PrepareExchange(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
-                     const std::string& directory);
+                     const std::string& directory, const Segment& segment = {});
 
 // Reads ExchangeOutputs(directory) and judges it against the reference. A breach of the protocol
 // (a missing file or step, an unknown name, a wrong shape, a non-finite number) is an ERROR
 // naming the rank, step, file and what is wrong; otherwise the verdict of harness/parity.h.
 // `shape`: where pipecheck's own schedule of the same layout puts the stages (the plan's).
+// A stretch of a resumed run reads the steps from its first on, start.pt being what the ranks
+// loaded, and is judged as one (parity.h's segment).
 reports::ScenarioReport JudgeExchange(const scenarios::Scenario& scenario, const pipeline::PipelineShape& shape,
-                                      const std::string& directory);
+                                      const std::string& directory, const Segment& segment = {});
 
 // The Python that runs trainer=torch and external:*.py trainers: $PIPECHECK_PYTHON, else the one
 // this build was configured with (its torch is the LibTorch pipecheck links).

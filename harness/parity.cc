@@ -851,7 +851,9 @@ std::string InWords(const std::string& key) {
 // every rank of this layout loaded against the checkpoint, all bitwise; each replica's data
 // position must be step k of its own share. The updater carries on from the previous judge's state,
 // so the update judged at step k is the one a run that never stopped makes.
-void JudgeResume(const ParityInput& input, const Segment& segment, Verdicts& verdicts) {
+// Returns the expert biases the previous ranks ended with (a trainer that hands back none at the
+// resume starts from them).
+NamedTensors JudgeResume(const ParityInput& input, const Segment& segment, Verdicts& verdicts) {
   const size_t step = static_cast<size_t>(segment.first_step);
   const std::string at = fmt::format("resume before step {}", step);
   const NamedTensors ended = pipeline::ReadTensorFile(segment.judge_state_in);
@@ -863,11 +865,18 @@ void JudgeResume(const ParityInput& input, const Segment& segment, Verdicts& ver
   input.oracle.SetUpdaterState(updater);
   std::optional<pipeline::CheckpointContents> saved;
   std::string unreadable;  // why the checkpoint cannot be loaded, said with the first parameter it cost
+  // Another trainer writes its own format: what its ranks loaded is held to where the previous
+  // ranks ended, its optimizer state by the update judged after the resume.
+  const bool own_format = !input.scenario.ExternalTrainer();
   try {
-    saved = pipeline::ReadCheckpoint(segment.load_checkpoint);
+    if (own_format) saved = pipeline::ReadCheckpoint(segment.load_checkpoint);
   } catch (const pipeline::CheckpointError& error) {
     unreadable = fmt::format("{}: the checkpoint cannot be loaded ({}), yet the ranks loaded it", at, error.what());
   }
+  verdicts.figures.resume_against =
+      own_format ? "(weights, AdamW's moments and step counts, expert biases, data positions) bitwise equal to the "
+                   "checkpoint"
+                 : "(weights) bitwise equal to those the previous layout's ranks ended with";
   // 1. What was saved against where the previous layout's ranks ended.
   if (saved) {
     for (const auto& item : ended) {
@@ -898,7 +907,12 @@ void JudgeResume(const ParityInput& input, const Segment& segment, Verdicts& ver
   }
   // 2. What each rank loaded against what was saved (or, where the checkpoint cannot be read,
   // its weights against where the previous ranks ended).
+  auto& checked = verdicts.figures.resume_tensors_checked;
+  checked = 0;
+  verdicts.figures.resume_step = segment.first_step;
+  verdicts.figures.resume_ranks = static_cast<int64_t>(input.ranks.size());
   for (const auto& rank : input.ranks) {
+    *checked += static_cast<int64_t>(rank.loaded.size());
     if (rank.loaded.is_empty()) {
       verdicts.problems.Add(step, Evidence::kResume, fmt::format("{}: {} handed back no loaded state", at, rank.Who()));
       continue;
@@ -961,6 +975,12 @@ void JudgeResume(const ParityInput& input, const Segment& segment, Verdicts& ver
   if (!unreadable.empty()) {
     verdicts.problems.Add(step, Evidence::kResume, unreadable + ", every weight as the previous ranks ended");
   }
+  NamedTensors biases;
+  for (const auto& item : ended) {
+    const auto [part, name] = pipeline::SplitCheckpointKey(item.key());
+    if (part == "expert_bias") biases.insert(name, item.value());
+  }
+  return biases;
 }
 
 // Steps 1 and 2 of the header comment, every step in order. Returns the pipeline's final
@@ -984,7 +1004,10 @@ NamedTensors JudgeSteps(const ParityInput& input, const pipeline::PipelineConfig
   }
   const bool biased = scenario.expert_bias > 0.0;
   NamedTensors bias_start = biased ? PipelineBiases(input.ranks, first, steps) : NamedTensors();
-  if (first > 0) JudgeResume(input, *segment, verdicts);
+  if (first > 0) {
+    const NamedTensors ended_biases = JudgeResume(input, *segment, verdicts);
+    if (biased && bias_start.is_empty()) bias_start = ended_biases;  // a trainer that hands none back
+  }
   for (const auto& item : first > 0 ? NamedTensors() : input.oracle.InitialExpertBiases()) {
     if (!bias_start.contains(item.key()) || !torch::equal(bias_start[item.key()].cpu(), item.value().cpu())) {
       verdicts.problems.Add(0, Evidence::kStartWeights,

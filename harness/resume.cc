@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "harness/parity.h"
@@ -157,8 +158,14 @@ reports::ScenarioReport MergeStretches(const scenarios::Scenario& scenario, cons
       step.layout = layout;
       merged.steps.push_back(step);
     }
+    // Each layout's clock starts at its own ranks' start: its actions follow the previous
+    // layout's on the row's timeline.
+    double end_us = 0.0, offset_us = 0.0;
+    for (const auto& action : merged.timeline) end_us = std::max(end_us, action.step_start_us.value_or(0.0) + action.end_us);
+    if (!merged.timeline.empty()) offset_us = end_us;
     for (auto action : reports[i].timeline) {
       action.layout = layout;
+      if (action.step_start_us) *action.step_start_us += offset_us;
       merged.timeline.push_back(action);
     }
     merged.params.insert(merged.params.end(), reports[i].params.begin(), reports[i].params.end());

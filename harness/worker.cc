@@ -151,10 +151,11 @@ int FinishOnRankZero(const Plan& plan, const pipeline::PipelineConfig& config,
 int RunExternalPhase(const Plan& plan, const WorkerOptions& options) {
   std::filesystem::create_directories(options.out);
   if (options.phase == "prepare") {
-    PrepareExchange(plan.scenario, plan.schedule.shape, options.out);
+    PrepareExchange(plan.scenario, plan.schedule.shape, options.out, plan.segment);
     return 0;
   }
-  return Deliver(plan.scenario, JudgeExchange(plan.scenario, plan.schedule.shape, options.out), options.out);
+  return Deliver(plan.scenario, JudgeExchange(plan.scenario, plan.schedule.shape, options.out, plan.segment),
+                 options.out);
 }
 
 // The plan handed over (--plan), or, for a worker that torchrun or srun started, the scenario

@@ -37,6 +37,11 @@ std::string PassMessage(const ParityVerdict& verdict) {
          (verdict.expert_biases_checked
               ? fmt::format("; expert biases and their routing counts bitwise equal to the reference's ({} copies over "
                             "the steps)", *verdict.expert_biases_checked)
+              : std::string()) +
+         (verdict.resume_tensors_checked
+              ? fmt::format("; at the resume before step {}, {} tensors loaded on {} rank{} {}", verdict.resume_step,
+                            *verdict.resume_tensors_checked, verdict.resume_ranks, verdict.resume_ranks == 1 ? "" : "s",
+                            verdict.resume_against)
               : std::string());
 }
 

@@ -40,6 +40,12 @@ struct ParityVerdict {
   // Mixture of experts: token choices the reference took from the trainer because its own were
   // decided within rounding (over every step).
   std::optional<int64_t> routing_adopted;
+  // A run resumed from a checkpoint: the tensors its ranks loaded, each held bitwise to the
+  // checkpoint, on how many ranks, at which step.
+  std::optional<int64_t> resume_tensors_checked;
+  int64_t resume_ranks = 0;
+  int64_t resume_step = 0;
+  std::string resume_against;  // what they were held to, in words
 };
 
 // Whether `status` meets `expect` ("pass": PASS or SKIPPED; "fail": FAIL, ERROR or TIMEOUT).

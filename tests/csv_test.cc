@@ -74,13 +74,13 @@ TEST(Reports, ColumnsAreExactlyTheDesigns) {
             "aux_loss_ref,aux_loss_pp,aux_loss_max_rel_err,routing_adopted");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::ParamColumns(), ",")),
             "scenario,param,stage,rank,numel,ref_norm,pp_norm,max_abs_diff,rel_err,ok,replica");
-  EXPECT_EQ(fmt::format("{}", fmt::join(reports::StepColumns(), ",")), "scenario,step,loss_ref,loss_pp,abs_diff");
+  EXPECT_EQ(fmt::format("{}", fmt::join(reports::StepColumns(), ",")), "scenario,step,loss_ref,loss_pp,abs_diff,layout");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::RankColumns(), ",")),
             "scenario,rank,stages,params,peak_bytes,busy_ms,idle_ms,comm_ms,peak_bytes_predicted,step_ms,"
             "step_ms_predicted,replica");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::TimelineColumns(), ",")),
             "scenario,rank,step,action,stage,microbatch,start_us,end_us,held_bytes,held_bytes_predicted,wait_start_us,"
-            "step_start_us,peak_bytes,peak_bytes_predicted");
+            "step_start_us,peak_bytes,peak_bytes_predicted,layout");
 }
 
 TEST(Reports, AFailedScenarioKeepsEveryColumnAndSurvivesJson) {

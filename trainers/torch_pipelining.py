@@ -29,6 +29,10 @@ and "aux_loss" hands that sum back on its own. With expert_bias, the biases move
 them (ExpertBiasBalancer: counts in a buffer, an optimizer step pre-hook), and each step hands back
 the biases and the counts that moved them.
 
+A run that stops and resumes at another layout (config.json's "resume") saves its state with
+torch.distributed.checkpoint after its last step and loads it at the next layout before its first,
+every entry under its global name (checkpoint_state).
+
 Needs PyTorch >= 2.4 (torch.distributed.pipelining); exit 2 when it is missing.
 """
 import csv
@@ -70,7 +74,9 @@ FAULTS = {"none": "PyTorch's pipelining as it ships, with Gloo's self-sends step
           "bias_counts_kept": "a control: the expert-bias hook moves the biases but never zeroes the counts, so each "
                               "step's counts hold every earlier step's too",
           "bias_counts_recomputed": "under recompute=1, the counts used as the forwards left them, without "
-                                    "TorchTitan's halving for the recomputed forwards"}
+                                    "TorchTitan's halving for the recomputed forwards",
+          "resume_step_reset": "a control: at a resume, AdamW's step counts set back to 0 after "
+                               "torch.distributed.checkpoint has loaded them"}
 
 
 def corrupt_arrivals(microbatches):
@@ -197,6 +203,47 @@ class ExpertBiasBalancer:
         return {name + ".expert_bias": layer.expert_bias for name, layer in self.layers.items()}
 
 
+def checkpoint_state(named, optimizer, balancer, next_step):
+    """This rank's training state as torch.distributed.checkpoint saves and loads it, every entry
+    under its global name so that any other layout loads it: the parameters and expert biases
+    ("model"), AdamW's state of each parameter flattened by name as get_optimizer_state_dict's
+    flatten_optimizer_state_dict gives it ("optim": "state.NAME.exp_avg", ...; an optimizer state
+    dict keyed by position would map moments to whichever parameter a new partition puts there),
+    and the data position ("data.next_step"). A tied weight held by two ranks is one entry, which
+    DCP writes once. For a load, the optimizer's entries are made (zeros) where it has taken no
+    step yet: DCP loads into the tensors it is given."""
+    model = dict(named)
+    if balancer is not None:
+        model.update(balancer.biases())
+    optim = {}
+    for name, p in named.items():
+        if optimizer is None or isinstance(optimizer, torch.optim.SGD):
+            break
+        state = optimizer.state[p]
+        if not state:  # before any step: what a load fills in
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            optim[f"state.{name}.{key}"] = state[key]
+    return {"model": model, "optim": optim, "data": {"next_step": torch.tensor(next_step, dtype=torch.int64)}}
+
+
+def load_checkpoint(folder, state, first_step, fault):
+    """The state this rank holds, loaded in place from the previous layout's checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    with torch.no_grad():  # into the parameters themselves
+        dcp.load(state, checkpoint_id=folder)
+    loaded = int(state["data"]["next_step"])
+    if loaded != first_step:
+        print(f"torch_pipelining: the checkpoint in {folder} resumes at step {loaded}, not {first_step}", file=sys.stderr)
+        sys.exit(1)
+    if fault == "resume_step_reset":
+        for key, value in state["optim"].items():
+            if key.endswith(".step"):
+                value.zero_()
+
+
 def named_parameters(modules):
     """This rank's parameters by global name, each once."""
     named = {}
@@ -244,7 +291,6 @@ def main():
         corrupt_arrivals(microbatches)
     taps = BoundaryTaps(microbatches)
     named = named_parameters(modules)
-    exchange.save_start({name: p for name, p in named.items()})
     holds_first = exchange.rank == first_rank
     holds_last = exchange.rank == last_rank
     # The tied weight is counted once in the global norm: by the first stage's rank.
@@ -259,12 +305,20 @@ def main():
                                       recomputed=recompute and exchange.fault != "bias_counts_recomputed")
     if balancer is not None and balancer.layers:
         optimizer.register_step_pre_hook(balancer)  # as TorchTitan's MoE training registers it
+    # A stretch of a resumed run (config.json's "resume"): its steps from first_step on, from the
+    # previous layout's checkpoint; the weights it loaded are what it hands back as start.pt.
+    resume = config.get("resume") or {}
+    first_step = int(resume.get("first_step", 0))
+    if resume.get("load"):
+        load_checkpoint(resume["load"], checkpoint_state(named, optimizer, balancer, first_step), first_step,
+                        exchange.fault)
+    exchange.save_start({name: p for name, p in named.items()})
     # Each step's loss is divided by that step's labelled tokens (design §2).
     labelled = {"tokens": 1}
     schedule = make_schedule(config, stages, lambda logits, target: token_loss(logits, target, labelled["tokens"]),
                              exchange.folder)
 
-    for step in range(config["steps"]):
+    for step in range(first_step, config["steps"]):
         batch = exchange.batch(step)
         # Pipelining's stages keep the shapes of their first step (a later shape is a
         # PipeliningShapeError), so every batch is padded to seq_len, as fixed-length training does;
@@ -313,6 +367,9 @@ def main():
                            expert_counts=balancer.moved if balancer else None)
         if holds_last:
             print(f"pipecheck progress: step {step + 1}/{config['steps']} loss {loss:.6g}", flush=True)
+    if resume.get("save"):
+        import torch.distributed.checkpoint as dcp
+        dcp.save(checkpoint_state(named, optimizer, balancer, config["steps"]), checkpoint_id=resume["save"])
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -53,6 +53,12 @@ Command AddInvariance(CLI::App& app) {
                          scenario.source, scenario.name, scenario.trainer);
               return kExitBadInput;
             }
+            if (!scenario.resumes.empty()) {
+              fmt::print(stderr, "pipecheck invariance: {}: scenario '{}' stops and resumes ({}); invariance varies "
+                                 "one straight run's layout: take a row without `resume`\n",
+                         scenario.source, scenario.name, scenario.resume);
+              return kExitBadInput;
+            }
             if (!WritableOut(options->out, "invariance")) return kExitBadInput;
             const harness::RunDirectory directory(options->out, {});
             ApplyThreads(options->invariance.threads);  // the reference, computed here, with the ranks' count

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Stop, reshard, resume: scenarios/resume.csv through `pipecheck run`, each row meeting its
+expectation, and what its reports must show:
+
+  - a passing float64 row: every parameter's gradient and update within 1e-9 over every step,
+    before and after each resume, and its message counting the tensors held bitwise at the resume;
+  - steps.csv: every step once, marked with the layout that trained it (0 before the first resume,
+    i from the i-th resume's step on); timeline.csv: actions of every layout;
+  - the work directory: each resume's checkpoint (pipecheck's own: a manifest listing its files;
+    trainer torch: torch.distributed.checkpoint's metadata) and each layout's own reports;
+  - the torch control with AdamW's step counts reset after the load fails at the update of the
+    resume's step.
+
+    resume_test.py PIPECHECK SOURCE_DIR WORK_DIR
+"""
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def suite_rows(path):
+    return {r["name"]: r for r in csv.DictReader(line for line in open(path) if not line.startswith("#"))}
+
+
+def main():
+    pipecheck, source, work = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    suite = source / "scenarios" / "resume.csv"
+    out = work / "resume"
+    done = subprocess.run([pipecheck, "run", "--scenarios", str(suite), "--out", str(out)], capture_output=True,
+                          text=True)
+    print(done.stdout[-3000:])
+    if done.returncode != 0:
+        print(done.stderr[-3000:])
+        print("FAIL: pipecheck run scenarios/resume.csv exited", done.returncode)
+        return 1
+    spec = suite_rows(suite)
+    rows = list(csv.DictReader(open(out / "summary.csv", newline="")))
+    steps = list(csv.DictReader(open(out / "steps.csv", newline="")))
+    timeline = list(csv.DictReader(open(out / "timeline.csv", newline="")))
+    failures = []
+    if {r["scenario"] for r in rows} != set(spec):
+        failures.append(f"summary.csv holds {sorted(r['scenario'] for r in rows)}, the suite {sorted(spec)}")
+    for row in rows:
+        name, s = row["scenario"], spec[row["scenario"]]
+        resumes = [int(part.split(":")[0]) for part in s["resume"].split("|")]
+        if row["ok"] != "1":
+            failures.append(f"{name}: {row['status']} against expect={s['expect']}: {row['message']}")
+            continue
+        if s["expect"] == "pass":
+            if s["dtype"] == "float64":
+                for column in ("grad_max_rel_err", "weights_max_rel_err"):
+                    if not float(row[column]) <= 1e-9:
+                        failures.append(f"{name}: {column} {row[column]} > 1e-9")
+            if "tensors loaded on" not in row["message"]:
+                failures.append(f"{name}: the message counts no tensors held at the resume: {row['message']}")
+        else:
+            if f"update of" not in row["message"] or f"at step {resumes[0]}" not in row["message"]:
+                failures.append(f"{name}: the control must fail at the update of step {resumes[0]}: {row['message']}")
+        # steps.csv: every step once, with the layout that ran it.
+        mine = sorted((int(r["step"]), int(r["layout"])) for r in steps if r["scenario"] == name)
+        expected = [(k, sum(1 for step in resumes if k >= step)) for k in range(int(s["steps"]))]
+        if s["expect"] == "pass" and mine != expected:
+            failures.append(f"{name}: steps.csv has (step, layout) {mine}, expected {expected}")
+        layouts = {int(r["layout"]) for r in timeline if r["scenario"] == name}
+        if s["expect"] == "pass" and s["trainer"] != "torch" and layouts != set(range(len(resumes) + 1)):
+            failures.append(f"{name}: timeline.csv has actions of layouts {sorted(layouts)}")
+        for step in resumes:
+            folder = out / "work" / name / f"checkpoint_after_step{step}"
+            marker = folder / (".metadata" if s["trainer"] == "torch" else "manifest.json")
+            if not marker.is_file():
+                failures.append(f"{name}: no {marker}")
+            elif s["trainer"] != "torch":
+                manifest = json.load(open(marker))
+                if manifest["step"] != step or not manifest["files"]:
+                    failures.append(f"{name}: {marker} says step {manifest['step']} with {len(manifest['files'])} files")
+        for layout in range(len(resumes) + 1):
+            if not (out / "work" / name / f"layout{layout}" / "summary.csv").is_file():
+                failures.append(f"{name}: layout {layout} left no reports of its own")
+    print(f"scenarios/resume.csv: {len(rows)} rows, {sum(r['status'] == 'PASS' for r in rows)} PASS")
+    for failure in failures:
+        print("FAIL:", failure)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
