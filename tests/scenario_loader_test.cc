@@ -438,9 +438,10 @@ TEST(ScenarioLoader, ResumeLayoutsAreBuiltInTurnAndHeldToEveryRule) {
   EXPECT_EQ(counts.layouts[0].partition, "1;3");
   EXPECT_EQ(counts.resumes[0].settings.size(), 2u);
   EXPECT_EQ(ErrorFor("name,trainer,dtype,steps,resume\nx,torch,float32,4,2\n"), "");
-  EXPECT_EQ(ErrorFor("name,trainer,dtype,steps,resume\nx,torchtitan,float32,4,2\n"),
-            "suite.csv:2:5: column 'resume', value '2': resumption is judged for pipecheck's own trainer and trainer "
-            "torch (its torch.distributed.checkpoint); trainer torchtitan does not resume yet");
+  EXPECT_EQ(ErrorFor("name,trainer,dtype,steps,resume\nx,deepspeed,float32,4,2\n"),
+            "suite.csv:2:5: column 'resume', value '2': resumption is judged for pipecheck's own trainer, trainer "
+            "torch (its torch.distributed.checkpoint) and trainer torchtitan (its CheckpointManager); trainer "
+            "deepspeed does not resume yet");
 }
 
 TEST(ScenarioLoader, RejectsRowsWithTheWrongFieldCount) {

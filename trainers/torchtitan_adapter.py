@@ -61,6 +61,8 @@ FAULTS = {
                   "to tell the wrapper's defects from the schedule's",
     "norm_without_pp_reduction": "a control: clip_grad_norm_ called without the pipeline mesh, so each rank clips "
                                  "by its own stages' norm (the gradient-norm reduction over pipeline ranks skipped)",
+    "last_save_model_only": "TorchTitan's default checkpoint.last_save_model_only=True at a resume: the final "
+                            "step's checkpoint keeps the model alone, which the resumed run then asks every state of",
 }
 IGNORE_INDEX = -100
 
@@ -234,9 +236,11 @@ def make_data_loader_class(exchange, seq_len, steps, microbatch_size):
 
         def __init__(self, config, *, dp_rank=0, dp_world_size=1, **kwargs):
             self.config, self.replica, self.replicas = config, dp_rank, dp_world_size
+            self.next_step = 0  # the data position, which TorchTitan's checkpoints keep (state_dict)
 
         def __iter__(self):
-            for step in range(steps):
+            for step in range(self.next_step, steps):
+                self.next_step = step + 1  # once this step's microbatches are drawn, as a checkpoint sees it
                 batch = exchange.batch(step)
                 pad = seq_len - batch["tokens"].shape[1]
                 tokens = torch.nn.functional.pad(batch["tokens"], (0, pad))
@@ -249,10 +253,10 @@ def make_data_loader_class(exchange, seq_len, steps, microbatch_size):
                            labels[start:start + microbatch_size])
 
         def state_dict(self):
-            return {}
+            return {"next_step": self.next_step}
 
         def load_state_dict(self, state_dict):
-            pass
+            self.next_step = int(state_dict["next_step"])
 
     return PipecheckBatches
 
@@ -317,6 +321,22 @@ def trainer_config(exchange, spec, folder):
         parallelism.pipeline_parallel_schedule = SCHEDULES[schedule]
     recompute = scenario.get("recompute", "0") == "1"
     loss = CrossEntropyLoss.Config(global_vocab_size=config["model"]["vocab"])
+    # A stretch of a resumed run (config.json's "resume"): TorchTitan's CheckpointManager saves the
+    # whole training state (model, optimizers, lr schedulers, data loader, train state) after the
+    # stretch's last step into "save" (step-N inside), and loads it from the previous stretch's
+    # folder as a run with a new output path does (initial_load_path, every state, not the model
+    # alone). last_save_model_only is turned off: its default keeps only the model in the final
+    # step's checkpoint (for export), which a resume from it would silently train on without the
+    # optimizer's state.
+    from torchtitan.components.checkpointer import CheckpointManager
+    resume = config.get("resume") or {}
+    checkpoint = CheckpointManager.Config()
+    if resume:
+        checkpoint = CheckpointManager.Config(
+            enable=True, folder=resume["save"] or "checkpoint", interval=10 ** 9, load_only=not resume["save"],
+            last_save_model_only=exchange.fault == "last_save_model_only",
+            initial_load_path=os.path.join(resume["load"], f"step-{resume['first_step']}") if resume["load"] else None,
+            initial_load_model_only=False)
     clip = config["clip"]
     return Trainer.Config(
         model_spec=spec,
@@ -336,6 +356,7 @@ def trainer_config(exchange, spec, folder):
         parallelism=parallelism,
         metrics=MetricsProcessor.Config(log_freq=1),
         activation_checkpoint=SelectiveAC.Config() if recompute else None,
+        checkpoint=checkpoint,
     )
 
 
@@ -460,6 +481,11 @@ def main():
     try:
         place(exchange, trainer)
         start = trainer.load_pipecheck_weights(weights)
+        if (config.get("resume") or {}).get("load"):
+            # What TorchTitan's train() loads first, loaded here once before it so that start.pt
+            # holds the weights the resumed stretch starts from (train() then loads it again).
+            trainer.checkpointer.load(step=-1)
+            start = trainer.stock({name: whole(p) for name, p in trainer.named.items()})
         exchange.save_start(start)
         trainer.train()
     finally:
