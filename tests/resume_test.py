@@ -7,8 +7,8 @@ expectation, and what its reports must show:
   - steps.csv: every step once, marked with the layout that trained it (0 before the first resume,
     i from the i-th resume's step on); timeline.csv: actions of every layout;
   - the work directory: each resume's checkpoint (pipecheck's own: a manifest listing its files;
-    trainers torch and torchtitan: torch.distributed.checkpoint's metadata) and each layout's own
-    reports;
+    trainers torch and torchtitan: torch.distributed.checkpoint's metadata; deepspeed: its tag's
+    folder) and each layout's own reports;
   - the controls (CONTROLS): each fails saying what it must.
 
     resume_test.py PIPECHECK SOURCE_DIR WORK_DIR
@@ -21,9 +21,14 @@ from pathlib import Path
 
 
 # What each expect=fail row must say: AdamW's step counts reset after the load show in the update
-# of the resume's step; TorchTitan refuses to resume every state from a model-only checkpoint.
+# of the resume's step; TorchTitan refuses to resume every state from a model-only checkpoint;
+# DeepSpeed leaves a tied weight used only through forward_fn out of its checkpoint, and refuses its
+# per-stage optimizer state at another pipeline degree.
 CONTROLS = {"torch_resume_step_reset": ["): update of ", " at step {step} on rank "],
-            "titan_resume_last_save_model_only": ["Missing key in checkpoint state_dict: dataloader.next_step"]}
+            "titan_resume_last_save_model_only": ["Missing key in checkpoint state_dict: dataloader.next_step"],
+            "ds_resume_same_layout_tied": ["resume before step {step}: rank 0 loaded weight tok_embeddings.weight "
+                                           "unlike where the previous ranks ended"],
+            "ds_resume_2to4": ["doesn't match the size of optimizer's group"]}
 
 
 def suite_rows(path):
@@ -77,7 +82,8 @@ def main():
             failures.append(f"{name}: timeline.csv has actions of layouts {sorted(layouts)}")
         for step in resumes:
             folder = out / "work" / name / f"checkpoint_after_step{step}"
-            marker = {"torch": folder / ".metadata", "torchtitan": folder / f"step-{step}" / ".metadata"}.get(
+            marker = {"torch": folder / ".metadata", "torchtitan": folder / f"step-{step}" / ".metadata",
+                      "deepspeed": folder / f"step{step}" / "mp_rank_00_model_states.pt"}.get(
                 s["trainer"], folder / "manifest.json")
             if not marker.is_file():
                 failures.append(f"{name}: no {marker}")

@@ -264,10 +264,28 @@ def main():
 
     optimizer.register_step_pre_hook(applied)
 
+    # A stretch of a resumed run (config.json's "resume"): DeepSpeed's own checkpointing, as its
+    # users resume: engine.load_checkpoint from the previous stretch's folder before the first step
+    # (the data position in its client_state), engine.save_checkpoint into this stretch's after
+    # the last; the weights loaded are what start.pt hands back.
+    resume = config.get("resume") or {}
+    first_step = int(resume.get("first_step", 0))
+    if resume.get("load"):
+        path, client_state = engine.load_checkpoint(resume["load"], tag=f"step{first_step}")
+        if path is None:
+            print(f"deepspeed_adapter: DeepSpeed found no checkpoint step{first_step} in {resume['load']}",
+                  file=sys.stderr)
+            return 1
+        if (client_state or {}).get("next_step") != first_step:
+            print(f"deepspeed_adapter: the checkpoint's client_state says next_step "
+                  f"{(client_state or {}).get('next_step')}, not {first_step}", file=sys.stderr)
+            return 1
+        exchange.save_start(named)
+
     # This replica's microbatches of the step, in DeepSpeed's (inputs, labels) form.
     first = replica * gas
     starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-    for step in range(config["steps"]):
+    for step in range(first_step, config["steps"]):
         batch = exchange.batch(step)
         labelled["tokens"] = int((batch["labels"] != IGNORE_INDEX).sum())
         items = []
@@ -292,6 +310,8 @@ def main():
                            step_ms=step_ms, peak_bytes=peak, master_weights=master)
         if holds_loss:
             print(f"pipecheck progress: step {step + 1}/{config['steps']} loss {float(loss):.6g}", flush=True)
+    if resume.get("save"):
+        engine.save_checkpoint(resume["save"], tag=f"step{config['steps']}", client_state={"next_step": config["steps"]})
     dist.barrier()
     dist.destroy_process_group()
     return 0
