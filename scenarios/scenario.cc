@@ -862,11 +862,6 @@ void CheckResume(Scenario& s, unsigned line, const Locator& at) {
   s.layouts.clear();
   if (s.resume.empty()) return;
   const auto fail = [&](const std::string& problem) { return at.At(line, "resume", s.resume, problem); };
-  if (s.trainer != "pipecheck" && s.trainer != "torch" && s.trainer != "torchtitan" && s.trainer != "deepspeed") {
-    throw fail(fmt::format("resumption is judged for pipecheck's own trainer, trainer torch (its "
-                           "torch.distributed.checkpoint) and trainer torchtitan (its CheckpointManager); trainer {} "
-                           "does not resume yet", s.trainer));
-  }
   std::stringstream parts(s.resume);
   std::string part;
   Scenario previous = s;

@@ -8,7 +8,7 @@ expectation, and what its reports must show:
     i from the i-th resume's step on); timeline.csv: actions of every layout;
   - the work directory: each resume's checkpoint (pipecheck's own: a manifest listing its files;
     trainers torch and torchtitan: torch.distributed.checkpoint's metadata; deepspeed: its tag's
-    folder) and each layout's own reports;
+    folder; megatron: its distributed checkpoint's metadata.json) and each layout's own reports;
   - the controls (CONTROLS): each fails saying what it must.
 
     resume_test.py PIPECHECK SOURCE_DIR WORK_DIR
@@ -28,7 +28,8 @@ CONTROLS = {"torch_resume_step_reset": ["): update of ", " at step {step} on ran
             "titan_resume_last_save_model_only": ["Missing key in checkpoint state_dict: dataloader.next_step"],
             "ds_resume_same_layout_tied": ["resume before step {step}: rank 0 loaded weight tok_embeddings.weight "
                                            "unlike where the previous ranks ended"],
-            "ds_resume_2to4": ["doesn't match the size of optimizer's group"]}
+            "ds_resume_2to4": ["doesn't match the size of optimizer's group"],
+            "mg_resume_no_load_optim": ["): update of ", " at step {step} on rank "]}
 
 
 def suite_rows(path):
@@ -83,7 +84,8 @@ def main():
         for step in resumes:
             folder = out / "work" / name / f"checkpoint_after_step{step}"
             marker = {"torch": folder / ".metadata", "torchtitan": folder / f"step-{step}" / ".metadata",
-                      "deepspeed": folder / f"step{step}" / "mp_rank_00_model_states.pt"}.get(
+                      "deepspeed": folder / f"step{step}" / "mp_rank_00_model_states.pt",
+                      "megatron": folder / "metadata.json"}.get(
                 s["trainer"], folder / "manifest.json")
             if not marker.is_file():
                 failures.append(f"{name}: no {marker}")

@@ -34,6 +34,10 @@ data_parallel (the replicas initialize_model_parallel makes of the processes), m
 reference's settings, or SGD without momentum), dtype (float32, or bfloat16 through Float16Module
 and the fp32-main-weight optimizer), loss (below).
 
+A stretch of a resumed run (config.json's "resume") saves and loads Megatron's distributed
+checkpoint as Megatron-LM's checkpointing does for its torch_dist format (checkpoint_state,
+load_checkpoint): sharded by global parameter, so another pipeline layout loads it.
+
 What pipecheck adds is only around it:
 
 - the partition: config.json's stages as `pipeline_model_parallel_layout` (stage s of rank r,
@@ -92,6 +96,8 @@ FAULTS = {
                          "(NVIDIA/Megatron-LM#750, #1450), which Megatron-LM's argument check refuses",
     "default_loss": "Megatron's default loss normalisation (calculate_per_token_loss=False: the microbatches' token "
                     "means averaged) whatever the scenario's loss",
+    "no_load_optim": "a control: at a resume the model is loaded but the optimizer's state is not (Megatron-LM's "
+                     "--no-load-optim), so AdamW starts afresh",
 }
 SCHEDULES = ("1f1b", "interleaved")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # Megatron-Core has no float64 path
@@ -453,6 +459,41 @@ class AppliedGradients:
         return observed
 
 
+def checkpoint_state(chunks, optimizer, scheduler, iteration, is_loading=False, with_optimizer=True):
+    """The state Megatron-LM's generate_state_dict makes for a torch_dist checkpoint, of the model
+    chunks unwrapped as its save_checkpoint unwraps them (no DistributedDataParallel, no
+    Float16Module)."""
+    state = {}
+    if len(chunks) == 1:
+        state["model"] = chunks[0].sharded_state_dict()
+    else:
+        for i, chunk in enumerate(chunks):
+            state[f"model{i}"] = chunk.sharded_state_dict()
+    if with_optimizer:
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading)
+        state["opt_param_scheduler"] = scheduler.state_dict()
+    state["iteration"] = iteration
+    return state
+
+
+def load_checkpoint(folder, chunks, optimizer, scheduler, first_step, load_optimizer=True):
+    """Megatron-LM's load_checkpoint for a torch_dist checkpoint, at this process's layout."""
+    from megatron.core import dist_checkpointing
+    loaded = dist_checkpointing.load(checkpoint_state(chunks, optimizer, scheduler, first_step, is_loading=True,
+                                                      with_optimizer=load_optimizer), folder)
+    if loaded["iteration"] != first_step:
+        raise SystemExit(f"megatron_adapter: the checkpoint in {folder} is at iteration {loaded['iteration']}, "
+                         f"not {first_step}")
+    if len(chunks) == 1:
+        chunks[0].load_state_dict(loaded["model"], strict=True)
+    else:
+        for i, chunk in enumerate(chunks):
+            chunk.load_state_dict(loaded[f"model{i}"], strict=True)
+    if load_optimizer:
+        optimizer.load_state_dict(loaded["optimizer"])
+        scheduler.load_state_dict(loaded["opt_param_scheduler"])
+
+
 def main():
     exchange = Exchange()
     config = exchange.config
@@ -529,11 +570,22 @@ def main():
         plant_fault(exchange.fault, transformer, raw, microbatches)
         applied = AppliedGradients(optimizer, raw)
 
+        # A stretch of a resumed run (config.json's "resume"): Megatron's distributed checkpoint as
+        # Megatron-LM's checkpointing writes and reads it (torch_dist format): every chunk's sharded
+        # state dict ("model", or "model0", "model1", ... with virtual stages), the optimizer's
+        # sharded state over them, the scheduler's state and the iteration (the data position).
+        resume = config.get("resume") or {}
+        first_step = int(resume.get("first_step", 0))
+        if resume.get("load"):
+            load_checkpoint(resume["load"], raw, optimizer, scheduler, first_step,
+                            load_optimizer=exchange.fault != "no_load_optim")
+            exchange.save_start(held(lambda c, chunk: dict(chunk.named_parameters())))
+
         forward_backward = get_forward_backward_func()
         sizes = config["microbatch_sizes"]
         dp_group = parallel_state.get_data_parallel_group()
         holds_loss = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-        for step in range(config["steps"]):
+        for step in range(first_step, config["steps"]):
             batch = exchange.batch(step)
             items = microbatches_of(batch, sizes, replica * microbatches, microbatches, device)
             iterators = [iter(items) for _ in chunks]  # each chunk draws every microbatch
@@ -562,6 +614,11 @@ def main():
                                loss=loss, step_ms=step_ms, peak_bytes=peak, master_weights=master)
             if loss is not None and replica == 0:
                 print(f"pipecheck progress: step {step + 1}/{config['steps']} loss {loss:.6g}", flush=True)
+        if resume.get("save"):
+            from megatron.core import dist_checkpointing
+            os.makedirs(resume["save"], exist_ok=True)  # as Megatron-LM's save_checkpoint makes it first
+            dist.barrier()
+            dist_checkpointing.save(checkpoint_state(raw, optimizer, scheduler, config["steps"]), resume["save"])
         dist.barrier()
     finally:
         if parallel_state.model_parallel_is_initialized():
