@@ -688,6 +688,11 @@ reports::ScenarioReport LaunchResumed(const scenarios::Scenario& scenario, const
                                   ? threads_per_rank
                                   : std::max(1, UsableCores() / static_cast<int>(stretch.scenario.Processes()));
     launch.subdirectory = fmt::format("layout{}", stretch.segment.index);
+    if (stretch.segment.index + 1 < stretch.segment.count) {
+      // The row's speed is its last layout's: the others take no timing-only steps.
+      launch.timed_steps = 0;
+      launch.timed_steps_given = true;
+    }
     reports.push_back(LaunchScenario(plan, launch));
     // A stretch that ran to its end (passing or failing) wrote its checkpoint; one that did not
     // leaves nothing the next could load.

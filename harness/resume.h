@@ -25,7 +25,8 @@ std::vector<Stretch> StretchesOf(const scenarios::Scenario& scenario, const std:
 
 // The row's report from the stretches' (in order; fewer than the stretches where one could not
 // run on): the scenario's own columns, the worst status, the first failing stretch's message (or
-// the last's), the largest errors and peaks, the last stretch's speed; the rows of every stretch,
+// the last's), the largest errors and peaks, the last stretch's speed (the others take no
+// timing-only steps); the rows of every stretch,
 // each marked with its layout (ranks.csv: the last layout's).
 reports::ScenarioReport MergeStretches(const scenarios::Scenario& scenario, const std::vector<Stretch>& stretches,
                                        const std::vector<reports::ScenarioReport>& reports);

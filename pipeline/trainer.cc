@@ -535,10 +535,11 @@ reference::NamedTensors PipelineTrainer::LoadedState() const {
 
 void PipelineTrainer::RunTimingSteps(RankResult& result) {
   const int64_t steps = config_.train.steps;
-  const int64_t judged = steps - static_cast<int64_t>(reference::FirstTimedStep(static_cast<size_t>(steps)));
+  const int64_t run = steps - config_.first_step;  // this run's own steps (a resumed one starts later)
+  const int64_t judged = run - static_cast<int64_t>(reference::FirstTimedStep(static_cast<size_t>(run)));
   if (!seams_.correct || config_.timed_samples <= judged || result.step_ms.empty()) return;
   // The pace: this rank's slowest timed judged step (the warm-up's where it is the only one).
-  const auto first = result.step_ms.begin() + (judged > 0 ? steps - judged : 0);
+  const auto first = result.step_ms.begin() + (judged > 0 ? steps - judged : config_.first_step);
   const double pace_ms = std::max(1e-3, *std::max_element(first, result.step_ms.end()));
   double count = std::min<double>(config_.timed_samples - judged, std::floor(kTimingBudgetMs / pace_ms));
   // Every rank runs the same count (each step is a collective of sends and receives).
