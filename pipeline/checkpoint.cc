@@ -5,16 +5,16 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+
+#include "reports/csv.h"
 
 namespace pipecheck::pipeline {
 namespace {
@@ -30,19 +30,13 @@ std::string ReadBytes(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
 }
 
+// reports::WriteFileAtomically (a temporary name, then a rename), its failure a CheckpointError.
 void WriteAtomically(const std::string& path, const std::string& contents) {
-  const std::string temporary = fmt::format("{}.tmp.{}", path, getpid());
-  auto fail = [&](const char* what) {
-    const std::string reason = std::strerror(errno);
-    std::remove(temporary.c_str());
-    throw CheckpointError(fmt::format("{}: cannot write: {} failed: {}", path, what, reason));
-  };
-  FILE* file = std::fopen(temporary.c_str(), "wb");
-  if (file == nullptr) fail("open");
-  const bool written = std::fwrite(contents.data(), 1, contents.size(), file) == contents.size();
-  const bool flushed = std::fflush(file) == 0 && fsync(fileno(file)) == 0;
-  if (std::fclose(file) != 0 || !written || !flushed) fail("write");
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) fail("rename");
+  try {
+    reports::WriteFileAtomically(path, contents);
+  } catch (const std::runtime_error& error) {
+    throw CheckpointError(error.what());
+  }
 }
 
 std::string Fnv1a(const std::string& bytes) {
