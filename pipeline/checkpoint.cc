@@ -146,11 +146,7 @@ void VerifyFile(const std::string& folder, const CheckpointFile& file) {
   }
 }
 
-CheckpointContents ReadCheckpoint(const std::string& folder) {
-  CheckpointContents contents;
-  contents.manifest = ReadManifest(folder);
-  const auto& manifest = contents.manifest;
-  contents.data.resize(static_cast<size_t>(std::max(1, manifest.replicas)));
+void CheckComplete(const std::string& folder, const CheckpointManifest& manifest) {
   std::vector<std::string> expected;
   for (int s = 0; s < manifest.stages; ++s) expected.push_back(StageFileName(s));
   for (int r = 0; r < manifest.replicas; ++r) expected.push_back(DataFileName(r));
@@ -164,6 +160,14 @@ CheckpointContents ReadCheckpoint(const std::string& folder) {
                                         manifest.replicas, name));
     }
   }
+}
+
+CheckpointContents ReadCheckpoint(const std::string& folder) {
+  CheckpointContents contents;
+  contents.manifest = ReadManifest(folder);
+  const auto& manifest = contents.manifest;
+  contents.data.resize(static_cast<size_t>(std::max(1, manifest.replicas)));
+  CheckComplete(folder, manifest);
   std::map<std::string, std::string> holder;  // key -> the file that first held it
   for (const auto& file : manifest.files) {
     VerifyFile(folder, file);

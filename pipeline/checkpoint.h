@@ -73,6 +73,10 @@ void WriteManifest(const std::string& folder, CheckpointManifest manifest, const
 // does not parse.
 CheckpointManifest ReadManifest(const std::string& folder);
 
+// Every file the manifest's layout writes (each stage's, each replica's) is listed; a
+// CheckpointError naming the first that is not otherwise.
+void CheckComplete(const std::string& folder, const CheckpointManifest& manifest);
+
 // Checks one listed file against the manifest (present, its size, its hash); a CheckpointError
 // naming the file otherwise.
 void VerifyFile(const std::string& folder, const CheckpointFile& file);

@@ -428,17 +428,7 @@ void PipelineTrainer::LoadCheckpoint() {
     throw CheckpointError(fmt::format("{}: a checkpoint after step {}, where this run starts at step {}", folder,
                                       manifest.step, config_.first_step));
   }
-  if (seams.RequiresCompleteCheckpoint()) {
-    for (int s = 0; s < manifest.stages; ++s) {
-      const bool listed = std::any_of(manifest.files.begin(), manifest.files.end(),
-                                      [&](const CheckpointFile& f) { return f.name == StageFileName(s); });
-      if (!listed) {
-        throw CheckpointError(fmt::format("{}: the manifest of a {}-stage layout lists no {}: the checkpoint is "
-                                          "incomplete", (std::filesystem::path(folder) / kCheckpointManifest).string(),
-                                          manifest.stages, StageFileName(s)));
-      }
-    }
-  }
+  if (seams.RequiresCompleteCheckpoint()) CheckComplete(folder, manifest);
   std::map<std::string, const CheckpointFile*> file_of;  // key -> the first file holding it
   for (const auto& file : manifest.files) {
     for (const auto& key : file.keys) file_of.emplace(key, &file);
