@@ -2,12 +2,18 @@
 #include "pipeline/executor.h"
 
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "pipeline/message.h"
 #include "reference/device.h"
@@ -63,12 +69,180 @@ torch::Tensor WithAux(const torch::Tensor& loss, const torch::Tensor& aux) {
   return aux.defined() ? loss + aux.to(loss.scalar_type()) : loss;
 }
 
+// Frees what a node saved as soon as it has run: a node W will not run again (a post-hook, so I's
+// peak does not hold every saved tensor beside the gradients it captures).
+class ReleaseOnceRun : public torch::autograd::FunctionPostHook {
+ public:
+  explicit ReleaseOnceRun(torch::autograd::Node* node) : node_(node) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    node_->release_variables();
+    return outputs;
+  }
+
+ private:
+  torch::autograd::Node* node_;  // the hook's owner
+};
+
+// A split backward's W without a second walk down the graph. PyTorch's pipelining does the same
+// (torch/distributed/pipelining/_backward.py calls the nodes "intermediates"): a parameter's
+// gradient paths leave the input's at the last graph nodes that still lead to the input. I
+// captures the gradient flowing into each of those nodes as it passes them; W starts from there
+// and walks only the parameter side, so the activation gradients are computed once, by I.
+// Parameters whose paths meet at a node share a group: one engine call per group, each call's
+// outputs its own parameters only, so nothing flows down the input side again. The plan gives up
+// (`ok` false; W then walks the whole graph again from the root) where it cannot be sure of that:
+// a root that does not lead to the input, a node with several inputs, or a group where one such
+// node lies below another (the lower one's gradient would be counted twice).
+struct WeightGroup {
+  torch::autograd::edge_list roots;          // (node, 0): where the gradient is captured
+  torch::autograd::variable_list gradients;  // what I captured there
+  torch::autograd::edge_list parameters;
+};
+
+struct WeightPlan {
+  bool ok = false;
+  std::vector<WeightGroup> groups;
+  // The nodes W does not run: once I has run, what they saved can go (their gradients are made).
+  std::vector<torch::autograd::Node*> spent;
+};
+
+WeightPlan PlanWeightGradients(const torch::autograd::edge_list& roots, const torch::autograd::Edge& input,
+                               const std::vector<torch::Tensor>& parameters) {
+  using torch::autograd::Node;
+  using NodePointer = decltype(torch::autograd::Edge::function);  // a shared_ptr or an intrusive_ptr, by release
+  WeightPlan plan;
+  // Every node below the roots, and each node's parents (the nodes with an edge to it).
+  std::unordered_map<Node*, NodePointer> nodes;
+  std::unordered_map<Node*, std::vector<Node*>> parents;
+  std::vector<Node*> stack;
+  for (const auto& root : roots) {
+    if (!root.is_valid()) return plan;
+    if (nodes.emplace(root.function.get(), root.function).second) stack.push_back(root.function.get());
+  }
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const auto& edge : node->next_edges()) {
+      if (!edge.is_valid()) continue;
+      parents[edge.function.get()].push_back(node);
+      if (nodes.emplace(edge.function.get(), edge.function).second) stack.push_back(edge.function.get());
+    }
+  }
+  // The input's side: every node the input's gradient flows through.
+  std::unordered_set<Node*> input_side{input.function.get()};
+  stack.assign({input.function.get()});
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (Node* parent : parents[node]) {
+      if (input_side.insert(parent).second) stack.push_back(parent);
+    }
+  }
+  for (const auto& root : roots) {
+    if (input_side.count(root.function.get()) == 0) return plan;
+  }
+  // Each parameter's meeting nodes: up from its accumulator until the input's side.
+  std::vector<std::vector<Node*>> meets;  // per parameter in the graph
+  torch::autograd::edge_list edges;
+  for (const auto& parameter : parameters) {
+    if (!parameter.requires_grad()) continue;
+    auto edge = torch::autograd::impl::gradient_edge(parameter);
+    if (nodes.count(edge.function.get()) == 0) continue;  // not used by this stage's forward
+    std::vector<Node*> found;
+    std::unordered_set<Node*> visited{edge.function.get()};
+    stack.assign({edge.function.get()});
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      for (Node* parent : parents[node]) {
+        if (!visited.insert(parent).second) continue;
+        if (input_side.count(parent) > 0) {
+          found.push_back(parent);
+        } else {
+          stack.push_back(parent);
+        }
+      }
+    }
+    if (found.empty()) return plan;
+    meets.push_back(std::move(found));
+    edges.push_back(std::move(edge));
+  }
+  // Parameters that share a meeting node share a group (union-find over the parameters).
+  std::vector<size_t> group_of(meets.size());
+  std::iota(group_of.begin(), group_of.end(), 0);
+  const std::function<size_t(size_t)> find = [&](size_t i) {
+    return group_of[i] == i ? i : group_of[i] = find(group_of[i]);
+  };
+  std::unordered_map<Node*, size_t> owner;
+  for (size_t i = 0; i < meets.size(); ++i) {
+    for (Node* node : meets[i]) {
+      const auto [it, fresh] = owner.emplace(node, i);
+      if (fresh) continue;
+      const size_t a = find(i), b = find(it->second);
+      group_of[std::max(a, b)] = std::min(a, b);  // a group is named by its first parameter
+    }
+  }
+  std::map<size_t, WeightGroup> groups;
+  std::map<size_t, std::vector<Node*>> group_nodes;
+  for (size_t i = 0; i < meets.size(); ++i) groups[find(i)].parameters.push_back(edges[i]);
+  for (const auto& [node, i] : owner) {
+    if (node->num_inputs() != 1) return plan;
+    group_nodes[find(i)].push_back(node);
+  }
+  for (auto& [root, members] : group_nodes) {
+    std::sort(members.begin(), members.end(), [](Node* a, Node* b) { return a->sequence_nr() > b->sequence_nr(); });
+    if (members.size() > 1) {
+      // No meeting node of a group below another: down the input's side from each.
+      const std::unordered_set<Node*> member_set(members.begin(), members.end());
+      for (Node* top : members) {
+        std::unordered_set<Node*> below;
+        stack.assign({top});
+        while (!stack.empty()) {
+          Node* node = stack.back();
+          stack.pop_back();
+          for (const auto& edge : node->next_edges()) {
+            Node* child = edge.function.get();
+            if (child == nullptr || input_side.count(child) == 0 || !below.insert(child).second) continue;
+            if (member_set.count(child) > 0) return plan;
+            stack.push_back(child);
+          }
+        }
+      }
+    }
+    for (Node* node : members) groups[root].roots.emplace_back(nodes.at(node), uint32_t{0});
+  }
+  // What W runs: each meeting node and, below it, what lies off the input's side.
+  std::unordered_set<Node*> weight_side;
+  for (const auto& [node, i] : owner) {
+    weight_side.insert(node);
+    stack.assign({node});
+    while (!stack.empty()) {
+      Node* above = stack.back();
+      stack.pop_back();
+      for (const auto& edge : above->next_edges()) {
+        Node* child = edge.function.get();
+        if (child == nullptr || input_side.count(child) > 0 || !weight_side.insert(child).second) continue;
+        stack.push_back(child);
+      }
+    }
+  }
+  for (const auto& [node, pointer] : nodes) {
+    if (weight_side.count(node) == 0) plan.spent.push_back(node);
+  }
+  for (auto& [root, group] : groups) plan.groups.push_back(std::move(group));
+  plan.ok = true;
+  return plan;
+}
+
 }  // namespace
 
 // What an I leaves for its W: the backward's root and gradient (the graph hangs off the root),
-// and the stage's input, kept so the graph's leaf lives as long as the graph.
+// and the stage's input, kept so the graph's leaf lives as long as the graph; with a plan, the
+// gradients I captured for W to start from (else W walks the graph again from the root).
 struct WeightWork {
   torch::Tensor root, gradient, input, aux;
+  WeightPlan plan;
 };
 
 // Everything one step keeps between actions, keyed by (stage, microbatch). Each entry is
@@ -292,18 +466,45 @@ void Executor::BackwardInput(const Action& action, StepState& state) {
     state.inputs.erase({s, mb});
   }
   torch::Tensor gradient;
+  WeightPlan plan;
   if (start.passthrough) {
     gradient = start.gradient;
   } else if (s > 0 && input.requires_grad()) {
-    // Only the input's edge: no parameter gradient is touched, and the graph stays for W.
-    gradient = BackwardFrom(start.root, start.gradient, start.aux, {torch::autograd::impl::gradient_edge(input)},
-                            /*keep_graph=*/true, /*accumulate_grad=*/false)[0];
+    // The input's edge, and the gradients W will start from: no parameter gradient is touched,
+    // and the graph stays for W. A stage of the head alone keeps its whole graph for W instead:
+    // walking its final norm and projection again costs little, and what I would capture there
+    // (the logits' gradient beside the norm's) outweighs what it would free.
+    const auto input_edge = torch::autograd::impl::gradient_edge(input);
+    torch::autograd::edge_list roots{torch::autograd::impl::gradient_edge(start.root)};
+    if (start.aux.defined() && start.aux.requires_grad()) roots.push_back(torch::autograd::impl::gradient_edge(start.aux));
+    const Stage& stage = StageAt(stages_, s, transport_.rank());
+    if (stage.slice.end_layer > stage.slice.first_layer) {
+      plan = PlanWeightGradients(roots, input_edge, stage.module->parameters());
+    }
+    for (auto* node : plan.spent) node->add_post_hook(std::make_unique<ReleaseOnceRun>(node));
+    torch::autograd::edge_list outputs{input_edge};
+    for (const auto& group : plan.groups) outputs.insert(outputs.end(), group.roots.begin(), group.roots.end());
+    const auto gradients = BackwardFrom(start.root, start.gradient, start.aux, outputs, /*keep_graph=*/true,
+                                        /*accumulate_grad=*/false);
+    gradient = gradients[0];
+    size_t next = 1;
+    for (auto& group : plan.groups) {
+      for (size_t i = 0; i < group.roots.size(); ++i) group.gradients.push_back(gradients[next++]);
+    }
+    for (auto* node : plan.spent) node->release_variables();  // those I did not run
+    plan.spent.clear();
   }
   if (s > 0) KeepInputGradient(action, gradient, input, state);
   // An empty stage's W runs nothing: it keeps nothing for it either (held from I to W, the gradient
   // passed through would stay allocated until W, which ZB-H1 defers by up to p - 1 microbatches).
-  state.weight_work[{s, mb}] =
-      start.passthrough ? WeightWork{} : WeightWork{start.root, start.gradient, input, start.aux};
+  // With a plan W needs the plan alone: its nodes hold what they saved, and its gradients.
+  if (start.passthrough) {
+    state.weight_work[{s, mb}] = WeightWork{};
+  } else if (plan.ok) {
+    state.weight_work[{s, mb}] = WeightWork{{}, {}, {}, {}, std::move(plan)};
+  } else {
+    state.weight_work[{s, mb}] = WeightWork{start.root, start.gradient, input, start.aux, std::move(plan)};
+  }
 }
 
 void Executor::BackwardWeight(const Action& action, StepState& state) {
@@ -311,19 +512,40 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
   auto work = state.weight_work.find({s, mb});
   TORCH_CHECK(work != state.weight_work.end(), "rank ", transport_.rank(), ": ", action.ToString(),
               " has no input-gradient step (I) before it");
-  const WeightWork pending = work->second;
+  WeightWork pending = std::move(work->second);
   state.weight_work.erase(work);
-  if (!pending.root.defined()) return;  // an empty stage has no weights
+  if (!pending.root.defined() && !pending.plan.ok) return;  // an empty stage has no weights
   observer_.BeforeBackward(owned_parameters_);
   const torch::nn::Module& module = *StageAt(stages_, s, transport_.rank()).module;
   const auto before = tensors_.BeforeWeightGradient(module);
   // The graph kept by I once more, towards the parameters' edges only: what leads to nothing
   // but the stage's input (already handed on by I) is not run again.
-  torch::autograd::edge_list parameter_edges;
-  for (const auto& parameter : module.parameters()) {
-    if (parameter.requires_grad()) parameter_edges.push_back(torch::autograd::impl::gradient_edge(parameter));
+  if (pending.plan.ok) {
+    // From where I captured each group's gradients, towards the group's parameters alone; the
+    // groups' walks share no node, so each frees what its nodes saved, and its captured
+    // gradients go with it.
+    for (auto& group : pending.plan.groups) {
+      torch::autograd::edge_list roots;
+      torch::autograd::variable_list gradients;
+      for (size_t i = 0; i < group.roots.size(); ++i) {
+        if (!group.gradients[i].defined()) continue;  // nothing reached that node
+        roots.push_back(group.roots[i]);
+        gradients.push_back(std::move(group.gradients[i]));
+      }
+      group.gradients.clear();
+      if (roots.empty()) continue;
+      torch::autograd::Engine::get_default_engine().execute(roots, gradients, /*keep_graph=*/false,
+                                                           /*create_graph=*/false, /*accumulate_grad=*/true,
+                                                           group.parameters);
+    }
+    pending.plan.groups.clear();
+  } else {
+    torch::autograd::edge_list parameter_edges;
+    for (const auto& parameter : module.parameters()) {
+      if (parameter.requires_grad()) parameter_edges.push_back(torch::autograd::impl::gradient_edge(parameter));
+    }
+    BackwardFrom(pending.root, pending.gradient, pending.aux, parameter_edges);
   }
-  BackwardFrom(pending.root, pending.gradient, pending.aux, parameter_edges);
   tensors_.AfterWeightGradient(module, before);
   AfterParameterGradients(action);
 }
