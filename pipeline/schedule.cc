@@ -271,94 +271,64 @@ Schedule EmptyVSchedule(const std::string& name, const PipelineShape& shape) {
 
 }  // namespace
 
-namespace {
-
-// ZB-V's greedy placement, tick by tick: what has run on which stage, and what each rank runs next.
-class ZeroBubbleV {
- public:
-  static constexpr int kKinds = 3;  // F, I, W: each (stage, kind) runs its microbatches in order
-
-  ZeroBubbleV(int ranks, int microbatches)
-      : p_(ranks), m_(microbatches), last_(2 * ranks - 1),
-        finished_(kKinds, std::vector<std::vector<int>>(last_ + 1, std::vector<int>(m_, -1))),
-        next_(kKinds, std::vector<int>(last_ + 1, 0)), held_(p_, 0) {}
-
-  // (kind, stage) rank `rank` runs at `tick`: an I of the older ready microbatch of its two
-  // stages first, else an F (the upper stage's first) while it holds fewer than 2p activations,
-  // else a W; stage -1 when nothing is ready.
-  std::pair<int, int> Choose(int rank, int tick) const {
-    const int upper = 2 * p_ - 1 - rank, lower = rank;  // the V's two stages here, upper first
-    int kind = 1, stage = Oldest(1, upper, lower, tick);
-    if (stage < 0 && held_[rank] < 2 * p_) {
-      kind = 0;
-      stage = Ready(0, upper, tick) >= 0 ? upper : (Ready(0, lower, tick) >= 0 ? lower : -1);
-    }
-    if (stage < 0) {
-      kind = 2;
-      stage = Oldest(2, upper, lower, tick);
-    }
-    return {stage < 0 ? -1 : kind, stage};
-  }
-
-  // Runs (kind, stage)'s next microbatch on `rank`, ending at tick + 1; returns the microbatch.
-  int Run(int rank, int kind, int stage, int tick) {
-    const int mb = next_[kind][stage]++;
-    finished_[kind][stage][mb] = tick + 1;
-    held_[rank] += kind == 0 ? 1 : (kind == 2 ? -1 : 0);
-    return mb;
-  }
-
- private:
-  bool DoneBy(int kind, int stage, int mb, int tick) const {
-    return finished_[kind][stage][mb] >= 0 && finished_[kind][stage][mb] <= tick;
-  }
-  // The stage's next microbatch of `kind` if its inputs are done by `tick`, or -1.
-  int Ready(int kind, int stage, int tick) const {
-    const int mb = next_[kind][stage];
-    if (mb >= m_) return -1;
-    bool ok = false;
-    if (kind == 0) ok = stage == 0 || DoneBy(0, stage - 1, mb, tick);
-    if (kind == 1) ok = DoneBy(0, stage, mb, tick) && (stage == last_ || DoneBy(1, stage + 1, mb, tick));
-    if (kind == 2) ok = DoneBy(1, stage, mb, tick);
-    return ok ? mb : -1;
-  }
-  // The ready one of the two stages with the older microbatch, or -1.
-  int Oldest(int kind, int upper, int lower, int tick) const {
-    const int a = Ready(kind, upper, tick), b = Ready(kind, lower, tick);
-    if (a < 0 && b < 0) return -1;
-    return (b < 0 || (a >= 0 && a <= b)) ? upper : lower;
-  }
-
-  int p_, m_, last_;
-  std::vector<std::vector<std::vector<int>>> finished_;  // [kind][stage][mb]: the tick it ends, -1 not run
-  std::vector<std::vector<int>> next_;                   // [kind][stage]: its next microbatch
-  std::vector<int> held_;                                // per rank: stage-microbatches between F and W
-};
-
-}  // namespace
-
+// ZB-V as the zero-bubble paper's V schedule lays it out and PyTorch's ScheduleZBVZeroBubble builds
+// it, rank by rank. Rank r holds the V's down stage r and up stage 2p-1-r; counting microbatches
+// up to n = max(m, 2p - 1) (those past m are left out at the end):
+//   warm-up: 2(p - r) - 1 forwards of the down stage; r times an up forward then a down one; p - r
+//   times the up stage's F, I and W;
+//   steady: while a down forward is left or the up stage is behind, the down stage's F (while
+//   any is left), I and W, then the up stage's F, I and W;
+//   cool-down: r times the down then the up stage's I; p - r times the down stage's I and its
+//   oldest W; the up stage's W's left, then the down stage's.
+// Every stage runs its F's, I's and W's in microbatch order. At p = 2, m = 8 its bubble is 0.030
+// with F = I = W, where the list scheduling pipecheck used before left 0.045, and its waits on a
+// CPU, where the first stage's I is empty and its W a whole backward, 14-30 ms a step where that
+// one's were 60 (benchmarks/peer.csv's ZB-V row).
 Schedule ZeroBubbleVSchedule(const PipelineShape& shape) {
   Schedule schedule = EmptyVSchedule("zbv", shape);
   const int p = schedule.shape.ranks, m = schedule.shape.microbatches;
-  const ActionKind kinds[ZeroBubbleV::kKinds] = {ActionKind::kForward, ActionKind::kBackwardInput,
-                                                 ActionKind::kBackwardWeight};
-  ZeroBubbleV placement(p, m);
-  const int total = ZeroBubbleV::kKinds * schedule.shape.stages() * m;
-  int scheduled = 0;
-  for (int tick = 0; scheduled < total; ++tick) {
-    std::vector<std::pair<int, int>> chosen;  // (kind, stage) per rank that runs this tick
-    for (int rank = 0; rank < p; ++rank) chosen.push_back(placement.Choose(rank, tick));
-    bool progressed = false;
-    for (int rank = 0; rank < p; ++rank) {
-      const auto [kind, stage] = chosen[rank];
-      if (stage < 0) continue;
-      const int mb = placement.Run(rank, kind, stage, tick);
-      schedule.ranks[rank].push_back({kinds[kind], stage, mb});
-      ++scheduled;
-      progressed = true;
+  const int n = std::max(m, 2 * p - 1);
+  for (int r = 0; r < p; ++r) {
+    auto& actions = schedule.ranks[r];
+    const int down = r, up = 2 * p - 1 - r;
+    int down_f = 0, up_f = 0, down_b = 0, up_b = 0;  // the next forward and I of each stage
+    const auto add = [&](ActionKind kind, int stage, int mb) {
+      if (mb < m) actions.push_back({kind, stage, mb});
+    };
+    const auto forward = [&](int stage, int& next) { add(ActionKind::kForward, stage, next++); };
+    const auto input_and_weight = [&](int stage, int& next) {
+      add(ActionKind::kBackwardInput, stage, next);
+      add(ActionKind::kBackwardWeight, stage, next++);
+    };
+    for (int i = 0; i < 2 * (p - r) - 1; ++i) forward(down, down_f);
+    for (int i = 0; i < r; ++i) {
+      forward(up, up_f);
+      forward(down, down_f);
     }
-    if (!progressed) {
-      throw ScheduleError(fmt::format("zbv: no rank can move at tick {} ({} ranks, {} microbatches)", tick, p, m));
+    for (int i = 0; i < p - r; ++i) {
+      forward(up, up_f);
+      input_and_weight(up, up_b);
+    }
+    while (up_f < down_f || down_f < n) {
+      if (down_f < n) forward(down, down_f);
+      input_and_weight(down, down_b);
+      forward(up, up_f);
+      input_and_weight(up, up_b);
+    }
+    int down_w = down_b, up_w = up_b;
+    for (int i = 0; i < r; ++i) {
+      add(ActionKind::kBackwardInput, down, down_b++);
+      add(ActionKind::kBackwardInput, up, up_b++);
+    }
+    for (int i = 0; i < p - r; ++i) {
+      add(ActionKind::kBackwardInput, down, down_b++);
+      add(ActionKind::kBackwardWeight, down, down_w++);
+    }
+    while (up_w < up_b) add(ActionKind::kBackwardWeight, up, up_w++);
+    while (down_w < down_b) add(ActionKind::kBackwardWeight, down, down_w++);
+    if (down_f != n || up_f != n || down_b != n || up_b != n) {
+      throw ScheduleError(fmt::format("zbv: rank {} built {} and {} forwards, {} and {} backwards for {} microbatches "
+                                      "({} ranks)", r, down_f, up_f, down_b, up_b, n, p));
     }
   }
   return schedule;
