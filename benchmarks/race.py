@@ -2,13 +2,15 @@
 """pipecheck's trainer against the production pipeline trainers on identical work: each `NAME_torch`
 (PyTorch's pipelining), `NAME_torchtitan` (TorchTitan's Trainer), `NAME_deepspeed` (DeepSpeed's
 pipeline engine) and `NAME_megatron` (Megatron-Core's schedules) row of the suite against its
-twin `NAME`, alternated over rounds as shared/MEASURING.md asks (the order of the contenders
-rotates every round), every run judged by pipecheck against the reference (a run that does not
-PASS ends the race). Prints, per twin and rival, the median tokens/s and peak tensor bytes of each
-with their ranges over the rounds, and the ratios of medians (pipecheck over the rival). Every
-trainer is measured the same way: a step lasts as long as the slowest rank's, tokens/s is over the
-median step after the warm-up, peak bytes are the counting allocator's (CPU) or the CUDA caching
-allocator's, largest over the ranks.
+twin `NAME`, alternated over rounds (the order of the contenders rotates every round, so that a
+noisy machine's drift falls on each in turn), every run judged by pipecheck against the reference
+(a run that does not PASS ends the race). Prints, per twin and rival, the median tokens/s and peak
+tensor bytes of each with their ranges over the rounds, and the ratios of medians (pipecheck over
+the rival); pipecheck's tokens/s over its one-thread reference's (measured in the same run); and
+where each contender's step went, by kind of work (ranks.csv: pipecheck's timeline, or the
+trainer's own "actions_ms"). Every trainer is measured the same way: a step lasts as long as the
+slowest rank's, tokens/s is over the median step after the warm-up, peak bytes are the counting
+allocator's (CPU) or the CUDA caching allocator's, largest over the ranks.
 
     benchmarks/race.py --pipecheck build/pipecheck --scenarios benchmarks/peer.csv --rounds 5 --threads 1
 """
@@ -24,7 +26,14 @@ import tempfile
 RIVALS = ("torch", "torchtitan", "deepspeed", "megatron")
 
 
+# ranks.csv's account of a step, by kind of work (ms), as the breakdown table names them.
+KINDS = (("forward_ms", "F"), ("backward_ms", "B"), ("input_grad_ms", "I"), ("weight_grad_ms", "W"),
+         ("comm_ms", "comm"), ("idle_ms", "wait"), ("other_ms", "other"))
+
+
 def run(pipecheck, suite, name, threads, out, device):
+    """(tokens/s, peak bytes or None, {kind: ms a step, the mean over the ranks} or None, the
+    reference's tokens/s or None)."""
     command = [pipecheck, "run", "--scenarios", suite, "--only", name, "--threads", str(threads), "--out", out]
     done = subprocess.run(command + (["--device", device] if device else []), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
@@ -32,7 +41,14 @@ def run(pipecheck, suite, name, threads, out, device):
         row = next(csv.DictReader(f))
     if row["status"] != "PASS":
         sys.exit(f"race: {name} did not pass ({row['status']}): {row['message']}\n{done.stdout[-2000:]}")
-    return float(row["pp_tokens_per_s"]), int(row["pp_peak_bytes_max"]) if row["pp_peak_bytes_max"] else None
+    with open(os.path.join(out, "ranks.csv"), newline="") as f:
+        ranks = [rank for rank in csv.DictReader(f) if rank.get("replica", "0") == "0"]
+    breakdown = None
+    if ranks and all(rank.get(column) for rank in ranks for column, _ in KINDS):
+        breakdown = {kind: statistics.mean(float(rank[column]) for rank in ranks) for column, kind in KINDS}
+    reference = float(row["ref_tokens_per_s"]) if row.get("ref_tokens_per_s") else None
+    return (float(row["pp_tokens_per_s"]), int(row["pp_peak_bytes_max"]) if row["pp_peak_bytes_max"] else None,
+            breakdown, reference)
 
 
 def spread(values, fmt):
@@ -74,16 +90,37 @@ def main():
     print("| scenario | rival | pipecheck tokens/s | rival tokens/s | ratio | pipecheck peak MB | rival peak MB | ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, present in rivals.items():
-        ours = [rate for rate, _ in results[name]["pipecheck"]]
-        our_peak = [peak / 1e6 for _, peak in results[name]["pipecheck"] if peak is not None]
+        ours = [rate for rate, _, _, _ in results[name]["pipecheck"]]
+        our_peak = [peak / 1e6 for _, peak, _, _ in results[name]["pipecheck"] if peak is not None]
         for rival in present:
-            theirs = [rate for rate, _ in results[name][rival]]
-            their_peak = [peak / 1e6 for _, peak in results[name][rival] if peak is not None]
+            theirs = [rate for rate, _, _, _ in results[name][rival]]
+            their_peak = [peak / 1e6 for _, peak, _, _ in results[name][rival] if peak is not None]
             peaks = (f"{spread(our_peak, lambda v: f'{v:.1f}')} | {spread(their_peak, lambda v: f'{v:.1f}')} | "
                      f"{statistics.median(our_peak) / statistics.median(their_peak):.2f}"
                      ) if our_peak and their_peak else "- | - | -"
             print(f"| {name} | {rival} | {spread(ours, lambda v: f'{v:.0f}')} | {spread(theirs, lambda v: f'{v:.0f}')} | "
                   f"{statistics.median(ours) / statistics.median(theirs):.2f} | {peaks} |")
+    print("\npipecheck over its one-thread reference, tokens/s (the same run's; median (min-max) over the rounds)\n")
+    for name in rivals:
+        ratios = [rate / reference for rate, _, _, reference in results[name]["pipecheck"] if reference]
+        if ratios:
+            print(f"- {name}: {spread(ratios, lambda v: f'{v:.2f}')}")
+    # Where each contender's step went: ranks.csv's kinds of work, ms a step (the mean over the
+    # ranks), the median over the rounds; a trainer that reports no account of its own shows '-'.
+    print("\nms a step by kind of work (mean over the ranks, median over the rounds): F forwards with their loss, "
+          "B full backwards, I and W a split backward's halves, comm sending and receiving, wait for an input, "
+          "other the rest of the step (optimizer, clipping, gradient sums, the schedule's own work)\n")
+    print("| scenario | trainer | " + " | ".join(kind for _, kind in KINDS) + " | step |")
+    print("| --- | --- | " + " | ".join("---" for _ in KINDS) + " | --- |")
+    for name, present in rivals.items():
+        for contender in ["pipecheck"] + present:
+            accounts = [breakdown for _, _, breakdown, _ in results[name][contender] if breakdown]
+            if not accounts:
+                print(f"| {name} | {contender} | " + " | ".join("-" for _ in KINDS) + " | - |")
+                continue
+            cells = [statistics.median(account[kind] for account in accounts) for _, kind in KINDS]
+            step = statistics.median(sum(account.values()) for account in accounts)
+            print(f"| {name} | {contender} | " + " | ".join(f"{cell:.1f}" for cell in cells) + f" | {step:.1f} |")
 
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "harness/boundaries.h"
 #include "harness/dump.h"
@@ -209,6 +210,26 @@ std::optional<double> Scalar(const c10::impl::GenericDict& dict, const std::stri
   return number;
 }
 
+// A step's "actions_ms" (optional): milliseconds by kind of work, each kind one the protocol names.
+std::map<std::string, double> ReadActionsMs(const c10::IValue& value, const std::string& what) {
+  std::map<std::string, double> actions;
+  if (value.isNone()) return actions;
+  if (!value.isGenericDict()) throw ProtocolError(fmt::format("{}: \"actions_ms\" is a {}, not a dict", what, value.tagKind()));
+  static const std::set<std::string> kKinds = {"F", "B", "I", "W", "COMM", "WAIT"};
+  c10::impl::GenericDict dict = value.toGenericDict();
+  for (const auto& entry : dict) {
+    const std::string kind = entry.key().isString() ? entry.key().toStringRef() : std::string();
+    if (kKinds.count(kind) == 0) {
+      throw ProtocolError(fmt::format("{}: \"actions_ms\" has a kind {} (F, B, I, W, COMM or WAIT)", what,
+                                      entry.key().isString() ? kind : entry.key().tagKind()));
+    }
+    const auto ms = Scalar(dict, kind, what + " actions_ms");
+    if (*ms < 0.0) throw ProtocolError(fmt::format("{}: \"actions_ms\" gives {} {} ms", what, kind, *ms));
+    actions[kind] = *ms;
+  }
+  return actions;
+}
+
 // Every step's microbatch cuts: what its boundary tensors must look like.
 std::vector<std::vector<MicrobatchCut>> MicrobatchCuts(const scenarios::Scenario& scenario,
                                                        const reference::TrainConfig& train) {
@@ -377,6 +398,8 @@ pipeline::RankResult ReadRank(const fs::path& folder, int rank, const scenarios:
     result.step_ms.push_back(ms.value_or(std::nan("")));
     const auto peak = Scalar(record, "peak_bytes", what);
     result.peak_bytes.push_back(peak ? static_cast<int64_t>(*peak) : -1);
+    if (result.actions_ms.size() < unset) result.actions_ms.resize(unset);
+    result.actions_ms.push_back(ReadActionsMs(Entry(record, "actions_ms"), what));
     auto boundaries = ReadBoundaries(Entry(record, "boundaries"), rank, step, shape,
                                      microbatches[static_cast<size_t>(step)], scenario.hidden, what);
     result.boundaries.insert(result.boundaries.end(), boundaries.begin(), boundaries.end());

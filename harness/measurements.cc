@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 
 namespace pipecheck::harness {
@@ -18,6 +19,13 @@ using reports::FormatNumber;
 // calls (posting receives, starting sends), and the rest of each step's wall time (waiting).
 struct RankTime {
   double busy_us = 0.0, comm_us = 0.0, wall_us = 0.0;
+  int steps = 0;
+};
+
+// A rank's timed steps by kind of work, in milliseconds summed over the steps: its timeline's
+// actions (the wait before each, its SEND and RECV actions), or another trainer's actions_ms.
+struct RankBreakdown {
+  double forward = 0.0, backward = 0.0, input = 0.0, weight = 0.0, comm = 0.0, wait = 0.0, step = 0.0;
   int steps = 0;
 };
 
@@ -43,6 +51,42 @@ RankTime TimeOf(const pipeline::RankResult& rank, size_t steps) {
   for (const auto& [step, end] : step_end) time.wall_us += end;
   time.steps = static_cast<int>(step_end.size());
   return time;
+}
+
+RankBreakdown BreakdownOf(const pipeline::RankResult& rank, size_t steps) {
+  RankBreakdown breakdown;
+  const size_t first = FirstTimed(rank, steps);
+  std::set<int64_t> timed;
+  for (const auto& t : rank.timeline) {
+    if (t.step < static_cast<int64_t>(first)) continue;
+    timed.insert(t.step);
+    const double ms = (t.end_us - t.start_us) / 1000.0;
+    breakdown.wait += (t.start_us - t.wait_start_us) / 1000.0;
+    switch (t.action.kind) {
+      case pipeline::ActionKind::kForward: breakdown.forward += ms; break;
+      case pipeline::ActionKind::kBackward: breakdown.backward += ms; break;
+      case pipeline::ActionKind::kBackwardInput: breakdown.input += ms; break;
+      case pipeline::ActionKind::kBackwardWeight: breakdown.weight += ms; break;
+      default: breakdown.comm += ms;
+    }
+  }
+  for (size_t k = first; k < rank.actions_ms.size(); ++k) {
+    if (rank.actions_ms[k].empty()) continue;
+    timed.insert(static_cast<int64_t>(k));
+    for (const auto& [kind, ms] : rank.actions_ms[k]) {
+      if (kind == "F") breakdown.forward += ms;
+      if (kind == "B") breakdown.backward += ms;
+      if (kind == "I") breakdown.input += ms;
+      if (kind == "W") breakdown.weight += ms;
+      if (kind == "COMM") breakdown.comm += ms;
+      if (kind == "WAIT") breakdown.wait += ms;
+    }
+  }
+  for (int64_t step : timed) {
+    if (static_cast<size_t>(step) < rank.step_ms.size()) breakdown.step += rank.step_ms[static_cast<size_t>(step)];
+  }
+  breakdown.steps = static_cast<int>(timed.size());
+  return breakdown;
 }
 
 const pipeline::MemoryPrediction& MemoryOf(const MeasurementInput& input, int replica) {
@@ -197,6 +241,20 @@ void RankRows(const MeasurementInput& input, size_t steps, const StepPrediction&
       row.busy_ms = time.busy_us * per_step_ms;
       row.idle_ms = (time.wall_us - time.busy_us - time.comm_us) * per_step_ms;
       row.comm_ms = time.comm_us * per_step_ms;
+    }
+    const RankBreakdown breakdown = BreakdownOf(rank, steps);
+    if (breakdown.steps > 0) {
+      const double per_step = 1.0 / breakdown.steps;
+      row.forward_ms = breakdown.forward * per_step;
+      row.backward_ms = breakdown.backward * per_step;
+      row.input_grad_ms = breakdown.input * per_step;
+      row.weight_grad_ms = breakdown.weight * per_step;
+      if (rank.timeline.empty()) {  // another trainer's own account
+        row.busy_ms = (breakdown.forward + breakdown.backward + breakdown.input + breakdown.weight) * per_step;
+        row.idle_ms = breakdown.wait * per_step;
+        row.comm_ms = breakdown.comm * per_step;
+      }
+      row.other_ms = breakdown.step * per_step - *row.busy_ms - *row.idle_ms - *row.comm_ms;
     }
     row.peak_bytes_predicted = Measured(r < memory.peak_bytes.size() ? memory.peak_bytes[r] : -1);
     if (!rank_ms.empty()) row.step_ms = reference::Median(rank_ms);

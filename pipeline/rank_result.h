@@ -5,6 +5,7 @@
 
 #include <torch/types.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,9 @@ struct RankResult {
   // NAME@stageS), and data/next_step, data/replica. Empty for a run that loaded nothing.
   reference::NamedTensors loaded;
   std::vector<ActionTiming> timeline;
+  // Per step, another trainer's own account of where its step went ("actions_ms": milliseconds
+  // by kind, F, B, I, W, COMM, WAIT); empty for pipecheck's trainer, whose timeline says it.
+  std::vector<std::map<std::string, double>> actions_ms;
   std::vector<BoundaryRecord> boundaries;  // every step's, in the order the rank met them
   std::vector<MessageRecord> messages;     // every step's, in the order the rank posted them
   std::vector<CollectiveRecord> collectives;  // every step's data-parallel all-reduces, in order

@@ -141,6 +141,11 @@ const Fields<RankRow>& RankFields() {
       field::OptionalReal("step_ms", &R::step_ms),
       field::OptionalReal("step_ms_predicted", &R::step_ms_predicted),
       field::Integer("replica", &R::replica),
+      field::OptionalReal("forward_ms", &R::forward_ms),
+      field::OptionalReal("backward_ms", &R::backward_ms),
+      field::OptionalReal("input_grad_ms", &R::input_grad_ms),
+      field::OptionalReal("weight_grad_ms", &R::weight_grad_ms),
+      field::OptionalReal("other_ms", &R::other_ms),
   };
   return fields;
 }

@@ -110,11 +110,16 @@ struct RankRow {
   std::string stages;  // "0;2"
   int64_t params = 0;
   std::optional<int64_t> peak_bytes;
-  // From the rank's action timeline; empty for a trainer that hands none back (another trainer).
+  // Per timed step (means): computing, waiting for an input, communicating; from the rank's
+  // action timeline, or another trainer's "actions_ms" (empty where it hands none back).
   std::optional<double> busy_ms, idle_ms, comm_ms;
   std::optional<int64_t> peak_bytes_predicted;
   std::optional<double> step_ms, step_ms_predicted;
   int64_t replica = 0;
+  // busy_ms by kind of work (forwards with their loss, full backwards, a split backward's input
+  // and weight halves), and the rest of the step (other_ms: outside the schedule's actions, the
+  // optimizer, clipping and gradient sums among it), from the same source.
+  std::optional<double> forward_ms, backward_ms, input_grad_ms, weight_grad_ms, other_ms;
 };
 const Fields<RankRow>& RankFields();
 

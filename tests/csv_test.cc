@@ -77,7 +77,7 @@ TEST(Reports, ColumnsAreExactlyTheDesigns) {
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::StepColumns(), ",")), "scenario,step,loss_ref,loss_pp,abs_diff,layout");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::RankColumns(), ",")),
             "scenario,rank,stages,params,peak_bytes,busy_ms,idle_ms,comm_ms,peak_bytes_predicted,step_ms,"
-            "step_ms_predicted,replica");
+            "step_ms_predicted,replica,forward_ms,backward_ms,input_grad_ms,weight_grad_ms,other_ms");
   EXPECT_EQ(fmt::format("{}", fmt::join(reports::TimelineColumns(), ",")),
             "scenario,rank,step,action,stage,microbatch,start_us,end_us,held_bytes,held_bytes_predicted,wait_start_us,"
             "step_start_us,peak_bytes,peak_bytes_predicted,layout");

@@ -23,7 +23,8 @@ MEASURED = {
                     "pp_tokens_per_s_spread", "message", "worst_param",
                     # how many steps were timed: the timing-only ones stop after 3 s at the step's pace
                     "pp_timed_steps"},
-    "ranks.csv": {"peak_bytes", "busy_ms", "idle_ms", "comm_ms", "step_ms", "step_ms_predicted"},
+    "ranks.csv": {"peak_bytes", "busy_ms", "idle_ms", "comm_ms", "step_ms", "step_ms_predicted", "forward_ms",
+                  "backward_ms", "input_grad_ms", "weight_grad_ms", "other_ms"},
     "timeline.csv": {"start_us", "end_us", "held_bytes", "wait_start_us", "step_start_us", "peak_bytes"},
     # Whether two tensors are bitwise equal depends on which kernels the machine's BLAS picks.
     "boundaries.csv": {"bitwise_equal"},

@@ -21,6 +21,11 @@ What a rank hands back, all by pipecheck's global parameter names:
                                 of experts with aux_loss > 0; the rank that reports "loss"),
                       "step_ms": 0-dim tensor, this rank's step wall time (optional),
                       "peak_bytes": 0-dim tensor, tensor bytes held at most in the step (optional),
+                      "actions_ms": {kind: 0-dim tensor}, the step's milliseconds in each kind of
+                                work: "F" (forwards, their loss included), "B" (full backwards),
+                                "I" and "W" (a split backward's halves), "COMM" (posting sends
+                                and receives, waiting for sends), "WAIT" (waiting for a receive);
+                                the rest of step_ms is the step's other work (optional),
                       "master_weights": {name: float32 tensor}, the float32 weights the optimizer
                                 stepped, after step K: only a trainer that keeps them beside
                                 bfloat16 parameters, every step (optional),
@@ -108,7 +113,7 @@ class Exchange:
         self.save("start.pt", {name: t.detach().cpu().clone() for name, t in weights.items()})
 
     def save_step(self, step, grads, weights, loss=None, step_ms=None, peak_bytes=None, boundaries=None,
-                  master_weights=None, aux_loss=None, expert_biases=None, expert_counts=None):
+                  master_weights=None, aux_loss=None, expert_biases=None, expert_counts=None, actions_ms=None):
         record = {"grads": {name: g.detach().cpu().clone() for name, g in grads.items()},
                   "weights": {name: w.detach().cpu().clone() for name, w in weights.items()}}
         if expert_biases is not None:
@@ -126,6 +131,8 @@ class Exchange:
             record["step_ms"] = torch.tensor(float(step_ms), dtype=torch.float64)
         if peak_bytes is not None and peak_bytes >= 0:
             record["peak_bytes"] = torch.tensor(int(peak_bytes), dtype=torch.int64)
+        if actions_ms:
+            record["actions_ms"] = {kind: torch.tensor(float(ms), dtype=torch.float64) for kind, ms in actions_ms.items()}
         self.save(f"step_{step}.pt", record)
 
 

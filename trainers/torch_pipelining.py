@@ -39,6 +39,7 @@ import csv
 import inspect
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,6 +98,97 @@ def step_around_self_sends():
     if original is None:
         return
     base._get_init_p2p_neighbors_ops = lambda self: [op for op in original(self) if op.group_peer != self.group_rank]
+
+
+class ActionClock:
+    """Where a step's time goes, measured around pipelining's own functions as they run: a stage's
+    forward (its loss included: "F"), a full backward ("B"), its input-gradient and weight-gradient
+    halves ("I", "W"), posting point-to-point operations and waiting for sends to leave ("COMM"),
+    and waiting for a receive to arrive ("WAIT": a batch that both sends and receives, as 1F1B
+    fuses them, counts as a receive). What is left of the step (gradient sums, clipping, the
+    optimizer, the schedule's own bookkeeping) is pipecheck's "other". Handed back per step as
+    "actions_ms" (protocol.py); pipecheck's own trainer reports the same kinds off its timeline."""
+
+    def __init__(self):
+        self.totals = {}
+        self.depth = 0
+        self.receives = set()  # id() of the works that carry a receive
+
+    def add(self, kind, seconds):
+        self.totals[kind] = self.totals.get(kind, 0.0) + seconds * 1000.0
+
+    def timed(self, kind_of, function):
+        clock = self
+
+        def wrapper(*args, **kwargs):
+            if clock.depth:  # nested: the outer call is timed already
+                return function(*args, **kwargs)
+            clock.depth += 1
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                clock.depth -= 1
+                clock.add(kind_of(args, kwargs), time.perf_counter() - started)
+        return wrapper
+
+    def install(self):
+        """Wraps what this release has of pipelining's functions; returns False (and times nothing)
+        where one of them is missing, so that no step reports a partial account."""
+        from torch.distributed.pipelining import schedules
+        from torch.distributed.pipelining import stage as stage_module
+        base = stage_module._PipelineStageBase
+        schedule_base = getattr(schedules, "_PipelineSchedule", None)
+        needed = [(base, "forward_one_chunk"), (base, "backward_one_chunk"), (base, "backward_weight_one_chunk"),
+                  (schedule_base, "_maybe_compute_loss"), (schedules, "_batch_p2p"), (schedules, "_wait_batch_p2p")]
+        if any(owner is None or not hasattr(owner, name) for owner, name in needed):
+            return False
+        base.forward_one_chunk = self.timed(lambda a, k: "F", base.forward_one_chunk)
+        parameters = inspect.signature(base.backward_one_chunk).parameters
+        full = parameters.get("full_backward")
+        position = list(parameters).index("full_backward") if full else None
+
+        def backward_kind(args, kwargs):
+            if full is None:
+                return "B"
+            value = kwargs.get("full_backward", args[position] if position < len(args) else full.default)
+            return "B" if value else "I"
+        base.backward_one_chunk = self.timed(backward_kind, base.backward_one_chunk)
+        base.backward_weight_one_chunk = self.timed(lambda a, k: "W", base.backward_weight_one_chunk)
+        schedule_base._maybe_compute_loss = self.timed(lambda a, k: "F", schedule_base._maybe_compute_loss)
+        post, wait = schedules._batch_p2p, schedules._wait_batch_p2p
+        clock = self
+
+        def batch_p2p(p2p_ops, *args, **kwargs):
+            if clock.depth:  # inside a timed call, or _batch_p2p calling itself per process group
+                return post(p2p_ops, *args, **kwargs)
+            clock.depth += 1
+            started = time.perf_counter()
+            try:
+                works = post(p2p_ops, *args, **kwargs)
+            finally:
+                clock.depth -= 1
+                clock.add("COMM", time.perf_counter() - started)
+            if any(op.op == dist.irecv for op in p2p_ops):
+                clock.receives.update(id(work) for work in works)
+            return works
+
+        def wait_batch_p2p(works, *args, **kwargs):
+            if clock.depth:
+                return wait(works, *args, **kwargs)
+            for work in list(works):
+                started = time.perf_counter()
+                wait([work], *args, **kwargs)
+                clock.add("WAIT" if id(work) in clock.receives else "COMM", time.perf_counter() - started)
+                clock.receives.discard(id(work))
+        schedules._batch_p2p, schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
+        return True
+
+    def take(self):
+        """This step's milliseconds by kind, and a fresh count for the next."""
+        totals, self.totals = self.totals, {}
+        self.receives.clear()
+        return totals
 
 
 def schedule_class(name):
@@ -262,6 +354,8 @@ def main():
     if device.type == "cpu" and exchange.fault != "stock_p2p_init":
         step_around_self_sends()
     meter = Meter(device)
+    clock = ActionClock()
+    timed = clock.install()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -333,6 +427,7 @@ def main():
         taps.begin_step()
         dist.barrier()
         meter.start_step()
+        clock.take()
         losses = []
         args = (tokens,) if holds_first else ()
         kwargs = dict(target=labels, losses=losses) if holds_last else {}
@@ -352,6 +447,7 @@ def main():
         if optimizer is not None:
             optimizer.step()
         step_ms, peak = meter.end_step()
+        actions_ms = clock.take() if timed else None
         # The balance loss, as a user logs it: this rank's stages' terms, summed over the ranks.
         aux = sum((term.double() for module in modules for term in module.balance_terms),
                   torch.zeros((), dtype=torch.float64, device=device))
@@ -361,7 +457,8 @@ def main():
             dist.all_reduce(aux)
         loss = float(sum(l.detach().double() for l in losses)) + float(aux) if holds_last else None
         grads = {name: p.grad for name, p in named.items() if p.grad is not None}
-        exchange.save_step(step, grads, named, loss=loss, step_ms=step_ms, peak_bytes=peak, boundaries=taps.end_step(),
+        exchange.save_step(step, grads, named, loss=loss, step_ms=step_ms, peak_bytes=peak, actions_ms=actions_ms,
+                           boundaries=taps.end_step(),
                            aux_loss=float(aux) if balanced and holds_last else None,
                            expert_biases=balancer.biases() if balancer else None,
                            expert_counts=balancer.moved if balancer else None)
