@@ -14,9 +14,9 @@
    the last rank starts at microbatch 1 and ends at microbatch m), pipecheck must reject that
    file too, naming its row and cell; a class PyTorch accepts must pass in pipecheck.
 
-3. pipecheck's own dualpipev and loopedbfs generators build, on every rank, the very actions
-   PyTorch's ScheduleDualPipeV (its overlapped forward-backward pairs as their two sub-actions)
-   and ScheduleLoopedBFS build.
+3. pipecheck's own dualpipev, loopedbfs and zbv generators build, on every rank, the very
+   actions PyTorch's ScheduleDualPipeV (its overlapped forward-backward pairs as their two
+   sub-actions), ScheduleLoopedBFS and ScheduleZBVZeroBubble build.
 
 The schedule classes only need their stages' indices to build `pipeline_order`, so they are
 given stand-ins holding exactly those (no process group, nothing runs in PyTorch here).
@@ -53,6 +53,9 @@ GENERATOR_TWINS = [
      [(1, 2, 2), (1, 2, 5), (2, 2, 4), (2, 2, 7), (3, 2, 6), (3, 2, 10), (4, 2, 8), (4, 2, 13)]),
     ("loopedbfs", "ScheduleLoopedBFS", False,
      [(1, 3, 3), (2, 2, 4), (2, 3, 5), (3, 2, 7), (4, 2, 8), (4, 4, 3)]),
+    # Below m = 2p - 1 too, where PyTorch counts microbatches past m and leaves them out.
+    ("zbv", "ScheduleZBVZeroBubble", True,
+     [(1, 2, 1), (1, 2, 4), (2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 2, 8), (3, 2, 3), (3, 2, 7), (4, 2, 8), (4, 2, 13)]),
 ]
 
 PYTORCH_CLASSES = [  # (class name, ranks, virtual stages, microbatches, V placement)
