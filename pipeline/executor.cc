@@ -129,16 +129,34 @@ WeightPlan PlanWeightGradients(const torch::autograd::edge_list& roots, const to
       if (nodes.emplace(edge.function.get(), edge.function).second) stack.push_back(edge.function.get());
     }
   }
+  // Up the graph from `start` (towards the roots), each node once: `climb(parent)` says whether
+  // to go on above it.
+  const auto up_from = [&](Node* start, const std::function<bool(Node*)>& climb) {
+    std::unordered_set<Node*> visited{start};
+    stack.assign({start});
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      for (Node* parent : parents[node]) {
+        if (visited.insert(parent).second && climb(parent)) stack.push_back(parent);
+      }
+    }
+  };
+  // Down the graph from `start` (towards the leaves), into the children `descend(child)` takes.
+  const auto down_from = [&](Node* start, const std::function<bool(Node*)>& descend) {
+    stack.assign({start});
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      for (const auto& edge : node->next_edges()) {
+        Node* child = edge.function.get();
+        if (child != nullptr && descend(child)) stack.push_back(child);
+      }
+    }
+  };
   // The input's side: every node the input's gradient flows through.
   std::unordered_set<Node*> input_side{input.function.get()};
-  stack.assign({input.function.get()});
-  while (!stack.empty()) {
-    Node* node = stack.back();
-    stack.pop_back();
-    for (Node* parent : parents[node]) {
-      if (input_side.insert(parent).second) stack.push_back(parent);
-    }
-  }
+  up_from(input.function.get(), [&](Node* node) { return input_side.insert(node).second; });
   for (const auto& root : roots) {
     if (input_side.count(root.function.get()) == 0) return plan;
   }
@@ -150,20 +168,11 @@ WeightPlan PlanWeightGradients(const torch::autograd::edge_list& roots, const to
     auto edge = torch::autograd::impl::gradient_edge(parameter);
     if (nodes.count(edge.function.get()) == 0) continue;  // not used by this stage's forward
     std::vector<Node*> found;
-    std::unordered_set<Node*> visited{edge.function.get()};
-    stack.assign({edge.function.get()});
-    while (!stack.empty()) {
-      Node* node = stack.back();
-      stack.pop_back();
-      for (Node* parent : parents[node]) {
-        if (!visited.insert(parent).second) continue;
-        if (input_side.count(parent) > 0) {
-          found.push_back(parent);
-        } else {
-          stack.push_back(parent);
-        }
-      }
-    }
+    up_from(edge.function.get(), [&](Node* node) {
+      if (input_side.count(node) == 0) return true;
+      found.push_back(node);
+      return false;
+    });
     if (found.empty()) return plan;
     meets.push_back(std::move(found));
     edges.push_back(std::move(edge));
@@ -195,19 +204,15 @@ WeightPlan PlanWeightGradients(const torch::autograd::edge_list& roots, const to
     if (members.size() > 1) {
       // No meeting node of a group below another: down the input's side from each.
       const std::unordered_set<Node*> member_set(members.begin(), members.end());
+      bool nested = false;
       for (Node* top : members) {
         std::unordered_set<Node*> below;
-        stack.assign({top});
-        while (!stack.empty()) {
-          Node* node = stack.back();
-          stack.pop_back();
-          for (const auto& edge : node->next_edges()) {
-            Node* child = edge.function.get();
-            if (child == nullptr || input_side.count(child) == 0 || !below.insert(child).second) continue;
-            if (member_set.count(child) > 0) return plan;
-            stack.push_back(child);
-          }
-        }
+        down_from(top, [&](Node* child) {
+          if (input_side.count(child) == 0 || !below.insert(child).second) return false;
+          nested = nested || member_set.count(child) > 0;
+          return !nested;
+        });
+        if (nested) return plan;
       }
     }
     for (Node* node : members) groups[root].roots.emplace_back(nodes.at(node), uint32_t{0});
@@ -216,16 +221,7 @@ WeightPlan PlanWeightGradients(const torch::autograd::edge_list& roots, const to
   std::unordered_set<Node*> weight_side;
   for (const auto& [node, i] : owner) {
     weight_side.insert(node);
-    stack.assign({node});
-    while (!stack.empty()) {
-      Node* above = stack.back();
-      stack.pop_back();
-      for (const auto& edge : above->next_edges()) {
-        Node* child = edge.function.get();
-        if (child == nullptr || input_side.count(child) > 0 || !weight_side.insert(child).second) continue;
-        stack.push_back(child);
-      }
-    }
+    down_from(node, [&](Node* child) { return input_side.count(child) == 0 && weight_side.insert(child).second; });
   }
   for (const auto& [node, pointer] : nodes) {
     if (weight_side.count(node) == 0) plan.spent.push_back(node);
