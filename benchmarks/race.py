@@ -15,6 +15,7 @@ allocator's (CPU) or the CUDA caching allocator's, largest over the ranks.
     benchmarks/race.py --pipecheck build/pipecheck --scenarios benchmarks/peer.csv --rounds 5 --threads 1
 """
 import argparse
+import collections
 import csv
 import os
 import statistics
@@ -26,14 +27,16 @@ import tempfile
 RIVALS = ("torch", "torchtitan", "deepspeed", "megatron")
 
 
+# One run of one contender: its tokens/s, peak bytes (or None), {kind: ms a step, the mean over the
+# ranks} (or None where the trainer gives no account), and its reference's tokens/s (or None).
+Run = collections.namedtuple("Run", "rate peak breakdown reference")
+
 # ranks.csv's account of a step, by kind of work (ms), as the breakdown table names them.
 KINDS = (("forward_ms", "F"), ("backward_ms", "B"), ("input_grad_ms", "I"), ("weight_grad_ms", "W"),
          ("comm_ms", "comm"), ("idle_ms", "wait"), ("other_ms", "other"))
 
 
 def run(pipecheck, suite, name, threads, out, device):
-    """(tokens/s, peak bytes or None, {kind: ms a step, the mean over the ranks} or None, the
-    reference's tokens/s or None)."""
     command = [pipecheck, "run", "--scenarios", suite, "--only", name, "--threads", str(threads), "--out", out]
     done = subprocess.run(command + (["--device", device] if device else []), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
@@ -47,8 +50,8 @@ def run(pipecheck, suite, name, threads, out, device):
     if ranks and all(rank.get(column) for rank in ranks for column, _ in KINDS):
         breakdown = {kind: statistics.mean(float(rank[column]) for rank in ranks) for column, kind in KINDS}
     reference = float(row["ref_tokens_per_s"]) if row.get("ref_tokens_per_s") else None
-    return (float(row["pp_tokens_per_s"]), int(row["pp_peak_bytes_max"]) if row["pp_peak_bytes_max"] else None,
-            breakdown, reference)
+    return Run(float(row["pp_tokens_per_s"]), int(row["pp_peak_bytes_max"]) if row["pp_peak_bytes_max"] else None,
+               breakdown, reference)
 
 
 def spread(values, fmt):
@@ -83,18 +86,18 @@ def main():
                     out = os.path.join(scratch, f"{row}_{round_index}")
                     results[name][contender].append(run(args.pipecheck, args.scenarios, row, args.threads, out,
                                                         args.device))
-                said = ", ".join(f"{contender} {results[name][contender][-1][0]:.0f}" for contender in contenders)
+                said = ", ".join(f"{contender} {results[name][contender][-1].rate:.0f}" for contender in contenders)
                 print(f"round {round_index + 1}/{args.rounds} {name}: {said} tokens/s", flush=True)
     print(f"\n{args.rounds} alternating rounds, {args.threads} intra-op thread(s) per rank, {os.cpu_count()} CPUs; "
           "median (min-max) over the rounds; every run passed parity\n")
     print("| scenario | rival | pipecheck tokens/s | rival tokens/s | ratio | pipecheck peak MB | rival peak MB | ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, present in rivals.items():
-        ours = [rate for rate, _, _, _ in results[name]["pipecheck"]]
-        our_peak = [peak / 1e6 for _, peak, _, _ in results[name]["pipecheck"] if peak is not None]
+        ours = [run.rate for run in results[name]["pipecheck"]]
+        our_peak = [run.peak / 1e6 for run in results[name]["pipecheck"] if run.peak is not None]
         for rival in present:
-            theirs = [rate for rate, _, _, _ in results[name][rival]]
-            their_peak = [peak / 1e6 for _, peak, _, _ in results[name][rival] if peak is not None]
+            theirs = [run.rate for run in results[name][rival]]
+            their_peak = [run.peak / 1e6 for run in results[name][rival] if run.peak is not None]
             peaks = (f"{spread(our_peak, lambda v: f'{v:.1f}')} | {spread(their_peak, lambda v: f'{v:.1f}')} | "
                      f"{statistics.median(our_peak) / statistics.median(their_peak):.2f}"
                      ) if our_peak and their_peak else "- | - | -"
@@ -102,7 +105,7 @@ def main():
                   f"{statistics.median(ours) / statistics.median(theirs):.2f} | {peaks} |")
     print("\npipecheck over its one-thread reference, tokens/s (the same run's; median (min-max) over the rounds)\n")
     for name in rivals:
-        ratios = [rate / reference for rate, _, _, reference in results[name]["pipecheck"] if reference]
+        ratios = [run.rate / run.reference for run in results[name]["pipecheck"] if run.reference]
         if ratios:
             print(f"- {name}: {spread(ratios, lambda v: f'{v:.2f}')}")
     # Where each contender's step went: ranks.csv's kinds of work, ms a step (the mean over the
@@ -114,7 +117,7 @@ def main():
     print("| --- | --- | " + " | ".join("---" for _ in KINDS) + " | --- |")
     for name, present in rivals.items():
         for contender in ["pipecheck"] + present:
-            accounts = [breakdown for _, _, breakdown, _ in results[name][contender] if breakdown]
+            accounts = [run.breakdown for run in results[name][contender] if run.breakdown]
             if not accounts:
                 print(f"| {name} | {contender} | " + " | ".join("-" for _ in KINDS) + " | - |")
                 continue

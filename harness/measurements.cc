@@ -23,7 +23,7 @@ struct RankTime {
 };
 
 // A rank's timed steps by kind of work, in milliseconds summed over the steps: its timeline's
-// actions (the wait before each, its SEND and RECV actions), or another trainer's actions_ms.
+// compute actions (TimeOf has its waits and communication), or another trainer's actions_ms.
 struct RankBreakdown {
   double forward = 0.0, backward = 0.0, input = 0.0, weight = 0.0, comm = 0.0, wait = 0.0, step = 0.0;
   int steps = 0;
@@ -61,13 +61,12 @@ RankBreakdown BreakdownOf(const pipeline::RankResult& rank, size_t steps) {
     if (t.step < static_cast<int64_t>(first)) continue;
     timed.insert(t.step);
     const double ms = (t.end_us - t.start_us) / 1000.0;
-    breakdown.wait += (t.start_us - t.wait_start_us) / 1000.0;
     switch (t.action.kind) {
       case pipeline::ActionKind::kForward: breakdown.forward += ms; break;
       case pipeline::ActionKind::kBackward: breakdown.backward += ms; break;
       case pipeline::ActionKind::kBackwardInput: breakdown.input += ms; break;
       case pipeline::ActionKind::kBackwardWeight: breakdown.weight += ms; break;
-      default: breakdown.comm += ms;
+      default: break;  // communication: TimeOf's
     }
   }
   for (size_t k = first; k < rank.actions_ms.size(); ++k) {

@@ -51,15 +51,19 @@ void ReleaseOutputData(torch::Tensor& output) {
 // torch::autograd::backward it does not compare against the output's (possibly freed) data.
 // With `aux` (a stage's balance-loss terms) a second root, its gradient 1: both in one backward.
 // Returns the gradients of `outputs` (none without them).
+// The backward's roots: the output's edge, and the balance-loss terms' where they have a graph.
+torch::autograd::edge_list RootEdges(const torch::Tensor& output, const torch::Tensor& aux) {
+  torch::autograd::edge_list roots{torch::autograd::impl::gradient_edge(output)};
+  if (aux.defined() && aux.requires_grad()) roots.push_back(torch::autograd::impl::gradient_edge(aux));
+  return roots;
+}
+
 torch::autograd::variable_list BackwardFrom(const torch::Tensor& output, const torch::Tensor& gradient,
                                             const torch::Tensor& aux, const torch::autograd::edge_list& outputs = {},
                                             bool keep_graph = false, bool accumulate_grad = true) {
-  torch::autograd::edge_list roots{torch::autograd::impl::gradient_edge(output)};
+  const torch::autograd::edge_list roots = RootEdges(output, aux);
   torch::autograd::variable_list gradients{gradient};
-  if (aux.defined() && aux.requires_grad()) {
-    roots.push_back(torch::autograd::impl::gradient_edge(aux));
-    gradients.push_back(torch::ones_like(aux));
-  }
+  if (roots.size() > 1) gradients.push_back(torch::ones_like(aux));
   return torch::autograd::Engine::get_default_engine().execute(roots, gradients, keep_graph, /*create_graph=*/false,
                                                                accumulate_grad, outputs);
 }
@@ -471,11 +475,9 @@ void Executor::BackwardInput(const Action& action, StepState& state) {
     // walking its final norm and projection again costs little, and what I would capture there
     // (the logits' gradient beside the norm's) outweighs what it would free.
     const auto input_edge = torch::autograd::impl::gradient_edge(input);
-    torch::autograd::edge_list roots{torch::autograd::impl::gradient_edge(start.root)};
-    if (start.aux.defined() && start.aux.requires_grad()) roots.push_back(torch::autograd::impl::gradient_edge(start.aux));
     const Stage& stage = StageAt(stages_, s, transport_.rank());
     if (stage.slice.end_layer > stage.slice.first_layer) {
-      plan = PlanWeightGradients(roots, input_edge, stage.module->parameters());
+      plan = PlanWeightGradients(RootEdges(start.root, start.aux), input_edge, stage.module->parameters());
     }
     for (auto* node : plan.spent) node->add_post_hook(std::make_unique<ReleaseOnceRun>(node));
     torch::autograd::edge_list outputs{input_edge};
@@ -514,8 +516,6 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
   observer_.BeforeBackward(owned_parameters_);
   const torch::nn::Module& module = *StageAt(stages_, s, transport_.rank()).module;
   const auto before = tensors_.BeforeWeightGradient(module);
-  // The graph kept by I once more, towards the parameters' edges only: what leads to nothing
-  // but the stage's input (already handed on by I) is not run again.
   if (pending.plan.ok) {
     // From where I captured each group's gradients, towards the group's parameters alone; the
     // groups' walks share no node, so each frees what its nodes saved, and its captured
@@ -536,6 +536,8 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
     }
     pending.plan.groups.clear();
   } else {
+    // The graph kept by I once more, towards the parameters' edges only: what leads to nothing
+    // but the stage's input (already handed on by I) is not run again.
     torch::autograd::edge_list parameter_edges;
     for (const auto& parameter : module.parameters()) {
       if (parameter.requires_grad()) parameter_edges.push_back(torch::autograd::impl::gradient_edge(parameter));

@@ -141,34 +141,29 @@ bool CapturesLayerOutputGradient(const Sizes& z, int64_t layer) {
   return !z.model.IsMoeLayer(layer) || z.model.shared_experts > 0;
 }
 
-struct Kept {
-  int64_t saved = 0, captured = 0;
-  int64_t total() const { return saved + captured; }
-};
-
 // gpt2 keeps one (n, h) tensor a layer more than this count explains (measured, LibTorch 2.15).
-Kept LayerWeightKept(const Sizes& z, int64_t layer, int64_t b, int64_t t, int64_t tokens) {
+int64_t LayerWeightKept(const Sizes& z, int64_t layer, int64_t b, int64_t t, int64_t tokens) {
   const auto& model = z.model;
   const int64_t n = b * t, h = model.hidden, kv = model.KvWidth();
-  Kept kept;
-  kept.saved = (3 + (IsLlama(z) ? 0 : 1)) * n * h * z.e;  // the first norm's two, the output projection's input
-  kept.captured = (3 * h + 2 * kv) * n * z.e + (CapturesLayerOutputGradient(z, layer) ? n * h * z.e : 0);
+  // What the weights' nodes saved: the first norm's two, the output projection's input.
+  int64_t saved = (3 + (IsLlama(z) ? 0 : 1)) * n * h * z.e;
+  int64_t captured = (3 * h + 2 * kv) * n * z.e + (CapturesLayerOutputGradient(z, layer) ? n * h * z.e : 0);
   if (!model.IsMoeLayer(layer)) {
     const int64_t f = model.FfnSize(), products = IsLlama(z) ? 2 : 1;
-    kept.saved += (2 * h + f) * n * z.e;
-    kept.captured += (h + products * f) * n * z.e;
-    return kept;
+    saved += (2 * h + f) * n * z.e;
+    captured += (h + products * f) * n * z.e;
+    return saved + captured;
   }
   const int64_t f = model.ExpertFfnSize(), k = model.top_k, experts = model.experts, r = z.router;
-  kept.saved += n * h * z.e;                                              // the second norm's normalised input
-  kept.saved += r == z.e ? n * h * z.e : r * n * h + r * experts * h;     // the router's input (and weight copy)
-  kept.saved += k * tokens * (h + f) * z.e;                               // each expert's rows and product
-  kept.captured += n * h * z.e + r * n * experts + k * tokens * (2 * f + h) * z.e;
+  saved += n * h * z.e;                                              // the second norm's normalised input
+  saved += r == z.e ? n * h * z.e : r * n * h + r * experts * h;     // the router's input (and weight copy)
+  saved += k * tokens * (h + f) * z.e;                               // each expert's rows and product
+  captured += n * h * z.e + r * n * experts + k * tokens * (2 * f + h) * z.e;
   if (model.shared_experts > 0) {
-    kept.saved += (r == z.e ? 0 : n * h * z.e) + f * n * z.e;
-    kept.captured += 2 * f * n * z.e;
+    saved += (r == z.e ? 0 : n * h * z.e) + f * n * z.e;
+    captured += 2 * f * n * z.e;
   }
-  return kept;
+  return saved + captured;
 }
 
 // A stage's: its layers', the head's (the final norm's normalised input and output, their
@@ -179,7 +174,7 @@ int64_t WeightKept(const Sizes& z, const reference::SliceSpec& slice, Input inpu
   const int64_t n = b * t, h = z.model.hidden;
   int64_t bytes = input == Input::kReceived ? n * h * z.e : 0;
   for (int64_t layer = slice.first_layer; layer < slice.end_layer; ++layer) {
-    bytes += LayerWeightKept(z, layer, b, t, tokens).total();
+    bytes += LayerWeightKept(z, layer, b, t, tokens);
   }
   if (slice.has_head) {
     bytes += (3 * h + z.model.vocab) * n * z.e;
@@ -225,7 +220,7 @@ int64_t SplitWeightTransient(const Sizes& z, const reference::SliceSpec& slice, 
   }
   for (int64_t layer = slice.first_layer; layer < slice.end_layer; ++layer) {
     reach(moment);
-    running += (creates ? z.model.LayerParameterCount(layer) * z.e : 0) - LayerWeightKept(z, layer, b, t, tokens).total();
+    running += (creates ? z.model.LayerParameterCount(layer) * z.e : 0) - LayerWeightKept(z, layer, b, t, tokens);
     if (creates) reach(moment);
   }
   if (slice.has_head) {
@@ -433,6 +428,11 @@ class RankWalk {
   void Reach(int64_t bytes) { action_peak_ = std::max(action_peak_, bytes); }
   // One boundary message of microbatch `mb`: (b, t, hidden).
   int64_t MessageBytes(int mb) const { return parts_[mb].sequences * parts_[mb].time * z_.model.hidden * z_.e; }
+  // Where stage `stage`'s input for microbatch `mb` comes from.
+  Input InputOf(int stage, int mb) const {
+    if (stage == 0) return Input::kTokens;
+    return InputMessage(shape_, {ActionKind::kForward, stage, mb}).has_value() ? Input::kReceived : Input::kLocal;
+  }
   bool Passthrough(const reference::SliceSpec& slice) const {
     return slice.end_layer == slice.first_layer && !slice.has_embedding && !slice.has_head;
   }
@@ -448,8 +448,8 @@ class RankWalk {
     const auto& slice = slices_[a.stage];
     const int mb = a.microbatch;
     const int64_t b = parts_[mb].sequences, t = parts_[mb].time, tokens = parts_[mb].tokens;
-    const bool remote_input = InputMessage(shape_, a).has_value();
-    const Input input = a.stage == 0 ? Input::kTokens : remote_input ? Input::kReceived : Input::kLocal;
+    const Input input = InputOf(a.stage, mb);
+    const bool remote_input = input == Input::kReceived;
     // Recomputation keeps the input alone (a received one; the tokens and a local input are held
     // anyway) and builds no graph: its forward holds only what one op at a time makes.
     const int64_t kept = recompute_ ? (input == Input::kReceived ? MessageBytes(mb) : 0) : Retained(z_, slice, input, b, t, tokens);
@@ -466,8 +466,7 @@ class RankWalk {
     const auto& slice = slices_[a.stage];
     const int mb = a.microbatch;
     const int64_t b = parts_[mb].sequences, t = parts_[mb].time, tokens = parts_[mb].tokens;
-    const bool remote_input = InputMessage(shape_, {ActionKind::kForward, a.stage, mb}).has_value();
-    const Input input = a.stage == 0 ? Input::kTokens : remote_input ? Input::kReceived : Input::kLocal;
+    const Input input = InputOf(a.stage, mb);
     const int64_t saved = Retained(z_, slice, input, b, t, tokens) - (input == Input::kReceived ? MessageBytes(mb) : 0);
     const int64_t root = slice.has_head || Passthrough(slice) ? 0 : MessageBytes(mb);
     held_ += saved + root;
@@ -547,8 +546,7 @@ class RankWalk {
     const auto& slice = slices_[a.stage];
     const int mb = a.microbatch;
     const int64_t b = parts_[mb].sequences, t = parts_[mb].time, tokens = parts_[mb].tokens;
-    const bool remote_input = InputMessage(shape_, {ActionKind::kForward, a.stage, mb}).has_value();
-    const Input input = remote_input ? Input::kReceived : Input::kLocal;
+    const Input input = InputOf(a.stage, mb);
     const int64_t root = recompute_ && !slice.has_head ? MessageBytes(mb) : 0;
     const int64_t released =
         Retained(z_, slice, input, b, t, tokens) - WeightKept(z_, slice, input, b, t, tokens) + root;

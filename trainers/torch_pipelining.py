@@ -156,19 +156,12 @@ class ActionClock:
         base.backward_one_chunk = self.timed(backward_kind, base.backward_one_chunk)
         base.backward_weight_one_chunk = self.timed(lambda a, k: "W", base.backward_weight_one_chunk)
         schedule_base._maybe_compute_loss = self.timed(lambda a, k: "F", schedule_base._maybe_compute_loss)
-        post, wait = schedules._batch_p2p, schedules._wait_batch_p2p
+        # _batch_p2p calls itself per process group: the outer call is the one timed.
+        post, wait = self.timed(lambda a, k: "COMM", schedules._batch_p2p), schedules._wait_batch_p2p
         clock = self
 
         def batch_p2p(p2p_ops, *args, **kwargs):
-            if clock.depth:  # inside a timed call, or _batch_p2p calling itself per process group
-                return post(p2p_ops, *args, **kwargs)
-            clock.depth += 1
-            started = time.perf_counter()
-            try:
-                works = post(p2p_ops, *args, **kwargs)
-            finally:
-                clock.depth -= 1
-                clock.add("COMM", time.perf_counter() - started)
+            works = post(p2p_ops, *args, **kwargs)
             if any(op.op == dist.irecv for op in p2p_ops):
                 clock.receives.update(id(work) for work in works)
             return works
