@@ -19,6 +19,7 @@
 #include "harness/run_directory.h"
 #include "pipeline/schedule.h"
 #include "reference/host_memory.h"
+#include "reference/linear.h"
 #include "reports/compare.h"
 #include "scenarios/scenario.h"
 
@@ -53,8 +54,14 @@ int Dispatch(int argc, char** argv) {
   app.require_subcommand(1);
   // Counted only when asked: counting initialises the CUDA driver, which no rank needs before it runs.
   app.set_version_flag("--version", std::function<std::string()>([] {
-    return fmt::format("pipecheck {} (LibTorch {}.{}.{}, CUDA devices: {})", PIPECHECK_VERSION, TORCH_VERSION_MAJOR,
-                       TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, torch::cuda::device_count());
+    std::string gemm;
+    try {
+      gemm = reference::CpuGemmName();
+    } catch (const std::exception& error) {
+      gemm = error.what();
+    }
+    return fmt::format("pipecheck {} (LibTorch {}.{}.{}, CPU float32 linear: {}, CUDA devices: {})", PIPECHECK_VERSION,
+                       TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, gemm, torch::cuda::device_count());
   }));
   const std::vector<Command> commands = {AddValidate(app),   AddReference(app), AddDump(app),
                                          AddRun(app),        AddWorker(app),    AddInvariance(app),
@@ -74,6 +81,12 @@ int Dispatch(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     const int code = app.exit(error);
     return code == 0 ? 0 : kExitBadInput;
+  }
+  try {
+    reference::CpuGemmName();  // a bad PIPECHECK_CPU_GEMM is the command line's error, not each rank's
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "pipecheck: {}\n", error.what());
+    return kExitBadInput;
   }
   for (const auto& command : commands) {
     if (command.app->parsed()) return RunCommand(command);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "reference/device.h"
+#include "reference/linear.h"
 
 namespace pipecheck::reference {
 namespace {
@@ -133,9 +134,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionCont
   auto split_heads = [&](const torch::Tensor& t, int64_t count) {  // (B, T, n·d) -> (B, n, T, d)
     return t.view({batch, time, count, head_dim}).transpose(1, 2);
   };
-  auto q = split_heads(wq_(x), heads);
-  auto k = split_heads(wk_(x), kv_heads);
-  auto v = split_heads(wv_(x), kv_heads);
+  auto q = split_heads(Linear(wq_, x), heads);
+  auto k = split_heads(Linear(wk_, x), kv_heads);
+  auto v = split_heads(Linear(wv_, x), kv_heads);
   if (config_.flavor == Flavor::kLlama) {
     q = q * context.cos + RotateHalf(q) * context.sin;
     k = k * context.cos + RotateHalf(k) * context.sin;
@@ -154,7 +155,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionCont
   scores = scores.masked_fill(context.keep.logical_not(), -std::numeric_limits<double>::infinity());
   auto weights = torch::softmax(scores, -1);                            // (B, H, T, T)
   auto mixed = torch::matmul(weights, v);                               // (B, H, T, head_dim)
-  return wo_(mixed.transpose(1, 2).reshape({batch, time, config_.hidden}));  // (B, T, C)
+  return Linear(wo_, mixed.transpose(1, 2).reshape({batch, time, config_.hidden}));  // (B, T, C)
 }
 
 FeedForwardImpl::FeedForwardImpl(const ModelConfig& config) : FeedForwardImpl(config, config.FfnSize()) {}
@@ -167,8 +168,8 @@ FeedForwardImpl::FeedForwardImpl(const ModelConfig& config, int64_t ffn) : flavo
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  if (flavor_ == Flavor::kLlama) return w2_(torch::silu(w1_(x)) * w3_(x));
-  return w2_(torch::gelu(w1_(x), "tanh"));
+  if (flavor_ == Flavor::kLlama) return Linear(w2_, torch::silu(Linear(w1_, x)) * Linear(w3_, x));
+  return Linear(w2_, torch::gelu(Linear(w1_, x), "tanh"));
 }
 
 MoeFeedForwardImpl::MoeFeedForwardImpl(const ModelConfig& config, int64_t layer) : config_(config), layer_(layer) {

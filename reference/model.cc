@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "reference/init.h"
+#include "reference/linear.h"
 
 namespace pipecheck::reference {
 
@@ -53,8 +54,7 @@ torch::Tensor TransformerSliceImpl::Embed(const torch::Tensor& tokens) {
 
 torch::Tensor TransformerSliceImpl::Head(const torch::Tensor& hidden) {
   auto normed = norm_(hidden);
-  if (config_.tied) return torch::matmul(normed, tok_embeddings_->weight.t());  // (B, T, vocab)
-  return output_(normed);                                                      // (B, T, vocab)
+  return Linear(normed, config_.tied ? tok_embeddings_->weight : output_->weight);  // (B, T, vocab)
 }
 
 torch::Tensor TransformerSliceImpl::forward(const torch::Tensor& input, const AttentionContext& context) {

@@ -106,6 +106,11 @@ expect 2 "transport', value 'nccl': nccl moves CUDA tensors, but the scenario ru
 expect 2 "transport', value 'gloo': c10d's Gloo cannot send CUDA tensors" "$pipecheck" validate --scenarios <(printf 'name,device,transport\nx,cuda,gloo\n')
 expect 2 "transport', value 'tcp': expected one of: auto, gloo, nccl, staged" "$pipecheck" validate --scenarios <(printf 'name,transport\nx,tcp\n')
 
+# The float32 CPU product's kernel (PIPECHECK_CPU_GEMM): a bad value is refused before anything runs.
+expect 2 "PIPECHECK_CPU_GEMM=mkl: expected onednn or aten" env PIPECHECK_CPU_GEMM=mkl "$pipecheck" validate --scenarios "$work/good.csv"
+expect 0 "CPU float32 linear: aten" env PIPECHECK_CPU_GEMM=aten "$pipecheck" --version
+expect 0 "CPU float32 linear: (onednn|aten)" "$pipecheck" --version
+
 # Bounds and messages: every bad value says what is wrong, where, and what is allowed (exit 2).
 expect 2 "world_size', value '1048576': expected an integer in \[1, 256\]" "$pipecheck" validate --scenarios <(printf 'name,world_size\nx,1048576\n')
 expect 2 "hidden', value '1048576': expected an integer in \[1, 65536\]" "$pipecheck" validate --scenarios <(printf 'name,hidden\nx,1048576\n')

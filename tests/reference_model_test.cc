@@ -2,9 +2,11 @@
 // invariance, independence of sequences, the data generator's rules, the loss's
 // normalisation, clipping and the optimisers.
 #include <gtest/gtest.h>
+#include <torch/autograd.h>
 #include <torch/utils.h>
 
 #include "reference/init.h"
+#include "reference/linear.h"
 #include "reference/loss.h"
 #include "reference/optimizer.h"
 #include "tests/test_support.h"
@@ -314,6 +316,85 @@ TEST(Trainer, Bfloat16StepStaysCloseToFloat64OrSaysWhyNot) {
 
 namespace pipecheck {
 namespace {
+
+// The linear layers' product (reference/linear.h), whichever kernel this process runs: the forward
+// and the three gradients against float64's, within float32 rounding of a length-K dot product.
+TEST(Linear, ProductAndGradientsAreFloat32RoundingOfFloat64s) {
+  torch::manual_seed(7);
+  for (const bool with_bias : {false, true}) {
+    auto x = torch::randn({3, 40, 128}, torch::kFloat32).requires_grad_(true);
+    auto weight = torch::randn({160, 128}, torch::kFloat32).requires_grad_(true);
+    auto bias = with_bias ? torch::randn({160}, torch::kFloat32).requires_grad_(true) : torch::Tensor();
+    auto upstream = torch::randn({3, 40, 160}, torch::kFloat32);
+    auto y = reference::Linear(x, weight, bias);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{3, 40, 160}));
+    y.backward(upstream);
+    auto x64 = x.detach().to(torch::kFloat64).requires_grad_(true);
+    auto w64 = weight.detach().to(torch::kFloat64).requires_grad_(true);
+    auto b64 = with_bias ? bias.detach().to(torch::kFloat64).requires_grad_(true) : torch::Tensor();
+    auto y64 = torch::nn::functional::linear(x64, w64, b64);
+    y64.backward(upstream.to(torch::kFloat64));
+    // |error| of a float32 dot product of length K: at most K · eps · Σ|terms| (loose by far in
+    // practice); 8 · eps · Σ|terms| leaves room for any blocking and rejects any wrong term.
+    auto within = [](const torch::Tensor& got, const torch::Tensor& want, const torch::Tensor& scale) {
+      return ((got.to(torch::kFloat64) - want).abs() <= scale * (8 * 1.2e-7) + 1e-30).all().item<bool>();
+    };
+    auto y_scale = torch::nn::functional::linear(x64.detach().abs(), w64.detach().abs(),
+                                                 with_bias ? b64.detach().abs() : torch::Tensor());
+    EXPECT_TRUE(within(y, y64.detach(), y_scale)) << "bias " << with_bias;
+    const auto g = upstream.to(torch::kFloat64).abs();
+    EXPECT_TRUE(within(x.grad(), x64.grad(), g.matmul(w64.detach().abs()))) << "bias " << with_bias;
+    EXPECT_TRUE(within(weight.grad(), w64.grad(),
+                       g.reshape({-1, 160}).t().matmul(x64.detach().abs().reshape({-1, 128}))))
+        << "bias " << with_bias;
+    if (with_bias) {
+      EXPECT_TRUE(within(bias.grad(), b64.grad(), g.reshape({-1, 160}).sum(0)));
+    }
+  }
+}
+
+// A microbatch's rows come out bitwise as the whole batch's (the kernel's blocking over rows does
+// not reach into a row's sum), and float64 is ATen's product bit for bit.
+TEST(Linear, RowsDoNotDependOnTheRestOfTheBatchAndFloat64IsAtens) {
+  torch::manual_seed(11);
+  const auto x = torch::randn({16, 128, 256}, torch::kFloat32);
+  const auto weight = torch::randn({684, 256}, torch::kFloat32);
+  torch::NoGradGuard no_grad;
+  const auto whole = reference::Linear(x, weight);
+  for (int64_t first = 0; first < 16; first += 2) {
+    EXPECT_TRUE(torch::equal(reference::Linear(x.narrow(0, first, 2), weight), whole.narrow(0, first, 2)))
+        << "microbatch at " << first;
+  }
+  const auto x64 = x.narrow(0, 0, 2).to(torch::kFloat64), w64 = weight.to(torch::kFloat64);
+  EXPECT_TRUE(torch::equal(reference::Linear(x64, w64), torch::nn::functional::linear(x64, w64)));
+  // A layer under 128 × 128 weights is ATen's product in float32 too (oneDNN's call costs more).
+  const auto small = weight.narrow(0, 0, 32).narrow(1, 0, 32).contiguous();
+  const auto x32 = x.narrow(-1, 0, 32).contiguous();
+  EXPECT_TRUE(torch::equal(reference::Linear(x32, small), torch::nn::functional::linear(x32, small)));
+  const std::string name = reference::CpuGemmName();
+  EXPECT_TRUE(name == "onednn" || name == "aten") << name;
+}
+
+// Only the gradients asked for are made: an input-only backward (the split backward's I) makes no
+// weight gradient (2 MiB here, against the input gradient's 8 KiB: the meter would see it), and a
+// weight-only one (W) gets the right weight gradient without the input's.
+TEST(Linear, MakesOnlyTheGradientsAskedFor) {
+  reference::StartMemoryMeter();
+  ASSERT_TRUE(reference::MemoryMeterActive());
+  auto x = torch::randn({1, 4, 512}, torch::kFloat32).requires_grad_(true);
+  auto weight = torch::randn({1024, 512}, torch::kFloat32).requires_grad_(true);
+  auto bias = torch::randn({1024}, torch::kFloat32).requires_grad_(true);
+  auto y = reference::Linear(x, weight, bias);
+  const auto upstream = torch::randn_like(y);
+  const int64_t before = reference::LiveTensorBytes();
+  reference::ResetPeakTensorBytes();
+  auto only_x = torch::autograd::grad({y}, {x}, {upstream}, /*retain_graph=*/true);
+  EXPECT_LT(reference::PeakTensorBytes() - before, 1 << 20) << "an input-only backward made a weight gradient";
+  auto only_w = torch::autograd::grad({y}, {weight}, {upstream});
+  EXPECT_TRUE(torch::allclose(only_x[0], upstream.matmul(weight.detach()), 1e-4, 1e-4));
+  EXPECT_TRUE(torch::allclose(only_w[0], upstream.reshape({-1, 1024}).t().mm(x.detach().reshape({-1, 512})), 1e-4,
+                              1e-4));
+}
 
 TEST(MemoryMeter, CountsAllocationsFreesAndPeaks) {
   reference::StartMemoryMeter();
