@@ -17,12 +17,17 @@ using PointwiseLinear = at::Tensor(const at::Tensor&, const at::Tensor&, const s
                                    c10::string_view, c10::List<std::optional<at::Scalar>>,
                                    std::optional<c10::string_view>);
 
-// The registered op, when this LibTorch was built with oneDNN and registers a CPU kernel for it.
+// The registered op, when this LibTorch was built with oneDNN, registers a CPU kernel for it, and
+// declares it with the signature above (typed() refuses another).
 std::optional<c10::TypedOperatorHandle<PointwiseLinear>> FindOneDnn() {
   if (!at::hasMKLDNN()) return std::nullopt;
   const auto handle = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
   if (!handle || !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return std::nullopt;
-  return handle->typed<PointwiseLinear>();
+  try {
+    return handle->typed<PointwiseLinear>();
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
 }
 
 struct Choice {
