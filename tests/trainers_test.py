@@ -176,6 +176,36 @@ def run(pipecheck, suite, out, timeout, only=""):
         return done.returncode, {row["scenario"]: row for row in csv.DictReader(f)}
 
 
+def accounts(out, rows, names):
+    """Problems with the action accounts (ranks.csv's forward_ms ... other_ms, from the trainer's
+    "actions_ms") of `names`' rows on the CPU: every rank of a passing row must say where its step
+    went, its forwards and backwards taking time and its kinds not exceeding its step."""
+    with open(os.path.join(out, "ranks.csv"), newline="") as f:
+        ranks = list(csv.DictReader(f))
+    problems = []
+    for name in names:
+        row = rows.get(name)
+        if row is None or row["status"] != "PASS" or row["device"] != "cpu":
+            continue
+        held = [rank for rank in ranks if rank["scenario"] == name]
+        if not held:
+            problems.append(f"{name}: no rank in ranks.csv")
+        for rank in held:
+            where = f"{name} rank {rank['rank']} replica {rank.get('replica', '0')}"
+            if any(rank.get(column, "") == "" for column in ACCOUNT):
+                problems.append(f"{where}: no account of its step's actions in ranks.csv")
+                continue
+            ms = {column: float(rank[column]) for column in ACCOUNT}
+            compute = ms["backward_ms"] + ms["input_grad_ms"] + ms["weight_grad_ms"]
+            if not (ms["forward_ms"] > 0 and compute > 0 and ms["other_ms"] >= 0):
+                problems.append(f"{where}: the account {ms} does not hold forwards, backwards and a step's rest")
+    return problems
+
+
+# ranks.csv's account of a rank's step by kind of work.
+ACCOUNT = ("forward_ms", "backward_ms", "input_grad_ms", "weight_grad_ms", "other_ms")
+
+
 def check(rows, expected):
     problems = []
     for name, (status, words) in expected.items():
@@ -249,6 +279,9 @@ def main():
             if len(passing) < fewest:
                 problems.append(f"only {len(passing)} expect=pass rows: {trainer} must be verified on at least {fewest}")
             problems += [f"{name}: trainer {row['trainer']!r}" for name, row in rows.items() if row["trainer"] != trainer]
+            # Where each step's time went, by the framework's own functions (the hang rows end
+            # before any step).
+            problems += accounts(out, rows, [name for name in written if name not in hangs])
         else:
             suite = os.path.join(args.source, TORCH_SUITES[args.suite])
             code, rows = run(args.pipecheck, suite, out, 300, args.only)

@@ -43,7 +43,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from protocol import Block, Exchange, Meter, Norm, ffn_size, make_optimizer  # noqa: E402
+from protocol import ActionClock, Block, Exchange, Meter, Norm, ffn_size, make_optimizer  # noqa: E402
 
 FAULTS = {
     "none": "DeepSpeed as it ships",
@@ -251,6 +251,16 @@ def main():
             backward(buffer_id)
 
         instructions[schedule.BackwardPass] = lambda self, buffer_id: scaled_again(buffer_id)
+    # Where the step's time goes, timed around the engine's own instructions (on the CPU): its
+    # ForwardPass (the loss on the last stage included) F, BackwardPass B, sends COMM and receives
+    # WAIT (DeepSpeed's p2p receive blocks until its tensor is there); loading microbatches, the
+    # gradient reductions and the optimizer step are the step's other work.
+    clock = ActionClock() if device.type == "cpu" else None
+    if clock is not None:
+        kinds = {schedule.ForwardPass: "F", schedule.BackwardPass: "B", schedule.SendActivation: "COMM",
+                 schedule.SendGrad: "COMM", schedule.RecvActivation: "WAIT", schedule.RecvGrad: "WAIT"}
+        for instruction, kind in kinds.items():
+            instructions[instruction] = clock.timed(lambda a, k, kind=kind: kind, instructions[instruction])
     # The gradients the optimizer applies, read just before its step (after DeepSpeed's tied sum,
     # data-parallel average and clip): through safe_get_full_grad, which under bf16 reads the
     # float32 accumulation its BF16_Optimizer steps with, not the bfloat16 staging gradient.
@@ -298,8 +308,11 @@ def main():
         observed.clear()
         dist.barrier()
         meter.start_step()
+        if clock is not None:
+            clock.take()
         loss = engine.train_batch(iter(items))
         step_ms, peak = meter.end_step()
+        actions_ms = clock.take() if clock is not None else None
         # The weights the model holds after the step (under bf16, copied back from the float32
         # master weights once the optimizer has stepped).
         observed["weights"] = {name: p.detach().clone() for name, p in named.items()}
@@ -307,7 +320,7 @@ def main():
         master = {name: safe_get_full_fp32_param(p) for name, p in named.items()} if bf16 else None
         holds_loss = engine.is_last_stage() and replica == 0
         exchange.save_step(step, observed["grads"], observed["weights"], loss=float(loss) if holds_loss else None,
-                           step_ms=step_ms, peak_bytes=peak, master_weights=master)
+                           step_ms=step_ms, peak_bytes=peak, master_weights=master, actions_ms=actions_ms)
         if holds_loss:
             print(f"pipecheck progress: step {step + 1}/{config['steps']} loss {float(loss):.6g}", flush=True)
     if resume.get("save"):

@@ -80,7 +80,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from protocol import Exchange, Meter  # noqa: E402
+from protocol import ActionClock, Exchange, Meter  # noqa: E402
 
 # The scenario's `fault`: Megatron-Core as it ships, or a bug planted in its gradient path as a
 # control that pipecheck must catch.
@@ -494,6 +494,48 @@ def load_checkpoint(folder, chunks, optimizer, scheduler, first_step, load_optim
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
 
 
+class TimedWork:
+    """A p2p request Megatron waits on later (the interleaved schedule's overlapped communication),
+    its wait() timed as `kind`."""
+
+    def __init__(self, work, clock, kind):
+        self._work, self._clock, self._kind = work, clock, kind
+
+    def wait(self, *args, **kwargs):
+        return self._clock.timed(lambda a, k: self._kind, self._work.wait)(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def install_clock(clock):
+    """Times Megatron-Core's schedules at their own functions (on the CPU; see protocol.py's
+    ActionClock): schedules.forward_step (its loss included) F, schedules.backward_step B, and
+    P2PCommunicator._communicate WAIT when it receives (a call that also sends, as 1F1B's fused
+    send-and-receive, counts as a receive) and COMM when it only sends; requests it hands back
+    unwaited (the interleaved schedule's overlap) are timed where the schedule waits on them, WAIT
+    for a receive and COMM for a send. Returns False (and times nothing) where this release lacks
+    one of them, so that no step reports a partial account."""
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
+    communicator = getattr(p2p_communication, "P2PCommunicator", None)
+    if not all(callable(getattr(owner, name, None)) for owner, name in
+               [(schedules, "forward_step"), (schedules, "backward_step"), (communicator, "_communicate")]):
+        return False
+    schedules.forward_step = clock.timed(lambda a, k: "F", schedules.forward_step)
+    schedules.backward_step = clock.timed(lambda a, k: "B", schedules.backward_step)
+    communicate = clock.timed(lambda a, k: "WAIT" if k.get("recv_prev") or k.get("recv_next") else "COMM",
+                              communicator._communicate)
+
+    def timed_communicate(self, **kwargs):
+        received_prev, received_next, reqs = communicate(self, **kwargs)
+        if isinstance(reqs, dict):
+            reqs = {key: TimedWork(work, clock, "WAIT" if key.startswith("recv") else "COMM")
+                    for key, work in reqs.items()}
+        return received_prev, received_next, reqs
+    communicator._communicate = timed_communicate
+    return True
+
+
 def main():
     exchange = Exchange()
     config = exchange.config
@@ -518,6 +560,9 @@ def main():
         print(f"megatron_adapter: Megatron-Core is not installed in {sys.executable} ({error})", file=sys.stderr)
         return 2
     meter = Meter(device)
+    clock = ActionClock()
+    if device.type != "cpu" or not install_clock(clock):
+        clock = None
     world, virtual = config["world_size"], config["virtual_stages"]
     replicas = config.get("data_parallel", 1)
     microbatches = config.get("accumulation", 1) * config["microbatches"]  # one replica's, per step
@@ -591,6 +636,8 @@ def main():
             iterators = [iter(items) for _ in chunks]  # each chunk draws every microbatch
             dist.barrier()
             meter.start_step()
+            if clock is not None:
+                clock.take()
             # One step as training.train_step runs it.
             for chunk in chunks:
                 chunk.zero_grad_buffer()
@@ -605,13 +652,15 @@ def main():
             scheduler.step(increment=1)
             loss = reported_loss(losses_reduced, loss_mode, dp_group) if holds_loss else None
             step_ms, peak = meter.end_step()
+            actions_ms = clock.take() if clock is not None else None
             grads = applied.take()
             # Under bfloat16, the float32 main parameters its optimizer stepped, for the update judge.
             master = held(lambda c, chunk: {name: parameter.main_param
                                             for name, parameter in chunk.named_parameters()}) if transformer.bf16 else None
             exchange.save_step(step, held(lambda c, chunk: grads.get(c, {})),
                                held(lambda c, chunk: dict(chunk.named_parameters())),
-                               loss=loss, step_ms=step_ms, peak_bytes=peak, master_weights=master)
+                               loss=loss, step_ms=step_ms, peak_bytes=peak, master_weights=master,
+                               actions_ms=actions_ms)
             if loss is not None and replica == 0:
                 print(f"pipecheck progress: step {step + 1}/{config['steps']} loss {loss:.6g}", flush=True)
         if resume.get("save"):

@@ -171,6 +171,98 @@ class Meter:
         return (time.perf_counter() - self.started) * 1000.0, peak
 
 
+class ActionClock:
+    """Where a step's time goes by kind of work, measured around a framework's own functions as
+    they run: "F" (a forward, its loss included), "B" (a whole backward), "I" and "W" (a split
+    backward's halves), "COMM" (posting sends and receives, waiting for sends) and "WAIT" (waiting
+    for a receive). The rest of a step (gradient sums, clipping, the optimizer, the schedule's own
+    bookkeeping) is pipecheck's "other". Handed back per step as "actions_ms"; pipecheck's own
+    trainer reports the same kinds off its timeline. Host clocks: installed on the CPU only, where a
+    call returns when its work is done (on a GPU they would time kernel launches)."""
+
+    def __init__(self):
+        self.totals = {}
+        self.depth = 0
+        self.receives = set()  # id() of the works that carry a receive (PyTorch's pipelining)
+
+    def add(self, kind, seconds):
+        self.totals[kind] = self.totals.get(kind, 0.0) + seconds * 1000.0
+
+    def timed(self, kind_of, function):
+        """`function` timed as kind_of(args, kwargs) when not inside another timed call."""
+        clock = self
+
+        def wrapper(*args, **kwargs):
+            if clock.depth:  # nested: the outer call is timed already
+                return function(*args, **kwargs)
+            clock.depth += 1
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                clock.depth -= 1
+                clock.add(kind_of(args, kwargs), time.perf_counter() - started)
+        return wrapper
+
+    def take(self):
+        """This step's milliseconds by kind, and a fresh count for the next."""
+        totals, self.totals = self.totals, {}
+        self.receives.clear()
+        return totals
+
+    def install_pipelining(self):
+        """Wraps torch.distributed.pipelining's stage and schedule functions (PyTorch's pipelining,
+        and TorchTitan, which steps its schedules): a stage's forward_one_chunk and the schedule's
+        loss are F, backward_one_chunk B (I when it is a split backward's first half),
+        backward_weight_one_chunk W, _batch_p2p COMM, and each of its works' wait WAIT where the
+        work carries a receive (a batch that both sends and receives, as 1F1B fuses them, counts
+        as a receive), else COMM. Returns False (and times nothing) where this release lacks one of
+        them, so that no step reports a partial account."""
+        import inspect
+        import torch.distributed as dist
+        from torch.distributed.pipelining import schedules
+        from torch.distributed.pipelining import stage as stage_module
+        base = stage_module._PipelineStageBase
+        schedule_base = getattr(schedules, "_PipelineSchedule", None)
+        needed = [(base, "forward_one_chunk"), (base, "backward_one_chunk"), (base, "backward_weight_one_chunk"),
+                  (schedule_base, "_maybe_compute_loss"), (schedules, "_batch_p2p"), (schedules, "_wait_batch_p2p")]
+        if any(owner is None or not hasattr(owner, name) for owner, name in needed):
+            return False
+        base.forward_one_chunk = self.timed(lambda a, k: "F", base.forward_one_chunk)
+        parameters = inspect.signature(base.backward_one_chunk).parameters
+        full = parameters.get("full_backward")
+        position = list(parameters).index("full_backward") if full else None
+
+        def backward_kind(args, kwargs):
+            if full is None:
+                return "B"
+            value = kwargs.get("full_backward", args[position] if position < len(args) else full.default)
+            return "B" if value else "I"
+        base.backward_one_chunk = self.timed(backward_kind, base.backward_one_chunk)
+        base.backward_weight_one_chunk = self.timed(lambda a, k: "W", base.backward_weight_one_chunk)
+        schedule_base._maybe_compute_loss = self.timed(lambda a, k: "F", schedule_base._maybe_compute_loss)
+        # _batch_p2p calls itself per process group: the outer call is the one timed.
+        post, wait = self.timed(lambda a, k: "COMM", schedules._batch_p2p), schedules._wait_batch_p2p
+        clock = self
+
+        def batch_p2p(p2p_ops, *args, **kwargs):
+            works = post(p2p_ops, *args, **kwargs)
+            if any(op.op == dist.irecv for op in p2p_ops):
+                clock.receives.update(id(work) for work in works)
+            return works
+
+        def wait_batch_p2p(works, *args, **kwargs):
+            if clock.depth:
+                return wait(works, *args, **kwargs)
+            for work in list(works):
+                started = time.perf_counter()
+                wait([work], *args, **kwargs)
+                clock.add("WAIT" if id(work) in clock.receives else "COMM", time.perf_counter() - started)
+                clock.receives.discard(id(work))
+        schedules._batch_p2p, schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
+        return True
+
+
 def runs_a_microbatch(x):
     """Whether a stage's forward on input `x` trains a microbatch, rather than pipelining's shape
     inference (run on meta tensors, or on zeros under no_grad), for releases whose stages do not

@@ -39,15 +39,14 @@ import csv
 import inspect
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from protocol import (BoundaryTaps, Exchange, Meter, Microbatches, StageModule, clip_factor,  # noqa: E402
-                      make_optimizer, token_loss)
+from protocol import (ActionClock, BoundaryTaps, Exchange, Meter, Microbatches, StageModule,  # noqa: E402
+                      clip_factor, make_optimizer, token_loss)
 
 try:
     from torch.distributed import pipelining
@@ -98,90 +97,6 @@ def step_around_self_sends():
     if original is None:
         return
     base._get_init_p2p_neighbors_ops = lambda self: [op for op in original(self) if op.group_peer != self.group_rank]
-
-
-class ActionClock:
-    """Where a step's time goes, measured around pipelining's own functions as they run: a stage's
-    forward (its loss included: "F"), a full backward ("B"), its input-gradient and weight-gradient
-    halves ("I", "W"), posting point-to-point operations and waiting for sends to leave ("COMM"),
-    and waiting for a receive to arrive ("WAIT": a batch that both sends and receives, as 1F1B
-    fuses them, counts as a receive). What is left of the step (gradient sums, clipping, the
-    optimizer, the schedule's own bookkeeping) is pipecheck's "other". Handed back per step as
-    "actions_ms" (protocol.py); pipecheck's own trainer reports the same kinds off its timeline."""
-
-    def __init__(self):
-        self.totals = {}
-        self.depth = 0
-        self.receives = set()  # id() of the works that carry a receive
-
-    def add(self, kind, seconds):
-        self.totals[kind] = self.totals.get(kind, 0.0) + seconds * 1000.0
-
-    def timed(self, kind_of, function):
-        clock = self
-
-        def wrapper(*args, **kwargs):
-            if clock.depth:  # nested: the outer call is timed already
-                return function(*args, **kwargs)
-            clock.depth += 1
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                clock.depth -= 1
-                clock.add(kind_of(args, kwargs), time.perf_counter() - started)
-        return wrapper
-
-    def install(self):
-        """Wraps what this release has of pipelining's functions; returns False (and times nothing)
-        where one of them is missing, so that no step reports a partial account."""
-        from torch.distributed.pipelining import schedules
-        from torch.distributed.pipelining import stage as stage_module
-        base = stage_module._PipelineStageBase
-        schedule_base = getattr(schedules, "_PipelineSchedule", None)
-        needed = [(base, "forward_one_chunk"), (base, "backward_one_chunk"), (base, "backward_weight_one_chunk"),
-                  (schedule_base, "_maybe_compute_loss"), (schedules, "_batch_p2p"), (schedules, "_wait_batch_p2p")]
-        if any(owner is None or not hasattr(owner, name) for owner, name in needed):
-            return False
-        base.forward_one_chunk = self.timed(lambda a, k: "F", base.forward_one_chunk)
-        parameters = inspect.signature(base.backward_one_chunk).parameters
-        full = parameters.get("full_backward")
-        position = list(parameters).index("full_backward") if full else None
-
-        def backward_kind(args, kwargs):
-            if full is None:
-                return "B"
-            value = kwargs.get("full_backward", args[position] if position < len(args) else full.default)
-            return "B" if value else "I"
-        base.backward_one_chunk = self.timed(backward_kind, base.backward_one_chunk)
-        base.backward_weight_one_chunk = self.timed(lambda a, k: "W", base.backward_weight_one_chunk)
-        schedule_base._maybe_compute_loss = self.timed(lambda a, k: "F", schedule_base._maybe_compute_loss)
-        # _batch_p2p calls itself per process group: the outer call is the one timed.
-        post, wait = self.timed(lambda a, k: "COMM", schedules._batch_p2p), schedules._wait_batch_p2p
-        clock = self
-
-        def batch_p2p(p2p_ops, *args, **kwargs):
-            works = post(p2p_ops, *args, **kwargs)
-            if any(op.op == dist.irecv for op in p2p_ops):
-                clock.receives.update(id(work) for work in works)
-            return works
-
-        def wait_batch_p2p(works, *args, **kwargs):
-            if clock.depth:
-                return wait(works, *args, **kwargs)
-            for work in list(works):
-                started = time.perf_counter()
-                wait([work], *args, **kwargs)
-                clock.add("WAIT" if id(work) in clock.receives else "COMM", time.perf_counter() - started)
-                clock.receives.discard(id(work))
-        schedules._batch_p2p, schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
-        return True
-
-    def take(self):
-        """This step's milliseconds by kind, and a fresh count for the next."""
-        totals, self.totals = self.totals, {}
-        self.receives.clear()
-        return totals
 
 
 def schedule_class(name):
@@ -348,7 +263,7 @@ def main():
         step_around_self_sends()
     meter = Meter(device)
     clock = ActionClock()
-    timed = clock.install()
+    timed = device.type == "cpu" and clock.install_pipelining()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")

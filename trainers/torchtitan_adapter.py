@@ -49,7 +49,7 @@ import torch.distributed as dist  # noqa: E402
 
 from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: E402
 
-from protocol import Exchange, Meter  # noqa: E402
+from protocol import ActionClock, Exchange, Meter  # noqa: E402
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "loopedbfs": "LoopedBFS",
              "zbh1": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
@@ -360,9 +360,10 @@ def trainer_config(exchange, spec, folder):
     )
 
 
-def make_trainer_class(exchange, meter, names, fault):
-    """TorchTitan's Trainer, observed: each train_step is timed and metered, and what its optimizer
-    applies is handed back. Nothing of the step itself is overridden."""
+def make_trainer_class(exchange, meter, clock, names, fault):
+    """TorchTitan's Trainer, observed: each train_step is timed and metered (its schedule's actions
+    by `clock`, when installed), and what its optimizer applies is handed back. Nothing of the step
+    itself is overridden."""
     from torchtitan.trainer import Trainer
     import torchtitan.distributed.utils as dist_utils
 
@@ -421,11 +422,13 @@ def make_trainer_class(exchange, meter, names, fault):
             self.observed = {}
             dist.barrier()
             meter.start_step()
+            if clock is not None:
+                clock.take()
             super().train_step(data_iterator)
             step_ms, peak = meter.end_step()
             loss = self.observed.get("loss") if self.pp_has_last_stage else None
             exchange.save_step(step, self.observed["grads"], self.observed["weights"], loss=loss, step_ms=step_ms,
-                               peak_bytes=peak)
+                               peak_bytes=peak, actions_ms=clock.take() if clock is not None else None)
             if loss is not None:
                 print(f"pipecheck progress: step {step + 1}/{exchange.config['steps']} loss {loss:.6g}", flush=True)
 
@@ -470,13 +473,17 @@ def main():
               f"requirements.txt pins it; make deps installs it into .venv", file=sys.stderr)
         return 2
     meter = Meter(device)
+    # TorchTitan steps torch.distributed.pipelining's schedules: their actions are timed there.
+    clock = ActionClock()
+    if device.type != "cpu" or not clock.install_pipelining():
+        clock = None
     folder = os.path.join(exchange.outputs, "torchtitan")  # TorchTitan's dump_folder, shared by the ranks
     os.makedirs(folder, exist_ok=True)
     spec = model_spec(config)
     weights = exchange.weights()
     from torchtitan.models.llama3 import Llama3StateDictAdapter
     names = Names(Llama3StateDictAdapter(spec.model, None), weights.keys())
-    trainer_class = make_trainer_class(exchange, meter, names, exchange.fault)
+    trainer_class = make_trainer_class(exchange, meter, clock, names, exchange.fault)
     trainer = trainer_class(trainer_config(exchange, spec, folder))
     try:
         place(exchange, trainer)
