@@ -255,8 +255,8 @@ def main():
     # ForwardPass (the loss on the last stage included) F, BackwardPass B, sends COMM and receives
     # WAIT (DeepSpeed's p2p receive blocks until its tensor is there); loading microbatches, the
     # gradient reductions and the optimizer step are the step's other work.
-    clock = ActionClock() if device.type == "cpu" else None
-    if clock is not None:
+    clock = ActionClock()
+    if device.type == "cpu":
         kinds = {schedule.ForwardPass: "F", schedule.BackwardPass: "B", schedule.SendActivation: "COMM",
                  schedule.SendGrad: "COMM", schedule.RecvActivation: "WAIT", schedule.RecvGrad: "WAIT"}
         for instruction, kind in kinds.items():
@@ -308,11 +308,10 @@ def main():
         observed.clear()
         dist.barrier()
         meter.start_step()
-        if clock is not None:
-            clock.take()
+        clock.take()
         loss = engine.train_batch(iter(items))
         step_ms, peak = meter.end_step()
-        actions_ms = clock.take() if clock is not None else None
+        actions_ms = clock.take()
         # The weights the model holds after the step (under bf16, copied back from the float32
         # master weights once the optimizer has stepped).
         observed["weights"] = {name: p.detach().clone() for name, p in named.items()}

@@ -262,8 +262,9 @@ def main():
     if device.type == "cpu" and exchange.fault != "stock_p2p_init":
         step_around_self_sends()
     meter = Meter(device)
-    clock = ActionClock()
-    timed = device.type == "cpu" and clock.install_pipelining()
+    clock = ActionClock()  # uninstalled (off the CPU, or a release without the functions): it times nothing
+    if device.type == "cpu":
+        clock.install_pipelining()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -355,7 +356,7 @@ def main():
         if optimizer is not None:
             optimizer.step()
         step_ms, peak = meter.end_step()
-        actions_ms = clock.take() if timed else None
+        actions_ms = clock.take()
         # The balance loss, as a user logs it: this rank's stages' terms, summed over the ranks.
         aux = sum((term.double() for module in modules for term in module.balance_terms),
                   torch.zeros((), dtype=torch.float64, device=device))

@@ -362,7 +362,7 @@ def trainer_config(exchange, spec, folder):
 
 def make_trainer_class(exchange, meter, clock, names, fault):
     """TorchTitan's Trainer, observed: each train_step is timed and metered (its schedule's actions
-    by `clock`, when installed), and what its optimizer applies is handed back. Nothing of the step
+    by `clock`, where it is installed), and what its optimizer applies is handed back. Nothing of the step
     itself is overridden."""
     from torchtitan.trainer import Trainer
     import torchtitan.distributed.utils as dist_utils
@@ -422,13 +422,12 @@ def make_trainer_class(exchange, meter, clock, names, fault):
             self.observed = {}
             dist.barrier()
             meter.start_step()
-            if clock is not None:
-                clock.take()
+            clock.take()
             super().train_step(data_iterator)
             step_ms, peak = meter.end_step()
             loss = self.observed.get("loss") if self.pp_has_last_stage else None
             exchange.save_step(step, self.observed["grads"], self.observed["weights"], loss=loss, step_ms=step_ms,
-                               peak_bytes=peak, actions_ms=clock.take() if clock is not None else None)
+                               peak_bytes=peak, actions_ms=clock.take())
             if loss is not None:
                 print(f"pipecheck progress: step {step + 1}/{exchange.config['steps']} loss {loss:.6g}", flush=True)
 
@@ -475,8 +474,8 @@ def main():
     meter = Meter(device)
     # TorchTitan steps torch.distributed.pipelining's schedules: their actions are timed there.
     clock = ActionClock()
-    if device.type != "cpu" or not clock.install_pipelining():
-        clock = None
+    if device.type == "cpu":
+        clock.install_pipelining()
     folder = os.path.join(exchange.outputs, "torchtitan")  # TorchTitan's dump_folder, shared by the ranks
     os.makedirs(folder, exist_ok=True)
     spec = model_spec(config)
