@@ -512,13 +512,13 @@ def install_clock(clock):
     P2PCommunicator._communicate WAIT when it receives (a call that also sends, as 1F1B's fused
     send-and-receive, counts as a receive) and COMM when it only sends; requests it hands back
     unwaited (the interleaved schedule's overlap) are timed where the schedule waits on them, WAIT
-    for a receive and COMM for a send. Returns False (and times nothing) where this release lacks
-    one of them, so that no step reports a partial account."""
+    for a receive and COMM for a send. Times nothing where this release lacks one of them, so that
+    no step reports a partial account."""
     from megatron.core.pipeline_parallel import p2p_communication, schedules
     communicator = getattr(p2p_communication, "P2PCommunicator", None)
     if not all(callable(getattr(owner, name, None)) for owner, name in
                [(schedules, "forward_step"), (schedules, "backward_step"), (communicator, "_communicate")]):
-        return False
+        return
     schedules.forward_step = clock.timed(lambda a, k: "F", schedules.forward_step)
     schedules.backward_step = clock.timed(lambda a, k: "B", schedules.backward_step)
     communicate = clock.timed(lambda a, k: "WAIT" if k.get("recv_prev") or k.get("recv_next") else "COMM",
@@ -531,7 +531,6 @@ def install_clock(clock):
                     for key, work in reqs.items()}
         return received_prev, received_next, reqs
     communicator._communicate = timed_communicate
-    return True
 
 
 def main():

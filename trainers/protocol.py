@@ -217,8 +217,8 @@ class ActionClock:
         loss are F, backward_one_chunk B (I when it is a split backward's first half),
         backward_weight_one_chunk W, _batch_p2p COMM, and each of its works' wait WAIT where the
         work carries a receive (a batch that both sends and receives, as 1F1B fuses them, counts
-        as a receive), else COMM. Returns False (and times nothing) where this release lacks one of
-        them, so that no step reports a partial account."""
+        as a receive), else COMM. Times nothing where this release lacks one of them, so that no
+        step reports a partial account."""
         import inspect
         import torch.distributed as dist
         from torch.distributed.pipelining import schedules
@@ -228,7 +228,7 @@ class ActionClock:
         needed = [(base, "forward_one_chunk"), (base, "backward_one_chunk"), (base, "backward_weight_one_chunk"),
                   (schedule_base, "_maybe_compute_loss"), (schedules, "_batch_p2p"), (schedules, "_wait_batch_p2p")]
         if any(owner is None or not hasattr(owner, name) for owner, name in needed):
-            return False
+            return
         base.forward_one_chunk = self.timed(lambda a, k: "F", base.forward_one_chunk)
         parameters = inspect.signature(base.backward_one_chunk).parameters
         full = parameters.get("full_backward")
@@ -261,7 +261,6 @@ class ActionClock:
                 clock.add("WAIT" if id(work) in clock.receives else "COMM", time.perf_counter() - started)
                 clock.receives.discard(id(work))
         schedules._batch_p2p, schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
-        return True
 
 
 def runs_a_microbatch(x):
