@@ -18,6 +18,7 @@ import argparse
 import collections
 import csv
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -54,6 +55,28 @@ def run(pipecheck, suite, name, threads, out, device):
                breakdown, reference)
 
 
+def machine(pipecheck):
+    """What the figures were measured on: the CPU's model (from /proc/cpuinfo where Linux has one)
+    and pipecheck's build (its LibTorch, which the Python rivals share, and its CPU float32 linear).
+    The race's outcome depends on both: on an AMD EPYC (Zen 5), MKL's float32 product takes its
+    AVX2 path and oneDNN's runs about twice its speed; on an Intel Xeon both run at AVX-512's."""
+    cpu = platform.processor() or "an unnamed CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            fields = {}
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+        # A virtual machine's model name can be generic ("Intel(R) Xeon(R) Processor"): the family
+        # and model numbers tell the generation.
+        if "model name" in fields:
+            cpu = f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+    except OSError:
+        pass
+    done = subprocess.run([pipecheck, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return f"{cpu} ({os.cpu_count()} CPUs); {done.stdout.strip() or f'{pipecheck} --version said nothing'}"
+
+
 def spread(values, fmt):
     return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
 
@@ -88,8 +111,9 @@ def main():
                                                         args.device))
                 said = ", ".join(f"{contender} {results[name][contender][-1].rate:.0f}" for contender in contenders)
                 print(f"round {round_index + 1}/{args.rounds} {name}: {said} tokens/s", flush=True)
-    print(f"\n{args.rounds} alternating rounds, {args.threads} intra-op thread(s) per rank, {os.cpu_count()} CPUs; "
-          "median (min-max) over the rounds; every run passed parity\n")
+    print(f"\n{args.rounds} alternating rounds, {args.threads} intra-op thread(s) per rank; "
+          "median (min-max) over the rounds; every run passed parity")
+    print(f"machine: {machine(args.pipecheck)}\n")
     print("| scenario | rival | pipecheck tokens/s | rival tokens/s | ratio | pipecheck peak MB | rival peak MB | ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, present in rivals.items():
