@@ -9,6 +9,7 @@
 
 #include "reference/device.h"
 #include "reference/linear.h"
+#include "reference/rotary.h"
 
 namespace pipecheck::reference {
 namespace {
@@ -23,12 +24,6 @@ torch::Dtype StatisticsDtype(torch::Dtype dtype) {
 
 torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
-}
-
-// Hugging Face's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of head_dim.
-torch::Tensor RotateHalf(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
 }  // namespace
@@ -138,8 +133,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionCont
   auto k = split_heads(Linear(wk_, x), kv_heads);
   auto v = split_heads(Linear(wv_, x), kv_heads);
   if (config_.flavor == Flavor::kLlama) {
-    q = q * context.cos + RotateHalf(q) * context.sin;
-    k = k * context.cos + RotateHalf(k) * context.sin;
+    q = Rotary(q, context.cos, context.sin);
+    k = Rotary(k, context.cos, context.sin);
   }
   if (kv_heads != heads) {
     // Grouped-query attention: query head h attends with key/value head h / (heads / kv_heads),

@@ -9,6 +9,7 @@
 #include "reference/linear.h"
 #include "reference/loss.h"
 #include "reference/optimizer.h"
+#include "reference/rotary.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -394,6 +395,44 @@ TEST(Linear, MakesOnlyTheGradientsAskedFor) {
   EXPECT_TRUE(torch::allclose(only_x[0], upstream.matmul(weight.detach()), 1e-4, 1e-4));
   EXPECT_TRUE(torch::allclose(only_w[0], upstream.reshape({-1, 1024}).t().mm(x.detach().reshape({-1, 512})), 1e-4,
                               1e-4));
+}
+
+// The one-pass rotary embedding is the composite's result bit for bit, forward and backward, in
+// float32 and float64, on the attention's layout (a (B, T, H·d) projection viewed as (B, H, T, d))
+// and on a contiguous one, and runs its own kernel there (a fallback would pass unseen); reduced
+// precision takes the composite.
+TEST(Rotary, OnePassIsTheCompositeBitForBit) {
+  torch::manual_seed(13);
+  const int64_t batch = 3, heads = 4, time = 17, d = 32;
+  for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    const auto angles = torch::outer(torch::arange(time, torch::kFloat64), torch::rand({d / 2}, torch::kFloat64));
+    const auto table = torch::cat({angles, angles}, -1);
+    const auto cos = table.cos().to(dtype), sin = table.sin().to(dtype);
+    for (const bool projected : {true, false}) {
+      const auto source = projected ? torch::randn({batch, time, heads * d}, dtype)
+                                    : torch::randn({batch, heads, time, d}, dtype);
+      const auto upstream = torch::randn({batch, heads, time, d}, dtype);
+      const auto view = [&](const torch::Tensor& t) {
+        return projected ? t.view({batch, time, heads, d}).transpose(1, 2) : t;
+      };
+      auto leaf = source.clone().requires_grad_(true);
+      auto twin = source.clone().requires_grad_(true);
+      ASSERT_TRUE(reference::RotaryFused(view(leaf), cos, sin)) << dtype << " projected " << projected;
+      const auto fused = reference::Rotary(view(leaf), cos, sin);
+      const auto composite = reference::RotaryComposite(view(twin), cos, sin);
+      EXPECT_EQ(fused.strides(), composite.strides()) << dtype << " projected " << projected;
+      EXPECT_TRUE(torch::equal(fused, composite)) << dtype << " projected " << projected;
+      fused.backward(upstream);
+      composite.backward(upstream);
+      EXPECT_TRUE(torch::equal(leaf.grad(), twin.grad())) << dtype << " projected " << projected;
+      // Not a copy of its input: past position 0 (angle 0) the rotation moved every element.
+      EXPECT_GT((fused - view(source)).narrow(2, 1, time - 1).abs().min().item<double>(), 0.0);
+    }
+  }
+  const auto x = torch::randn({1, 2, 5, 8}, torch::kBFloat16);
+  const auto table = torch::rand({5, 8}, torch::kBFloat16);
+  EXPECT_FALSE(reference::RotaryFused(x, table, table));
+  EXPECT_TRUE(torch::equal(reference::Rotary(x, table, table), reference::RotaryComposite(x, table, table)));
 }
 
 TEST(MemoryMeter, CountsAllocationsFreesAndPeaks) {

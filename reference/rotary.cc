@@ -1,0 +1,153 @@
+// llama's rotary position embedding (see rotary.h). Compiled with -ffp-contract=off: a fused
+// multiply-add would round the products' sum once instead of each product, and differ from the
+// composite.
+#include "reference/rotary.h"
+
+#include <ATen/Parallel.h>
+#include <torch/autograd.h>
+
+namespace pipecheck::reference {
+namespace {
+
+// Hugging Face's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of head_dim.
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// Visits every (batch, head, position) row of a (B, H, T, d) tensor whose last dimension is
+// contiguous, in parallel as ATen's elementwise kernels split their work (by elements, the same
+// grain), handing `row` the element offsets of the row in `a` and in `b` and its position.
+template <typename Row>
+void ForEachRow(const torch::Tensor& a, const torch::Tensor& b, const Row& row) {
+  const int64_t heads = a.size(1), time = a.size(2), d = a.size(3);
+  const int64_t rows = a.size(0) * heads * time;
+  const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(d, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t t = r % time, h = (r / time) % heads, n = r / (time * heads);
+      row(n * a.stride(0) + h * a.stride(1) + t * a.stride(2), n * b.stride(0) + h * b.stride(1) + t * b.stride(2),
+          t);
+    }
+  });
+}
+
+// y = x · cos + rotate_half(x) · sin: each product rounded, then the sum, as the composite's three
+// kernels do ((−x)·s is −(x·s) exactly).
+template <typename T>
+void Forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& y) {
+  const int64_t d = x.size(3), half = d / 2;
+  const T* xp = x.data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  ForEachRow(x, y, [&](int64_t xo, int64_t yo, int64_t t) {
+    const T* __restrict__ in = xp + xo;
+    T* __restrict__ out = yp + yo;
+    const T* __restrict__ c = cp + t * d;
+    const T* __restrict__ s = sp + t * d;
+    for (int64_t i = 0; i < half; ++i) {
+      const T straight = in[i] * c[i];
+      const T rotated = -in[i + half] * s[i];
+      out[i] = straight + rotated;
+    }
+    for (int64_t i = half; i < d; ++i) {
+      const T straight = in[i] * c[i];
+      const T rotated = in[i - half] * s[i];
+      out[i] = straight + rotated;
+    }
+  });
+}
+
+// dx = dy · cos + rotate_halfᵀ(dy · sin), rotate_halfᵀ(g) = (g2, −g1): the composite's gradient,
+// whose slices' zero padding adds nothing but a zero's sign.
+template <typename T>
+void Backward(const torch::Tensor& dy, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& dx) {
+  const int64_t d = dy.size(3), half = d / 2;
+  const T* gp = dy.data_ptr<T>();
+  T* xp = dx.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  ForEachRow(dy, dx, [&](int64_t go, int64_t xo, int64_t t) {
+    const T* __restrict__ g = gp + go;
+    T* __restrict__ out = xp + xo;
+    const T* __restrict__ c = cp + t * d;
+    const T* __restrict__ s = sp + t * d;
+    for (int64_t i = 0; i < half; ++i) {
+      const T straight = g[i] * c[i];
+      const T rotated = g[i + half] * s[i + half];
+      out[i] = straight + rotated;
+    }
+    for (int64_t i = half; i < d; ++i) {
+      const T straight = g[i] * c[i];
+      const T rotated = g[i - half] * s[i - half];
+      out[i] = straight - rotated;
+    }
+  });
+}
+
+// Rows whose head_dim is contiguous and even, tables (time, head_dim) contiguous, one dtype.
+bool Fits(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (x.dim() != 4 || x.size(3) % 2 != 0 || x.stride(3) != 1) return false;
+  const auto dtype = x.scalar_type();
+  if (cos.scalar_type() != dtype || sin.scalar_type() != dtype) return false;
+  for (const auto* table : {&cos, &sin}) {
+    if (table->dim() != 2 || table->size(0) != x.size(2) || table->size(1) != x.size(3) || !table->is_contiguous()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// An output of x's strides where x is dense (as an elementwise kernel's), else contiguous.
+torch::Tensor OutputLike(const torch::Tensor& x) {
+  auto out = at::empty_like(x);
+  return out.stride(3) == 1 ? out : at::empty_like(x, at::MemoryFormat::Contiguous);
+}
+
+class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    auto y = OutputLike(x);
+    if (x.scalar_type() == torch::kFloat64) {
+      Forward<double>(x, cos, sin, y);
+    } else {
+      Forward<float>(x, cos, sin, y);
+    }
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list gradients) {
+    const auto saved = ctx->get_saved_variables();
+    auto dy = gradients[0];
+    if (dy.stride(3) != 1) dy = dy.contiguous();
+    auto dx = OutputLike(dy);
+    if (dy.scalar_type() == torch::kFloat64) {
+      Backward<double>(dy, saved[0], saved[1], dx);
+    } else {
+      Backward<float>(dy, saved[0], saved[1], dx);
+    }
+    return {dx, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool RotaryFused(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const auto dtype = x.scalar_type();
+  return x.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kFloat64) && x.numel() > 0 &&
+         !cos.requires_grad() && !sin.requires_grad() && Fits(x, cos, sin);
+}
+
+torch::Tensor RotaryComposite(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return x * cos + RotateHalf(x) * sin;
+}
+
+torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (!RotaryFused(x, cos, sin)) return RotaryComposite(x, cos, sin);
+  return RotaryFunction::apply(x, cos, sin);
+}
+
+}  // namespace pipecheck::reference
