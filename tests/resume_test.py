@@ -12,8 +12,11 @@ expectation, and what its reports must show:
   - the controls (CONTROLS): each fails saying what it must.
 
 Rows of another trainer not installed in the Python running this test are left out (said so).
+PART i/n runs the suite's rows i, i + n, i + 2n, ... (counting from 1, in the file's order) and
+holds them to the same, so that CTest can run the suite in parts that each stay inside their
+timeout on a slow machine; every row is in exactly one part whatever the suite holds.
 
-    resume_test.py PIPECHECK SOURCE_DIR WORK_DIR
+    resume_test.py PIPECHECK SOURCE_DIR WORK_DIR [PART]
 """
 import csv
 import json
@@ -54,10 +57,18 @@ def suite_rows(path):
 
 
 def main():
+    if len(sys.argv) not in (4, 5):
+        sys.exit(__doc__)
     pipecheck, source, work = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     suite = source / "scenarios" / "resume.csv"
     out = work / "resume"
     spec = suite_rows(suite)
+    if len(sys.argv) == 5:
+        part, _, parts = sys.argv[4].partition("/")
+        if not (part.isdigit() and parts.isdigit() and 1 <= int(part) <= int(parts)):
+            sys.exit(f"resume_test.py: PART must be i/n with 1 <= i <= n, not {sys.argv[4]!r}")
+        spec = {name: s for index, (name, s) in enumerate(spec.items()) if index % int(parts) == int(part) - 1}
+        print(f"part {part}/{parts}: {len(spec)} rows of scenarios/resume.csv")
     missing = sorted({s["trainer"] for s in spec.values() if not installed(s["trainer"])})
     for trainer in missing:
         print(f"SKIPPED: the rows of trainer {trainer} ({PROBES[trainer]} does not import in {sys.executable})")
