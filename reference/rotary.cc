@@ -32,56 +32,32 @@ void ForEachRow(const torch::Tensor& a, const torch::Tensor& b, const Row& row) 
   });
 }
 
-// y = x · cos + rotate_half(x) · sin: each product rounded, then the sum, as the composite's three
-// kernels do ((−x)·s is −(x·s) exactly).
-template <typename T>
-void Forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& y) {
-  const int64_t d = x.size(3), half = d / 2;
-  const T* xp = x.data_ptr<T>();
-  T* yp = y.data_ptr<T>();
+// out = in · cos + R(in · sin), each product rounded, then the sum, as the composite's kernels
+// do. Forward (`kTranspose` false) R is rotate_half, (x1, x2) -> (−x2, x1), with sin taken at the
+// output's element ((−x)·s is −(x·s) exactly); backward it is its transpose, (g1, g2) -> (g2, −g1),
+// with sin taken at the element it came from, as the composite's gradient, whose slices' zero
+// padding adds nothing but a zero's sign.
+template <typename T, bool kTranspose>
+void Rotate(const torch::Tensor& in, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
+  const int64_t d = in.size(3), half = d / 2;
+  const T* ip = in.data_ptr<T>();
+  T* op = out.data_ptr<T>();
   const T* cp = cos.data_ptr<T>();
   const T* sp = sin.data_ptr<T>();
-  ForEachRow(x, y, [&](int64_t xo, int64_t yo, int64_t t) {
-    const T* __restrict__ in = xp + xo;
-    T* __restrict__ out = yp + yo;
+  ForEachRow(in, out, [&](int64_t io, int64_t oo, int64_t t) {
+    const T* __restrict__ x = ip + io;
+    T* __restrict__ y = op + oo;
     const T* __restrict__ c = cp + t * d;
     const T* __restrict__ s = sp + t * d;
-    for (int64_t i = 0; i < half; ++i) {
-      const T straight = in[i] * c[i];
-      const T rotated = -in[i + half] * s[i];
-      out[i] = straight + rotated;
+    for (int64_t i = 0; i < half; ++i) {  // the partner of element i is i + half
+      const T straight = x[i] * c[i];
+      const T rotated = x[i + half] * s[kTranspose ? i + half : i];
+      y[i] = kTranspose ? straight + rotated : straight - rotated;
     }
-    for (int64_t i = half; i < d; ++i) {
-      const T straight = in[i] * c[i];
-      const T rotated = in[i - half] * s[i];
-      out[i] = straight + rotated;
-    }
-  });
-}
-
-// dx = dy · cos + rotate_halfᵀ(dy · sin), rotate_halfᵀ(g) = (g2, −g1): the composite's gradient,
-// whose slices' zero padding adds nothing but a zero's sign.
-template <typename T>
-void Backward(const torch::Tensor& dy, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& dx) {
-  const int64_t d = dy.size(3), half = d / 2;
-  const T* gp = dy.data_ptr<T>();
-  T* xp = dx.data_ptr<T>();
-  const T* cp = cos.data_ptr<T>();
-  const T* sp = sin.data_ptr<T>();
-  ForEachRow(dy, dx, [&](int64_t go, int64_t xo, int64_t t) {
-    const T* __restrict__ g = gp + go;
-    T* __restrict__ out = xp + xo;
-    const T* __restrict__ c = cp + t * d;
-    const T* __restrict__ s = sp + t * d;
-    for (int64_t i = 0; i < half; ++i) {
-      const T straight = g[i] * c[i];
-      const T rotated = g[i + half] * s[i + half];
-      out[i] = straight + rotated;
-    }
-    for (int64_t i = half; i < d; ++i) {
-      const T straight = g[i] * c[i];
-      const T rotated = g[i - half] * s[i - half];
-      out[i] = straight - rotated;
+    for (int64_t i = half; i < d; ++i) {  // and of element i ≥ half, i − half
+      const T straight = x[i] * c[i];
+      const T rotated = x[i - half] * s[kTranspose ? i - half : i];
+      y[i] = kTranspose ? straight - rotated : straight + rotated;
     }
   });
 }
@@ -112,9 +88,9 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     ctx->save_for_backward({cos, sin});
     auto y = OutputLike(x);
     if (x.scalar_type() == torch::kFloat64) {
-      Forward<double>(x, cos, sin, y);
+      Rotate<double, false>(x, cos, sin, y);
     } else {
-      Forward<float>(x, cos, sin, y);
+      Rotate<float, false>(x, cos, sin, y);
     }
     return y;
   }
@@ -125,9 +101,9 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     if (dy.stride(3) != 1) dy = dy.contiguous();
     auto dx = OutputLike(dy);
     if (dy.scalar_type() == torch::kFloat64) {
-      Backward<double>(dy, saved[0], saved[1], dx);
+      Rotate<double, true>(dy, saved[0], saved[1], dx);
     } else {
-      Backward<float>(dy, saved[0], saved[1], dx);
+      Rotate<float, true>(dy, saved[0], saved[1], dx);
     }
     return {dx, torch::Tensor(), torch::Tensor()};
   }
