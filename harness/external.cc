@@ -554,23 +554,38 @@ std::string TrainerPython() {
 
 namespace {
 
+// What an exec'd rank of each adapter runs first, before any of the adapter's own code: its
+// module-level imports and protocol.py's. No more: what an adapter imports later may depend on
+// what it did before (TorchTitan's and Megatron-Core's CPU shims must precede their imports, and
+// PyTorch's checkpointing binds the device-type function the first replaces as it is imported).
+constexpr char kPipeliningPreload[] =
+    "import torch, torch.distributed, torch.nn, torch.nn.functional, torch.utils.checkpoint, "
+    "torch.distributed.pipelining";
+constexpr char kTorchtitanPreload[] =
+    "import torch, torch.distributed, torch.nn, torch.nn.functional, torch.utils.checkpoint, torch.distributed.tensor";
+constexpr char kDeepspeedPreload[] = "import torch, torch.distributed, torch.nn, torch.nn.functional, torch.utils.checkpoint";
+constexpr char kMegatronPreload[] = "import torch, torch.distributed, torch.nn, torch.nn.functional, torch.utils.checkpoint";
+
 // The trainers pipecheck ships an adapter for: the adapter's file in trainers/, the import that
-// proves the trainer is installed, and how to install it.
+// proves the trainer is installed, how to install it, and what the Python fork server
+// (trainers/fork_server.py) imports before it forks the adapter's ranks on the CPU.
 struct Adapter {
   const char* trainer;
   const char* file;
   const char* probe;
   const char* install;
+  const char* preload;
 };
 constexpr Adapter kAdapters[] = {
     {"torch", "torch_pipelining.py", "import torch, torch.distributed.pipelining",
-     "PyTorch >= 2.4 (torch.distributed.pipelining)"},
+     "PyTorch >= 2.4 (torch.distributed.pipelining)", kPipeliningPreload},
     {"torchtitan", "torchtitan_adapter.py", "import torch, torchtitan.trainer",
-     "TorchTitan (requirements.txt pins it; `make deps` installs it into .venv)"},
+     "TorchTitan (requirements.txt pins it; `make deps` installs it into .venv)", kTorchtitanPreload},
     {"deepspeed", "deepspeed_adapter.py", "import torch, deepspeed.pipe",
-     "DeepSpeed (requirements-frameworks.txt pins it; `make frameworks` installs it into .venv)"},
+     "DeepSpeed (requirements-frameworks.txt pins it; `make frameworks` installs it into .venv)", kDeepspeedPreload},
     {"megatron", "megatron_adapter.py", "import torch, megatron.core.pipeline_parallel",
-     "Megatron-Core (requirements-frameworks.txt pins it; `make frameworks` installs it into .venv)"},
+     "Megatron-Core (requirements-frameworks.txt pins it; `make frameworks` installs it into .venv)",
+     kMegatronPreload},
 };
 
 const Adapter* AdapterOf(const std::string& trainer) {
@@ -589,6 +604,13 @@ std::vector<std::string> TrainerCommand(const scenarios::Scenario& scenario) {
   if (EndsWith(scenario.trainer_path, ".py")) return {TrainerPython(), fs::absolute(scenario.trainer_path).string()};
   return {fs::absolute(scenario.trainer_path).string()};
 }
+
+std::string TrainerPreload(const scenarios::Scenario& scenario) {
+  const auto* adapter = AdapterOf(scenario.trainer);
+  return adapter != nullptr && scenario.device == "cpu" ? adapter->preload : "";
+}
+
+std::string TrainerForkServer() { return (fs::path(PIPECHECK_SOURCE_DIR) / "trainers" / "fork_server.py").string(); }
 
 std::vector<std::pair<std::string, std::string>> TrainerEnvironment(const scenarios::Scenario& scenario,
                                                                     const std::string& directory, int threads) {

@@ -44,6 +44,12 @@ std::string TrainerPython();
 // The command line of one rank of the scenario's trainer.
 std::vector<std::string> TrainerCommand(const scenarios::Scenario& scenario);
 
+// What the Python fork server imports before forking the scenario's ranks (a shipped adapter's
+// framework, on the CPU), and the server's script; "" where its ranks start by exec (another
+// trainer, or a GPU, where a framework's imports may initialise CUDA before the fork).
+std::string TrainerPreload(const scenarios::Scenario& scenario);
+std::string TrainerForkServer();
+
 // The environment a trainer's rank gets on top of the torchrun contract (docs/protocol.md).
 std::vector<std::pair<std::string, std::string>> TrainerEnvironment(const scenarios::Scenario& scenario,
                                                                     const std::string& directory, int threads);

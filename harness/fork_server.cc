@@ -6,16 +6,23 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace pipecheck::harness {
 namespace {
@@ -194,6 +201,124 @@ void StopLocked(Server& server) {
   server.pid = -1;
 }
 
+// Hands `request` to `server` (its mutex held) and returns the rank it started, now this
+// process's child; nullopt when it did not (a server that stopped answering is stopped).
+std::optional<pid_t> Exchange(Server& server, const SpawnRequest& request) {
+  if (server.fd < 0) return std::nullopt;
+  // The rank is reparented to this process when the server's middle process exits: only to a
+  // child subreaper (else to init, and this process could not wait for it).
+  int was_subreaper = 0;
+  prctl(PR_GET_CHILD_SUBREAPER, &was_subreaper);
+  if (!was_subreaper && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return std::nullopt;
+  const std::string message = Encode(request);
+  int64_t reply = 0;
+  const bool exchanged = send(server.fd, message.data(), message.size(), MSG_NOSIGNAL) ==
+                             static_cast<ssize_t>(message.size()) &&
+                         recv(server.fd, &reply, sizeof(reply), 0) == static_cast<ssize_t>(sizeof(reply));
+  if (!was_subreaper) prctl(PR_SET_CHILD_SUBREAPER, 0);
+  if (!exchanged) {
+    StopLocked(server);  // a server that stopped answering starts nothing more
+    return std::nullopt;
+  }
+  if (reply <= 0) return std::nullopt;
+  const pid_t pid = static_cast<pid_t>(reply);
+  // It must be this process's child by now; otherwise it cannot be waited for: end it.
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+    kill(pid, SIGKILL);
+    return std::nullopt;
+  }
+  return pid;
+}
+
+// The Python servers of this run, by interpreter and preload; a server that could not serve
+// stays in the map stopped (fd -1), so that it is not started again.
+struct PythonServers {
+  std::mutex mutex;
+  std::map<std::pair<std::string, std::string>, std::unique_ptr<Server>> servers;
+};
+
+PythonServers& ThePythonServers() {
+  static PythonServers* servers = new PythonServers;  // never destroyed: StopForkServer runs at exit
+  return *servers;
+}
+
+// How long a Python server may take to import its framework (minutes on a loaded machine), and
+// then to answer a request, before it is given up for fork and exec.
+constexpr int kPythonReadySeconds = 300;
+constexpr int kPythonReplySeconds = 60;
+
+void ReceiveTimeout(int fd, int seconds) {
+  struct timeval timeout {};
+  timeout.tv_sec = seconds;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+}
+
+// Starts `python server_script FD LAUNCHER PRELOAD` on one end of a socket pair (its fd 3) and
+// waits for its word that it serves; leaves `server` stopped otherwise. The server's environment
+// is this process's with the first rank's on top: what a process reads only as it starts (glibc's
+// allocator settings, the interpreter's own) is then what an exec'd rank would have had, every
+// rank being handed the same variables (each rank sets its own values again).
+void StartPythonServer(Server& server, const SpawnRequest& first, const std::string& server_script,
+                       const std::string& preload) {
+  constexpr int kServerFd = 3;
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) return;
+  const pid_t launcher = getpid();
+  // Everything the child needs, made before fork: between fork and exec it only makes system calls.
+  std::vector<std::string> strings = {first.argv.front(), "-u", server_script, std::to_string(kServerFd),
+                                      std::to_string(launcher), preload};
+  std::vector<char*> argv;
+  for (auto& text : strings) argv.push_back(text.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> variables;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string variable = *entry;
+    const std::string name = variable.substr(0, variable.find('='));
+    const bool replaced = std::any_of(first.environment.begin(), first.environment.end(),
+                                      [&](const auto& pair) { return pair.first == name; });
+    if (!replaced) variables.push_back(variable);
+  }
+  for (const auto& [name, value] : first.environment) variables.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (auto& variable : variables) envp.push_back(variable.data());
+  envp.push_back(nullptr);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(0);
+    // What the imports print is not any rank's: each rank writes its own log.
+    const int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      dup2(null, STDIN_FILENO);
+      dup2(null, STDOUT_FILENO);
+      dup2(null, STDERR_FILENO);
+    }
+    if (fds[1] == kServerFd) {
+      fcntl(kServerFd, F_SETFD, 0);
+    } else if (dup2(fds[1], kServerFd) != kServerFd) {
+      _exit(127);
+    }
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    return;
+  }
+  server.fd = fds[0];
+  server.pid = pid;
+  ReceiveTimeout(server.fd, kPythonReadySeconds);
+  int64_t ready = -1;
+  if (recv(server.fd, &ready, sizeof(ready), 0) != static_cast<ssize_t>(sizeof(ready)) || ready != 0) {
+    StopLocked(server);
+    return;
+  }
+  ReceiveTimeout(server.fd, kPythonReplySeconds);
+}
+
 }  // namespace
 
 void EndRank(int code) {
@@ -229,39 +354,36 @@ void StartForkServer(std::function<int(int, char**)> entry) {
 }
 
 void StopForkServer() {
-  Server& server = TheServer();
-  std::lock_guard<std::mutex> lock(server.mutex);
-  StopLocked(server);
+  {
+    Server& server = TheServer();
+    std::lock_guard<std::mutex> lock(server.mutex);
+    StopLocked(server);
+  }
+  PythonServers& python = ThePythonServers();
+  std::lock_guard<std::mutex> lock(python.mutex);
+  for (auto& [key, server] : python.servers) StopLocked(*server);
 }
 
 std::optional<pid_t> ForkServerSpawn(const SpawnRequest& request) {
   Server& server = TheServer();
   std::lock_guard<std::mutex> lock(server.mutex);
-  if (server.fd < 0) return std::nullopt;
-  // The rank is reparented to this process when the server's middle process exits: only to a
-  // child subreaper (else to init, and this process could not wait for it).
-  int was_subreaper = 0;
-  prctl(PR_GET_CHILD_SUBREAPER, &was_subreaper);
-  if (!was_subreaper && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return std::nullopt;
-  const std::string message = Encode(request);
-  int64_t reply = 0;
-  const bool exchanged = send(server.fd, message.data(), message.size(), MSG_NOSIGNAL) ==
-                             static_cast<ssize_t>(message.size()) &&
-                         recv(server.fd, &reply, sizeof(reply), 0) == static_cast<ssize_t>(sizeof(reply));
-  if (!was_subreaper) prctl(PR_SET_CHILD_SUBREAPER, 0);
-  if (!exchanged) {
-    StopLocked(server);  // a server that stopped answering starts nothing more
-    return std::nullopt;
+  return Exchange(server, request);
+}
+
+std::optional<pid_t> PythonForkServerSpawn(const std::string& server_script, const std::string& preload,
+                                           const SpawnRequest& request) {
+  const char* mode = std::getenv("PIPECHECK_SPAWN");
+  if ((mode != nullptr && std::strcmp(mode, "exec") == 0) || request.argv.size() < 2) return std::nullopt;
+  PythonServers& servers = ThePythonServers();
+  std::lock_guard<std::mutex> lock(servers.mutex);
+  auto& server = servers.servers[{request.argv.front(), preload}];
+  if (!server) {
+    server = std::make_unique<Server>();
+    StartPythonServer(*server, request, server_script, preload);
+    static const bool registered = [] { return std::atexit(StopForkServer) == 0; }();
+    (void)registered;
   }
-  if (reply <= 0) return std::nullopt;
-  const pid_t pid = static_cast<pid_t>(reply);
-  // It must be this process's child by now; otherwise it cannot be waited for: end it.
-  siginfo_t info{};
-  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
-    kill(pid, SIGKILL);
-    return std::nullopt;
-  }
-  return pid;
+  return Exchange(*server, request);
 }
 
 }  // namespace pipecheck::harness

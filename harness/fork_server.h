@@ -12,7 +12,13 @@
 // and the server double-forks), so that the launcher waits for, times, samples and kills it
 // exactly as it would an exec'd rank. A rank dies with the launcher (SIGKILL on its death).
 //
-// Anything the server cannot start falls back to fork and exec; PIPECHECK_SPAWN=exec forces that.
+// A Python trainer's ranks on the CPU get the same from a Python server (trainers/fork_server.py):
+// one per run, interpreter and trainer, started at the trainer's first rank, that has imported the
+// trainer's framework once (2 to 6 s of CPU a rank otherwise) and forks each rank from there, by the
+// same requests, double fork and signals. It serves only while it is a single thread after those
+// imports.
+//
+// Anything a server cannot start falls back to fork and exec; PIPECHECK_SPAWN=exec forces that.
 #pragma once
 
 #include <sys/types.h>
@@ -48,5 +54,13 @@ void StopForkServer();
 // A rank started by the server, a child of this process; nullopt when no server runs (the
 // caller forks and execs instead).
 std::optional<pid_t> ForkServerSpawn(const SpawnRequest& request);
+
+// A rank of a Python trainer (request.argv: `python`, the trainer's script, its arguments) forked
+// by the Python fork server `server_script` that has run `preload` in `python`, a child of this
+// process; the server is started at the first such request. nullopt when PIPECHECK_SPAWN=exec or
+// no server can serve (it failed to start, its preload failed, or it has more than one thread
+// after it): the caller forks and execs instead.
+std::optional<pid_t> PythonForkServerSpawn(const std::string& server_script, const std::string& preload,
+                                           const SpawnRequest& request);
 
 }  // namespace pipecheck::harness

@@ -139,6 +139,7 @@ namespace {
 struct ProcessCommand {
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> environment;
+  std::string preload;  // a Python trainer's: what its fork server imports (TrainerPreload), or ""
 };
 
 // Rank `rank` of pipecheck's own trainer, or a single phase of another trainer's scenario: a
@@ -167,6 +168,10 @@ pid_t SpawnRank(const scenarios::Scenario& scenario, const LaunchOptions& option
   environment.insert(environment.end(), command.environment.begin(), command.environment.end());
   if (command.argv.size() > 1 && command.argv[1] == "worker" && command.argv[0] == CurrentExecutable()) {
     if (const auto pid = ForkServerSpawn({command.argv, environment, log, binding.listed, binding.line})) return *pid;
+  }
+  if (!command.preload.empty()) {
+    const SpawnRequest request{command.argv, environment, log, binding.listed, binding.line};
+    if (const auto pid = PythonForkServerSpawn(TrainerForkServer(), command.preload, request)) return *pid;
   }
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
@@ -613,7 +618,8 @@ reports::ScenarioReport AttemptExternal(const Group& group, int port, bool& port
     return *failed;
   }
   const ProcessCommand trainer{TrainerCommand(scenario),
-                               TrainerEnvironment(scenario, directory, group.options.threads_per_rank)};
+                               TrainerEnvironment(scenario, directory, group.options.threads_per_rank),
+                               TrainerPreload(scenario)};
   auto ranks = Spawn(scenario, group.options, static_cast<int>(scenario.Processes()), port,
                      [&](int) { return trainer; },
                      [&](int r) { return (group.directory / fmt::format("rank{}.log", r)).string(); });
