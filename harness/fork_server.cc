@@ -201,6 +201,19 @@ void StopLocked(Server& server) {
   server.pid = -1;
 }
 
+// The launcher's side of a server just forked (`pid`, the socket pair `fds`, whose first end
+// stays here): keeps it, or closes the pair where the fork failed. Whether the server runs.
+bool AdoptServer(Server& server, const int fds[2], pid_t pid) {
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    return false;
+  }
+  server.fd = fds[0];
+  server.pid = pid;
+  return true;
+}
+
 // Hands `request` to `server` (its mutex held) and returns the rank it started, now this
 // process's child; nullopt when it did not (a server that stopped answering is stopped).
 std::optional<pid_t> Exchange(Server& server, const SpawnRequest& request) {
@@ -303,13 +316,7 @@ void StartPythonServer(Server& server, const SpawnRequest& first, const std::str
     execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
-  close(fds[1]);
-  if (pid < 0) {
-    close(fds[0]);
-    return;
-  }
-  server.fd = fds[0];
-  server.pid = pid;
+  if (!AdoptServer(server, fds, pid)) return;
   ReceiveTimeout(server.fd, kPythonReadySeconds);
   int64_t ready = -1;
   if (recv(server.fd, &ready, sizeof(ready), 0) != static_cast<ssize_t>(sizeof(ready)) || ready != 0) {
@@ -343,13 +350,7 @@ void StartForkServer(std::function<int(int, char**)> entry) {
     if (getppid() != launcher) _exit(0);
     Serve(fds[1], launcher, entry);
   }
-  close(fds[1]);
-  if (pid < 0) {
-    close(fds[0]);
-    return;
-  }
-  server.fd = fds[0];
-  server.pid = pid;
+  if (!AdoptServer(server, fds, pid)) return;
   std::atexit(StopForkServer);
 }
 
