@@ -81,31 +81,31 @@ torch::Tensor OutputLike(const torch::Tensor& x) {
   return out.stride(3) == 1 ? out : at::empty_like(x, at::MemoryFormat::Contiguous);
 }
 
+// The rotation (kTranspose false) or its transpose of `in`, float32 or float64, into a new tensor.
+template <bool kTranspose>
+torch::Tensor Rotated(const torch::Tensor& in, const torch::Tensor& cos, const torch::Tensor& sin) {
+  auto out = OutputLike(in);
+  if (in.scalar_type() == torch::kFloat64) {
+    Rotate<double, kTranspose>(in, cos, sin, out);
+  } else {
+    Rotate<float, kTranspose>(in, cos, sin, out);
+  }
+  return out;
+}
+
 class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
                                const torch::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
-    auto y = OutputLike(x);
-    if (x.scalar_type() == torch::kFloat64) {
-      Rotate<double, false>(x, cos, sin, y);
-    } else {
-      Rotate<float, false>(x, cos, sin, y);
-    }
-    return y;
+    return Rotated<false>(x, cos, sin);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list gradients) {
     const auto saved = ctx->get_saved_variables();
     auto dy = gradients[0];
     if (dy.stride(3) != 1) dy = dy.contiguous();
-    auto dx = OutputLike(dy);
-    if (dy.scalar_type() == torch::kFloat64) {
-      Rotate<double, true>(dy, saved[0], saved[1], dx);
-    } else {
-      Rotate<float, true>(dy, saved[0], saved[1], dx);
-    }
-    return {dx, torch::Tensor(), torch::Tensor()};
+    return {Rotated<true>(dy, saved[0], saved[1]), torch::Tensor(), torch::Tensor()};
   }
 };
 
