@@ -36,6 +36,9 @@ struct Server {
   std::mutex mutex;
   int fd = -1;     // the launcher's end of the request socket
   pid_t pid = -1;  // the server
+  // The Python server's rank waits for a go-ahead the launcher sends once it has the rank's pid, so
+  // that a reply lost (a timeout, a signal) cannot leave a rank running beside its exec'd stand-in.
+  bool go_ahead = false;
 };
 
 Server& TheServer() {
@@ -239,6 +242,15 @@ std::optional<pid_t> Exchange(Server& server, const SpawnRequest& request) {
   siginfo_t info{};
   if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
     kill(pid, SIGKILL);
+    const char no = 0;  // a Python server waits for the word either way
+    if (server.go_ahead) (void)send(server.fd, &no, sizeof(no), MSG_NOSIGNAL);
+    return std::nullopt;
+  }
+  const char go = 1;
+  if (server.go_ahead && send(server.fd, &go, sizeof(go), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(go))) {
+    kill(pid, SIGKILL);  // it never ran the trainer
+    waitpid(pid, nullptr, 0);
+    StopLocked(server);
     return std::nullopt;
   }
   return pid;
@@ -302,7 +314,7 @@ void StartPythonServer(Server& server, const SpawnRequest& first, const std::str
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher) _exit(0);
     // What the imports print is not any rank's: each rank writes its own log.
-    const int null = open("/dev/null", O_RDWR);
+    const int null = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (null >= 0) {
       dup2(null, STDIN_FILENO);
       dup2(null, STDOUT_FILENO);
@@ -317,6 +329,7 @@ void StartPythonServer(Server& server, const SpawnRequest& first, const std::str
     _exit(127);
   }
   if (!AdoptServer(server, fds, pid)) return;
+  server.go_ahead = true;
   ReceiveTimeout(server.fd, kPythonReadySeconds);
   int64_t ready = -1;
   if (recv(server.fd, &ready, sizeof(ready), 0) != static_cast<ssize_t>(sizeof(ready)) || ready != 0) {
