@@ -9,6 +9,7 @@
 
 #include "reference/device.h"
 #include "reference/linear.h"
+#include "reference/rms_norm.h"
 #include "reference/rotary.h"
 
 namespace pipecheck::reference {
@@ -101,7 +102,9 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   const auto dtype = x.scalar_type();
   auto stats = x.to(StatisticsDtype(dtype));
   if (flavor_ == Flavor::kLlama) {
-    auto normed = stats * torch::rsqrt(stats.pow(2).mean(-1, /*keepdim=*/true) + kNormEps);
+    // Under reduced precision the statistics are a float32 copy, and the norm the composite
+    // (reference/rms_norm.h says where its one-pass kernel runs).
+    auto normed = stats.scalar_type() == dtype ? RmsNormalize(stats, kNormEps) : RmsNormalizeComposite(stats, kNormEps);
     return weight_ * normed.to(dtype);
   }
   auto centred = stats - stats.mean(-1, /*keepdim=*/true);

@@ -13,7 +13,8 @@
 // never the batch's, so a microbatch and the whole batch run the same kernel.
 //
 // Which kernel runs is one process-wide choice, PIPECHECK_CPU_GEMM=onednn (the default where
-// available) or aten, read once and inherited by every rank a run starts; `CpuGemmName` says
+// available) or aten, read once and inherited by every rank a run starts (the layers' RMSNorm
+// follows it: reference/rms_norm.h); `CpuGemmName` says
 // which is in effect (`pipecheck --version` prints it). Float64 and reduced-precision dtypes, and every
 // non-CPU device, always take ATen's path (oneDNN has no float64 product; bfloat16 already goes
 // to oneDNN through ATen where the CPU supports it).

@@ -9,6 +9,7 @@
 #include "reference/linear.h"
 #include "reference/loss.h"
 #include "reference/optimizer.h"
+#include "reference/rms_norm.h"
 #include "reference/rotary.h"
 #include "tests/test_support.h"
 
@@ -433,6 +434,61 @@ TEST(Rotary, OnePassIsTheCompositeBitForBit) {
   const auto table = torch::rand({5, 8}, torch::kBFloat16);
   EXPECT_FALSE(reference::RotaryFused(x, table, table));
   EXPECT_TRUE(torch::equal(reference::Rotary(x, table, table), reference::RotaryComposite(x, table, table)));
+}
+
+// The one-pass RMSNorm normalisation runs where the layer's products run on oneDNN, agrees with the
+// composite to float32's rounding forward and backward (the row sums are float64's, the
+// composite's float32's), keeps each row independent of the rest of the batch bit for bit, and
+// saves what the composite saves. Everywhere else it is the composite itself.
+TEST(RmsNorm, OnePassMatchesTheCompositeRowByRow) {
+  torch::manual_seed(17);
+  const int64_t hidden = 256;
+  const auto source = torch::randn({6, 33, hidden}, torch::kFloat32) * 3.0;
+  const auto upstream = torch::randn({6, 33, hidden}, torch::kFloat32);
+  const bool onednn = reference::CpuGemmName() == "onednn";
+  EXPECT_EQ(reference::RmsNormFused(source), onednn);
+  auto leaf = source.clone().requires_grad_(true);
+  auto twin = source.clone().requires_grad_(true);
+  const auto fused = reference::RmsNormalize(leaf, 1e-5);
+  const auto composite = reference::RmsNormalizeComposite(twin, 1e-5);
+  EXPECT_TRUE(torch::allclose(fused, composite, 2e-6, 1e-6)) << (fused - composite).abs().max().item<double>();
+  fused.backward(upstream);
+  composite.backward(upstream);
+  EXPECT_TRUE(torch::allclose(leaf.grad(), twin.grad(), 2e-5, 1e-6))
+      << (leaf.grad() - twin.grad()).abs().max().item<double>();
+  // Against float64's exact arithmetic, the one pass is at least as close as the composite.
+  auto exact_leaf = source.to(torch::kFloat64).requires_grad_(true);
+  const auto exact = reference::RmsNormalizeComposite(exact_leaf, 1e-5);
+  exact.backward(upstream.to(torch::kFloat64));
+  const auto error = [&](const torch::Tensor& a, const torch::Tensor& b) {
+    return (a.to(torch::kFloat64) - b).abs().max().item<double>();
+  };
+  EXPECT_LE(error(fused, exact), error(composite, exact) * 1.5 + 1e-12);
+  EXPECT_LE(error(leaf.grad(), exact_leaf.grad()), error(twin.grad(), exact_leaf.grad()) * 1.5 + 1e-12);
+  // A microbatch's rows are the whole batch's, forward and backward.
+  for (int64_t first = 0; first < 6; first += 2) {
+    auto part = source.narrow(0, first, 2).clone().requires_grad_(true);
+    const auto y = reference::RmsNormalize(part, 1e-5);
+    EXPECT_TRUE(torch::equal(y, fused.narrow(0, first, 2))) << "microbatch at " << first;
+    y.backward(upstream.narrow(0, first, 2));
+    EXPECT_TRUE(torch::equal(part.grad(), leaf.grad().narrow(0, first, 2))) << "microbatch at " << first;
+  }
+  // What the backward keeps: the input and one scale per row, as the composite.
+  reference::StartMemoryMeter();
+  ASSERT_TRUE(reference::MemoryMeterActive());
+  const auto held = [&](bool one_pass) {
+    auto x = source.clone().requires_grad_(true);
+    const int64_t before = reference::LiveTensorBytes();
+    auto y = one_pass ? reference::RmsNormalize(x, 1e-5) : reference::RmsNormalizeComposite(x, 1e-5);
+    return reference::LiveTensorBytes() - before - y.numel() * 4;
+  };
+  EXPECT_EQ(held(true), held(false));
+  // float64, a small layer and bfloat16's statistics copy's dtype aside, the composite.
+  for (const auto& x : {source.to(torch::kFloat64), source.narrow(-1, 0, 64).contiguous(),
+                        source.transpose(0, 1)}) {
+    EXPECT_FALSE(reference::RmsNormFused(x));
+    EXPECT_TRUE(torch::equal(reference::RmsNormalize(x, 1e-5), reference::RmsNormalizeComposite(x, 1e-5)));
+  }
 }
 
 TEST(MemoryMeter, CountsAllocationsFreesAndPeaks) {
