@@ -7,6 +7,7 @@
 
 #include "pipeline/checkpoint.h"
 #include "reference/optimizer.h"
+#include "tests/test_support.h"
 
 namespace pipecheck {
 namespace {
@@ -14,12 +15,7 @@ namespace {
 namespace fs = std::filesystem;
 using pipeline::CheckpointError;
 
-std::string Folder(const std::string& name) {
-  const fs::path folder = fs::temp_directory_path() / ("pipecheck_checkpoint_test_" + name);
-  fs::remove_all(folder);
-  fs::create_directories(folder);
-  return folder.string();
-}
+std::string Folder(const std::string& name) { return testing::ScratchDirectory("checkpoint_" + name); }
 
 reference::NamedTensors Stage(double scale, bool tied) {
   reference::NamedTensors state;

@@ -3,9 +3,15 @@
 
 #include "harness/run_directory.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
 
 namespace pipecheck::testing {
 
@@ -27,11 +33,56 @@ reports::ScenarioReport SummaryRow(const std::string& name, const std::string& s
   return report;
 }
 
+namespace {
+
+// The scratch directories this process made. After the last test they are removed if every test
+// passed; a failed run keeps them (their paths printed) for its logs and reports, and so does any
+// run with PIPECHECK_KEEP_SCRATCH=1 in its environment.
+class ScratchDirectories : public ::testing::Environment {
+ public:
+  void Add(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& known : paths_) {
+      if (known == path) return;
+    }
+    paths_.push_back(path);
+  }
+
+  void TearDown() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const char* keep = std::getenv("PIPECHECK_KEEP_SCRATCH");
+    const bool kept = (keep != nullptr && std::string(keep) == "1") || !::testing::UnitTest::GetInstance()->Passed();
+    for (const auto& path : paths_) {
+      if (kept) {
+        std::fprintf(stderr, "scratch kept: %s\n", path.c_str());
+      } else {
+        std::error_code ignored;
+        std::filesystem::remove_all(path, ignored);
+      }
+    }
+    paths_.clear();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> paths_;
+};
+
+// Registered before main runs; GoogleTest owns (and deletes) it.
+ScratchDirectories* const scratch_directories = [] {
+  auto* environment = new ScratchDirectories;
+  ::testing::AddGlobalTestEnvironment(environment);
+  return environment;
+}();
+
+}  // namespace
+
 std::string ScratchDirectory(const std::string& name) {
   const auto path = std::filesystem::temp_directory_path() /
                     ("pipecheck_test_" + name + "_" + std::to_string(getpid()));
   harness::RemoveTree(path.string());
   std::filesystem::create_directories(path);
+  scratch_directories->Add(path.string());
   return path.string();
 }
 

@@ -41,7 +41,9 @@ inline double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
 reports::ScenarioReport SummaryRow(const std::string& name, const std::string& status, const std::string& expect,
                                    double tokens_per_s, double peak_bytes, double grad_rel_err);
 
-// A scratch directory unique to this test, removed first if it exists.
+// A scratch directory unique to this test and process, removed first if it exists, and removed
+// again after the last test if every test passed (kept, its path printed, if one failed or
+// PIPECHECK_KEEP_SCRATCH=1).
 std::string ScratchDirectory(const std::string& name);
 
 // Launch options for real ranks of the pipecheck binary under test: one thread per rank, work
