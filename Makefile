@@ -79,7 +79,7 @@ UNIT_TESTS := 'Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*
 OLDEST_DIR ?= build-oldest$(if $(filter 1,$(SANITIZE)),-sanitize)
 test-oldest:
 	$(MAKE) build BUILD_DIR=$(OLDEST_DIR) TORCH=venv REQUIREMENTS=requirements-oldest.txt SANITIZE=$(SANITIZE)
-	cd $(OLDEST_DIR) && $(SANITIZED) tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)':Memory*'
+	cd $(OLDEST_DIR) && $(SANITIZED) $(CURDIR)/scripts/gtest-shards.sh $(JOBS) tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)':Memory*'
 	$(SANITIZED) $(OLDEST_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(OLDEST_DIR)/core --timed-steps 3
 	cd $(OLDEST_DIR) && $(SANITIZED) ctest --output-on-failure -R '^(trainers_torch_range|crosscheck_dump_python)$$'
 
@@ -102,7 +102,7 @@ sanitize: deps
 	[ -f $(SANITIZE_DIR)/CMakeCache.txt ] || cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=Release \
 	  $(SANITIZE_CMAKE) "-DPIPECHECK_PYTHON=$$python" $(if $(PREFIX_PATH),"-DCMAKE_PREFIX_PATH=$(PREFIX_PATH)")
 	cmake --build $(SANITIZE_DIR) -j$(JOBS) --target pipecheck pipecheck_tests
-	cd $(SANITIZE_DIR) && $(SANITIZE_ENV) tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)
+	cd $(SANITIZE_DIR) && $(SANITIZE_ENV) $(CURDIR)/scripts/gtest-shards.sh $(JOBS) tests/pipecheck_tests --gtest_filter=$(UNIT_TESTS)
 	$(SANITIZE_ENV) $(SANITIZE_DIR)/pipecheck run --scenarios scenarios/core.csv --out $(SANITIZE_DIR)/core --timed-steps 3
 
 # The long sweeps: 50 seeds of the core suite, long and high-lr runs (scenarios/long.csv), and the
