@@ -13,6 +13,7 @@
 #include "reference/gradient_accumulation.h"
 #include "reference/linear.h"
 #include "reference/layers.h"
+#include "reference/score_softmax.h"
 
 namespace pipecheck::pipeline {
 namespace {
@@ -29,6 +30,9 @@ struct Sizes {
   int64_t router = 4;  // a mixture of experts' router element (reference::RouterDtype)
   bool adamw = true;
   bool projections_on_onednn = false;  // the (h, h) projections run oneDNN's product (reference/linear.h)
+  // Every layer's attention saves the stage's one (b, 1, t, t) keep mask, not a negated copy of
+  // its own (reference/score_softmax.h).
+  bool mask_shared = false;
 };
 
 Sizes SizesOf(const PipelineConfig& config) {
@@ -42,6 +46,7 @@ Sizes SizesOf(const PipelineConfig& config) {
   sizes.adamw = config.train.optimizer.kind == reference::OptimizerKind::kAdamW;
   sizes.projections_on_onednn = reference::LinearOnOneDnn(config.train.dtype, config.train.device,
                                                           sizes.model.hidden, sizes.model.hidden);
+  sizes.mask_shared = reference::MaskedSoftmaxFusedFor(config.train.dtype, config.train.device);
   return sizes;
 }
 
@@ -62,7 +67,8 @@ int64_t HeadRetained(const Sizes& z, int64_t n) {
 int64_t PerLayerRetained(const Sizes& z, int64_t b, int64_t t) {
   const int64_t n = b * t, h = z.model.hidden, f = z.model.FfnSize(), heads = z.model.heads;
   const bool llama = IsLlama(z);
-  return (8 * z.e + 2 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f + z.e * b * heads * t * t + b * t * t +
+  return (8 * z.e + 2 * z.s) * n * h + (llama ? 4 : 2) * z.e * n * f + z.e * b * heads * t * t +
+         (z.mask_shared ? 0 : b * t * t) +
          2 * z.s * n;
 }
 
@@ -113,6 +119,7 @@ int64_t Retained(const Sizes& z, const reference::SliceSpec& slice, Input input,
   if (layers > 0) {
     for (int64_t layer = slice.first_layer; layer < slice.end_layer; ++layer) bytes += LayerRetained(z, layer, b, t, tokens);
     if (llama) bytes += 2 * t * z.model.HeadDim() * z.e;  // rotary cos and sin tables
+    if (z.mask_shared) bytes += b * t * t;                 // the attention's keep mask, shared
     // The stage's balance-loss terms, summed into one 0-dim tensor kept for the backward.
     if (z.model.aux_loss > 0.0 && z.model.MoeLayersIn(slice.first_layer, slice.end_layer) > 0) bytes += z.router;
   }
@@ -692,13 +699,14 @@ ReferenceFloor ReferenceFloorOf(const PipelineConfig& config) {
   const double t = static_cast<double>(drawn.max().item<int64_t>());
   const double n = b * t, h = static_cast<double>(model.hidden), e = static_cast<double>(z.e),
                s = static_cast<double>(z.s);
-  const double scores = e * b * static_cast<double>(model.heads) * t * t + b * t * t;
+  const double mask = b * t * t;  // the attention's keep mask, a layer's own or the model's one
+  const double scores = e * b * static_cast<double>(model.heads) * t * t + (z.mask_shared ? 0.0 : mask);
   const double layer = (8 * e + 2 * s) * n * h + (IsLlama(z) ? 4 : 2) * e * n * static_cast<double>(model.FfnSize()) +
                        scores + 2 * s * n;
   const double head = (2 * e + s) * n * h + static_cast<double>(z.loss) * n * static_cast<double>(model.vocab) + s * n;
   ReferenceFloor floor;
   floor.weights = static_cast<double>(model.ParameterCount()) * e;
-  floor.activations = static_cast<double>(model.layers) * layer + head;
+  floor.activations = static_cast<double>(model.layers) * layer + head + (z.mask_shared ? mask : 0.0);
   floor.attention = static_cast<double>(model.layers) * scores;
   return floor;
 }

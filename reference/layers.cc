@@ -11,6 +11,7 @@
 #include "reference/linear.h"
 #include "reference/rms_norm.h"
 #include "reference/rotary.h"
+#include "reference/score_softmax.h"
 
 namespace pipecheck::reference {
 namespace {
@@ -149,9 +150,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionCont
     k = repeat(k);
     v = repeat(v);
   }
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  scores = scores.masked_fill(context.keep.logical_not(), -std::numeric_limits<double>::infinity());
-  auto weights = torch::softmax(scores, -1);                            // (B, H, T, T)
+  // softmax(masked(q·kᵀ / √head_dim)), the scaling and the mask in one pass (score_softmax.h).
+  auto weights = MaskedSoftmax(torch::matmul(q, k.transpose(-2, -1)), context.keep, head_dim);  // (B, H, T, T)
   auto mixed = torch::matmul(weights, v);                               // (B, H, T, head_dim)
   return Linear(wo_, mixed.transpose(1, 2).reshape({batch, time, config_.hidden}));  // (B, T, C)
 }

@@ -11,6 +11,7 @@
 #include "reference/optimizer.h"
 #include "reference/rms_norm.h"
 #include "reference/rotary.h"
+#include "reference/score_softmax.h"
 #include "tests/test_support.h"
 
 namespace pipecheck {
@@ -434,6 +435,51 @@ TEST(Rotary, OnePassIsTheCompositeBitForBit) {
   const auto table = torch::rand({5, 8}, torch::kBFloat16);
   EXPECT_FALSE(reference::RotaryFused(x, table, table));
   EXPECT_TRUE(torch::equal(reference::Rotary(x, table, table), reference::RotaryComposite(x, table, table)));
+}
+
+// Bit for bit: the same dtype and shape, and every element's bits (so +0 and −0 differ, and a NaN
+// equals itself).
+bool Bitwise(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const auto bits = a.element_size() == 8 ? torch::kInt64 : a.element_size() == 4 ? torch::kInt32 : torch::kInt16;
+  return torch::equal(a.contiguous().view(bits), b.contiguous().view(bits));
+}
+
+// The attention's masked, scaled softmax in one pass each way is the composite's result bit for
+// bit, forward and backward, in float32 and float64, with a causal mask and padded sequences (the
+// mask's rows differ by sequence), and runs its own kernel there (a fallback would pass unseen);
+// bfloat16 takes the composite.
+TEST(MaskedSoftmax, IsTheCompositeBitForBit) {
+  torch::manual_seed(19);
+  const int64_t batch = 3, heads = 4, time = 37;
+  const auto lengths = torch::tensor({37, 20, 1}, torch::kInt64);
+  const auto positions = torch::arange(time, torch::kInt64);
+  const auto causal = positions.unsqueeze(1) >= positions.unsqueeze(0);
+  const auto keep = (causal.unsqueeze(0) & (positions.unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1)).unsqueeze(1);
+  for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    for (const int64_t head_dim : {32, 64, 24}) {  // √d irrational, exact, irrational
+      const auto source = torch::randn({batch, heads, time, time}, dtype) * 4.0;
+      const auto upstream = torch::randn({batch, heads, time, time}, dtype);
+      auto leaf = source.clone().requires_grad_(true);
+      auto twin = source.clone().requires_grad_(true);
+      ASSERT_TRUE(reference::MaskedSoftmaxFused(leaf, keep)) << dtype << " d " << head_dim;
+      const auto fused = reference::MaskedSoftmax(leaf, keep, head_dim);
+      const auto composite = reference::MaskedSoftmaxComposite(twin, keep, head_dim);
+      EXPECT_TRUE(Bitwise(fused, composite)) << dtype << " d " << head_dim;
+      fused.backward(upstream);
+      composite.backward(upstream);
+      EXPECT_TRUE(Bitwise(leaf.grad(), twin.grad())) << dtype << " d " << head_dim;
+      // Not trivially equal: masked weights are 0, the rest sum to 1 per row, gradients are +0
+      // exactly where masked and not all zero elsewhere.
+      EXPECT_EQ(fused.masked_select(keep.logical_not().expand_as(fused)).abs().max().item<double>(), 0.0);
+      EXPECT_TRUE(torch::allclose(fused.sum(-1), torch::ones({batch, heads, time}, dtype)));
+      EXPECT_GT(leaf.grad().masked_select(keep.expand_as(fused)).abs().max().item<double>(), 0.0);
+    }
+  }
+  const auto raw = torch::randn({batch, heads, time, time}, torch::kBFloat16);
+  EXPECT_FALSE(reference::MaskedSoftmaxFused(raw, keep));
+  EXPECT_TRUE(Bitwise(reference::MaskedSoftmax(raw, keep, 32), reference::MaskedSoftmaxComposite(raw, keep, 32)));
+  EXPECT_FALSE(reference::MaskedSoftmaxFused(torch::randn({batch, heads, time, time}).transpose(2, 3), keep));
 }
 
 // The one-pass RMSNorm normalisation runs where the layer's products run on oneDNN, agrees with the
