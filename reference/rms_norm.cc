@@ -2,12 +2,12 @@
 // build rounds each product and sum where the source does.
 #include "reference/rms_norm.h"
 
-#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
 #include <cmath>
 
 #include "reference/linear.h"
+#include "reference/parallel_rows.h"
 
 namespace pipecheck::reference {
 namespace {
@@ -32,16 +32,6 @@ double RowDot(const T* __restrict__ a, const T* __restrict__ b, int64_t length) 
   return sum;
 }
 
-// Every row of `rows` rows of `length` contiguous elements, in parallel as ATen's elementwise
-// kernels split their work (a row is never split).
-template <typename Row>
-void ForEachRow(int64_t rows, int64_t length, const Row& row) {
-  const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(length, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) row(r);
-  });
-}
-
 // y = x · s, s = rsqrt(mean(x²) + eps) per row (rounded to T, and kept in `scale`).
 template <typename T>
 void Normalize(const torch::Tensor& x, double eps, torch::Tensor& y, torch::Tensor& scale) {
@@ -49,7 +39,7 @@ void Normalize(const torch::Tensor& x, double eps, torch::Tensor& y, torch::Tens
   const T* xp = x.data_ptr<T>();
   T* yp = y.data_ptr<T>();
   T* sp = scale.data_ptr<T>();
-  ForEachRow(rows, length, [&](int64_t r) {
+  ParallelRows(rows, length, [&](int64_t r) {
     const T* __restrict__ in = xp + r * length;
     T* __restrict__ out = yp + r * length;
     const double mean = RowDot(in, in, length) / static_cast<double>(length);
@@ -68,7 +58,7 @@ void NormalizeBackward(const torch::Tensor& g, const torch::Tensor& x, const tor
   const T* xp = x.data_ptr<T>();
   const T* sp = scale.data_ptr<T>();
   T* dp = dx.data_ptr<T>();
-  ForEachRow(rows, length, [&](int64_t r) {
+  ParallelRows(rows, length, [&](int64_t r) {
     const T* __restrict__ grad = gp + r * length;
     const T* __restrict__ in = xp + r * length;
     T* __restrict__ out = dp + r * length;

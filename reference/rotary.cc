@@ -3,8 +3,9 @@
 // composite.
 #include "reference/rotary.h"
 
-#include <ATen/Parallel.h>
 #include <torch/autograd.h>
+
+#include "reference/parallel_rows.h"
 
 namespace pipecheck::reference {
 namespace {
@@ -16,19 +17,14 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
 }
 
 // Visits every (batch, head, position) row of a (B, H, T, d) tensor whose last dimension is
-// contiguous, in parallel as ATen's elementwise kernels split their work (by elements, the same
-// grain), handing `row` the element offsets of the row in `a` and in `b` and its position.
+// contiguous, in parallel (ParallelRows), handing `row` the element offsets of the row in `a` and
+// in `b` and its position.
 template <typename Row>
 void ForEachRow(const torch::Tensor& a, const torch::Tensor& b, const Row& row) {
-  const int64_t heads = a.size(1), time = a.size(2), d = a.size(3);
-  const int64_t rows = a.size(0) * heads * time;
-  const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(d, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t t = r % time, h = (r / time) % heads, n = r / (time * heads);
-      row(n * a.stride(0) + h * a.stride(1) + t * a.stride(2), n * b.stride(0) + h * b.stride(1) + t * b.stride(2),
-          t);
-    }
+  const int64_t heads = a.size(1), time = a.size(2);
+  ParallelRows(a.size(0) * heads * time, a.size(3), [&](int64_t r) {
+    const int64_t t = r % time, h = (r / time) % heads, n = r / (time * heads);
+    row(n * a.stride(0) + h * a.stride(1) + t * a.stride(2), n * b.stride(0) + h * b.stride(1) + t * b.stride(2), t);
   });
 }
 

@@ -3,11 +3,12 @@
 #include "reference/score_softmax.h"
 
 #include <ATen/Functions.h>
-#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
 #include <cmath>
 #include <limits>
+
+#include "reference/parallel_rows.h"
 
 namespace pipecheck::reference {
 namespace {
@@ -20,17 +21,13 @@ T Divisor(int64_t head_dim) {
 }
 
 // Every (batch, head, query) row of scores (B, H, T, T), with its row of the (B, 1, T, T) mask, in
-// parallel as ATen's elementwise kernels split their work (a row is never split).
+// parallel (ParallelRows).
 template <typename Row>
 void ForEachRow(const torch::Tensor& scores, const Row& row) {
   const int64_t heads = scores.size(1), time = scores.size(2), length = scores.size(3);
-  const int64_t rows = scores.numel() / std::max<int64_t>(length, 1);
-  const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(length, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t batch = r / (heads * time), query = r % time;
-      row(r * length, (batch * time + query) * length, length);
-    }
+  ParallelRows(scores.size(0) * heads * time, length, [&](int64_t r) {
+    const int64_t batch = r / (heads * time), query = r % time;
+    row(r * length, (batch * time + query) * length, length);
   });
 }
 
