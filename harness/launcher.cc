@@ -361,9 +361,13 @@ double DefaultDeadlineSeconds(const scenarios::Scenario& scenario) {
 
 namespace {
 
+// Gloo's words for a peer that went away: its end closed or reset while this rank read, a write
+// to it refused (EPIPE: pipecheck's ranks ignore SIGPIPE), or an operation on the closed pair.
 bool LostConnection(const std::string& output) {
-  return output.find("Connection closed by peer") != std::string::npos ||
-         output.find("Connection reset by peer") != std::string::npos;
+  for (const char* words : {"Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket closed"}) {
+    if (output.find(words) != std::string::npos) return true;
+  }
+  return false;
 }
 
 std::vector<std::vector<pipeline::FlightEntry>> FlightRecords(const fs::path& directory, size_t ranks) {
@@ -393,11 +397,24 @@ void AttachPartialTimeline(reports::ScenarioReport& report, const std::string& s
   }
 }
 
+// Where a rank's flight record ends: "after ACTION (step S)", "in ACTION (step S)" when that
+// action never ended, "before its first action"; empty without a record.
+std::string WhereItStopped(const std::vector<std::vector<pipeline::FlightEntry>>& records, int rank) {
+  if (records.empty()) return "";
+  const auto& entries = records[static_cast<size_t>(rank)];
+  if (entries.empty()) return "before its first action";
+  const auto& last = entries.back();
+  return fmt::format("{} {} (step {})", last.end_us ? "after" : "in", last.what, last.step);
+}
+
 // One rank failed: its peers usually fail a moment later only because it went away. Wait
 // briefly for them, then blame the rank whose failure is not a lost connection (the lowest
-// such rank), name the others, and end every rank still running.
+// such rank), name the others, and end every rank still running. Where every failure is a lost
+// connection and a rank exited with code 0, that rank is the cause: it left while its peers still
+// needed it (a rank whose data ran out a step early, a trainer's sys.exit(0)), and no crash of
+// its own says so. `flight_records`: the directory of the ranks' flight records (null: none kept).
 reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std::vector<Rank>& ranks,
-                                        bool result_written) {
+                                        bool result_written, const fs::path* flight_records) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   for (auto& rank : ranks) {
     if (rank.running && waitpid(rank.pid, &rank.status, WNOHANG) == rank.pid) rank.running = false;
@@ -418,6 +435,23 @@ reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std
     return !LostConnection(f.second);
   });
   if (blamed == failed.end()) blamed = failed.begin();
+  if (LostConnection(blamed->second)) {
+    const auto left = std::find_if(ranks.begin(), ranks.end(), [](const Rank& r) {
+      return !r.killed_here && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
+    });
+    if (left != ranks.end()) {
+      std::vector<std::string> cut_off;
+      for (const auto& [rank, output] : failed) cut_off.push_back(std::to_string(rank->rank));
+      const std::string where =
+          flight_records ? WhereItStopped(FlightRecords(*flight_records, ranks.size()), left->rank) : "";
+      return FailedScenarioReport(
+          scenario, reports::Status::kError,
+          fmt::format("{} exited with code 0{} while its peers still needed it: rank(s) {} then lost their connection; "
+                      "its last output: {}; {}'s: {}",
+                      ProcessName(scenario, left->rank), where.empty() ? "" : " " + where, fmt::join(cut_off, ", "),
+                      Tail(left->log), ProcessName(scenario, blamed->first->rank), blamed->second));
+    }
+  }
   std::vector<std::string> others;
   for (const auto& [rank, output] : failed) {
     if (rank != blamed->first) others.push_back(std::to_string(rank->rank));
@@ -558,7 +592,7 @@ std::optional<reports::ScenarioReport> Watch(const Group& group, std::vector<Ran
     }
     const bool result_written = !group.result_path.empty() && fs::exists(group.result_path);
     if (std::any_of(ranks.begin(), ranks.end(), [&](const Rank& r) { return Failed(r, result_written); })) {
-      auto report = BlameFailedRank(scenario, ranks, result_written);
+      auto report = BlameFailedRank(scenario, ranks, result_written, group.flight_records ? &group.directory : nullptr);
       if (group.flight_records) AttachPartialTimeline(report, scenario.name, FlightRecords(group.directory, ranks.size()));
       // LibTorch 1.13 says "Address already in use", 2.x "EADDRINUSE ... address already in use".
       port_busy = report.summary.message.find("ddress already in use") != std::string::npos;

@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <unistd.h>
+
 #include "pipeline/stage.h"
 #include "reference/optimizer.h"
 
@@ -210,6 +212,20 @@ class KilledRank : public RankFailure {
     fmt::print(stderr, "fault killed_rank: rank {} gets SIGKILL in step {}\n", context().rank, step);
     std::fflush(stderr);
     raise(SIGKILL);
+  }
+};
+
+// rank_exits_early: the last rank leaves with exit code 0 half-way through step 1, as a rank whose
+// data ran out a step before its peers' does (or a trainer's sys.exit(0) on one rank): no crash,
+// no signal, only its peers' lost connections.
+class RankExitsEarly : public RankFailure {
+ public:
+  using RankFailure::RankFailure;
+  void Fail(int64_t step) const override {
+    fmt::print(stderr, "fault rank_exits_early: rank {} exits with code 0 in step {}\n", context().rank, step);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(0);
   }
 };
 
@@ -903,6 +919,10 @@ constexpr FaultEntry kFaults[] = {
    "", "a baseline comparison of tokens/s: every value stays exact"},
   {"killed_rank", "the last rank gets SIGKILL in the middle of step 1", Make<KilledRank>,
    "^rank 1 was killed by signal 9 \\(Killed\\) from outside pipecheck: the kernel's OOM killer", ""},
+  {"rank_exits_early", "the last rank exits with code 0 in the middle of step 1", Make<RankExitsEarly>,
+   "^rank 1 exited with code 0 after [0-9A-Z_]+ \\(step 1\\) while its peers still needed it: rank\\(s\\) 0 then "
+   "lost their connection; its last output: fault rank_exits_early: rank 1 exits with code 0 in step 1; rank 0's: "
+   "pipecheck worker rank 0: .*Connection (closed|reset) by peer", ""},
   {"dp_sum_not_average", "replicas' gradients summed, not averaged", Make<DpSumNotAverage>,
    "^gradient of .* at step 0 on replica [01] rank [01] \\(stage [01]\\): rel err 1 > tol", ""},
   {"dp_skip_stage", "the last stage's rank skips the data-parallel average", Make<DpSkipStage>,

