@@ -88,6 +88,12 @@ class ReleaseOnceRun : public torch::autograd::FunctionPostHook {
   torch::autograd::Node* node_;  // the hook's owner
 };
 
+}  // namespace
+
+// The weight plan's types have external linkage (only this file defines them): a StepState member
+// holds them, and in a unity build this file is included into another, where a field of an
+// anonymous namespace's type would be a GCC -Wsubobject-linkage error.
+
 // A split backward's W without a second walk down the graph. PyTorch's pipelining does the same
 // (torch/distributed/pipelining/_backward.py calls the nodes "intermediates"): a parameter's
 // gradient paths leave the input's at the last graph nodes that still lead to the input. I
@@ -110,6 +116,8 @@ struct WeightPlan {
   // The nodes W does not run: once I has run, what they saved can go (their gradients are made).
   std::vector<torch::autograd::Node*> spent;
 };
+
+namespace {
 
 WeightPlan PlanWeightGradients(const torch::autograd::edge_list& roots, const torch::autograd::Edge& input,
                                const std::vector<torch::Tensor>& parameters) {

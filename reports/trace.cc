@@ -26,7 +26,8 @@ struct Event {
   std::string Name() const { return stage < 0 ? kind : fmt::format("{}{}{}", stage, kind, microbatch); }
 };
 
-std::string Bytes(const std::optional<int64_t>& bytes) { return bytes ? std::to_string(*bytes) : ""; }
+// A byte count as a trace argument: its digits, or "" where none was measured.
+std::string ByteDigits(const std::optional<int64_t>& bytes) { return bytes ? std::to_string(*bytes) : ""; }
 
 std::vector<Event> EventsOf(const ScenarioReport& report) {
   std::vector<Event> events;
@@ -41,10 +42,10 @@ std::vector<Event> EventsOf(const ScenarioReport& report) {
     e.wait_start = step_start + row.wait_start_us;
     e.start = step_start + row.start_us;
     e.end = step_start + row.end_us;
-    e.held_bytes = Bytes(row.held_bytes);
-    e.held_bytes_predicted = Bytes(row.held_bytes_predicted);
-    e.peak_bytes = Bytes(row.peak_bytes);
-    e.peak_bytes_predicted = Bytes(row.peak_bytes_predicted);
+    e.held_bytes = ByteDigits(row.held_bytes);
+    e.held_bytes_predicted = ByteDigits(row.held_bytes_predicted);
+    e.peak_bytes = ByteDigits(row.peak_bytes);
+    e.peak_bytes_predicted = ByteDigits(row.peak_bytes_predicted);
     events.push_back(e);
   }
   return events;
