@@ -398,10 +398,8 @@ void AttachPartialTimeline(reports::ScenarioReport& report, const std::string& s
 }
 
 // Where a rank's flight record ends: "after ACTION (step S)", "in ACTION (step S)" when that
-// action never ended, "before its first action"; empty without a record.
-std::string WhereItStopped(const std::vector<std::vector<pipeline::FlightEntry>>& records, int rank) {
-  if (records.empty()) return "";
-  const auto& entries = records[static_cast<size_t>(rank)];
+// action never ended, "before its first action".
+std::string WhereItStopped(const std::vector<pipeline::FlightEntry>& entries) {
   if (entries.empty()) return "before its first action";
   const auto& last = entries.back();
   return fmt::format("{} {} (step {})", last.end_us ? "after" : "in", last.what, last.step);
@@ -412,7 +410,9 @@ std::string WhereItStopped(const std::vector<std::vector<pipeline::FlightEntry>>
 // such rank), name the others, and end every rank still running. Where every failure is a lost
 // connection and a rank exited with code 0, that rank is the cause: it left while its peers still
 // needed it (a rank whose data ran out a step early, a trainer's sys.exit(0)), and no crash of
-// its own says so. `flight_records`: the directory of the ranks' flight records (null: none kept).
+// its own says so. `flight_records`: the directory of the ranks' flight records (null: none
+// kept), read once every rank has ended: where the clean exit stopped, and the partial timeline
+// the report carries.
 reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std::vector<Rank>& ranks,
                                         bool result_written, const fs::path* flight_records) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -420,6 +420,8 @@ reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std
     if (rank.running && waitpid(rank.pid, &rank.status, WNOHANG) == rank.pid) rank.running = false;
   }
   KillAndReap(ranks);
+  const auto records = flight_records ? FlightRecords(*flight_records, ranks.size())
+                                      : std::vector<std::vector<pipeline::FlightEntry>>();
   // Ranks that failed on their own, not by the SIGKILL this launcher sent, with what they said.
   // A rank killed from outside is blamed first: its peers only lost their connection to it.
   std::vector<std::pair<const Rank*, std::string>> failed;
@@ -435,32 +437,33 @@ reports::ScenarioReport BlameFailedRank(const scenarios::Scenario& scenario, std
     return !LostConnection(f.second);
   });
   if (blamed == failed.end()) blamed = failed.begin();
-  if (LostConnection(blamed->second)) {
-    const auto left = std::find_if(ranks.begin(), ranks.end(), [](const Rank& r) {
-      return !r.killed_here && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
-    });
-    if (left != ranks.end()) {
-      std::vector<std::string> cut_off;
-      for (const auto& [rank, output] : failed) cut_off.push_back(std::to_string(rank->rank));
-      const std::string where =
-          flight_records ? WhereItStopped(FlightRecords(*flight_records, ranks.size()), left->rank) : "";
-      return FailedScenarioReport(
-          scenario, reports::Status::kError,
-          fmt::format("{} exited with code 0{} while its peers still needed it: rank(s) {} then lost their connection; "
-                      "its last output: {}; {}'s: {}",
-                      ProcessName(scenario, left->rank), where.empty() ? "" : " " + where, fmt::join(cut_off, ", "),
-                      Tail(left->log), ProcessName(scenario, blamed->first->rank), blamed->second));
+  // The rank that exited cleanly, where the blamed rank only lost its connection.
+  const auto exited_cleanly = [](const Rank& r) {
+    return !r.killed_here && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
+  };
+  const auto left =
+      LostConnection(blamed->second) ? std::find_if(ranks.begin(), ranks.end(), exited_cleanly) : ranks.end();
+  std::string message;
+  if (left != ranks.end()) {
+    std::vector<std::string> cut_off;
+    for (const auto& [rank, output] : failed) cut_off.push_back(std::to_string(rank->rank));
+    message = fmt::format(
+        "{} exited with code 0{} while its peers still needed it: rank(s) {} then lost their connection; "
+        "its last output: {}; {}'s: {}",
+        ProcessName(scenario, left->rank), records.empty() ? "" : " " + WhereItStopped(records[left->rank]),
+        fmt::join(cut_off, ", "), Tail(left->log), ProcessName(scenario, blamed->first->rank), blamed->second);
+  } else {
+    std::vector<std::string> others;
+    for (const auto& [rank, output] : failed) {
+      if (rank != blamed->first) others.push_back(std::to_string(rank->rank));
     }
+    message = fmt::format("{} {}; its last output: {}{}", ProcessName(scenario, blamed->first->rank),
+                          HowItEnded(blamed->first->status), blamed->second,
+                          others.empty() ? "" : fmt::format(" (then rank(s) {} failed too)", fmt::join(others, ", ")));
   }
-  std::vector<std::string> others;
-  for (const auto& [rank, output] : failed) {
-    if (rank != blamed->first) others.push_back(std::to_string(rank->rank));
-  }
-  return FailedScenarioReport(
-      scenario, reports::Status::kError,
-      fmt::format("{} {}; its last output: {}{}", ProcessName(scenario, blamed->first->rank),
-                  HowItEnded(blamed->first->status), blamed->second,
-                  others.empty() ? "" : fmt::format(" (then rank(s) {} failed too)", fmt::join(others, ", "))));
+  auto report = FailedScenarioReport(scenario, reports::Status::kError, message);
+  if (flight_records) AttachPartialTimeline(report, scenario.name, records);
+  return report;
 }
 
 // What shows a phase's processes are alive and working: CPU time used, flight records and logs
@@ -593,7 +596,6 @@ std::optional<reports::ScenarioReport> Watch(const Group& group, std::vector<Ran
     const bool result_written = !group.result_path.empty() && fs::exists(group.result_path);
     if (std::any_of(ranks.begin(), ranks.end(), [&](const Rank& r) { return Failed(r, result_written); })) {
       auto report = BlameFailedRank(scenario, ranks, result_written, group.flight_records ? &group.directory : nullptr);
-      if (group.flight_records) AttachPartialTimeline(report, scenario.name, FlightRecords(group.directory, ranks.size()));
       // LibTorch 1.13 says "Address already in use", 2.x "EADDRINUSE ... address already in use".
       port_busy = report.summary.message.find("ddress already in use") != std::string::npos;
       return report;
