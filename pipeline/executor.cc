@@ -17,6 +17,7 @@
 
 #include "pipeline/message.h"
 #include "reference/device.h"
+#include "reference/linear.h"
 #include "reference/loss.h"
 #include "reference/model.h"
 
@@ -457,7 +458,10 @@ void Executor::Backward(const Action& action, StepState& state) {
   const int s = action.stage, mb = action.microbatch;
   observer_.BeforeBackward(owned_parameters_);
   const BackwardRoot start = TakeBackwardRoot(action, state);
-  if (!start.passthrough) BackwardFrom(start.root, start.gradient, start.aux);
+  if (!start.passthrough) {
+    const reference::FusedWeightGradients fused;  // into .grad, as this backward accumulates there
+    BackwardFrom(start.root, start.gradient, start.aux);
+  }
   AfterParameterGradients(action);
   if (s == 0) return;
   auto input = Waiting(state.inputs, {s, mb}, "input", transport_.rank());
@@ -524,6 +528,7 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
   observer_.BeforeBackward(owned_parameters_);
   const torch::nn::Module& module = *StageAt(stages_, s, transport_.rank()).module;
   const auto before = tensors_.BeforeWeightGradient(module);
+  const reference::FusedWeightGradients fused;  // W accumulates into .grad: its products may add there
   if (pending.plan.ok) {
     // From where I captured each group's gradients, towards the group's parameters alone; the
     // groups' walks share no node, so each frees what its nodes saved, and its captured

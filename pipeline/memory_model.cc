@@ -30,6 +30,11 @@ struct Sizes {
   int64_t router = 4;  // a mixture of experts' router element (reference::RouterDtype)
   bool adamw = true;
   bool projections_on_onednn = false;  // the (h, h) projections run oneDNN's product (reference/linear.h)
+  // A later backward adds the weight gradient of a layer on oneDNN into .grad in place
+  // (reference::FusedWeightGradients): no fresh gradient for the MLP's (h, ffn) weights, the
+  // (h, h) projections' (projections_on_onednn) or the head's (h, vocab) projection.
+  bool mlp_fused = false;
+  bool head_fused = false;
   // Every layer's attention saves the stage's one (b, 1, t, t) keep mask, not a negated copy of
   // its own (reference/score_softmax.h).
   bool mask_shared = false;
@@ -46,6 +51,10 @@ Sizes SizesOf(const PipelineConfig& config) {
   sizes.adamw = config.train.optimizer.kind == reference::OptimizerKind::kAdamW;
   sizes.projections_on_onednn = reference::LinearOnOneDnn(config.train.dtype, config.train.device,
                                                           sizes.model.hidden, sizes.model.hidden);
+  sizes.mlp_fused = reference::LinearOnOneDnn(config.train.dtype, config.train.device, sizes.model.hidden,
+                                              sizes.model.FfnSize());
+  sizes.head_fused = reference::LinearOnOneDnn(config.train.dtype, config.train.device, sizes.model.hidden,
+                                               sizes.model.vocab);
   sizes.mask_shared = reference::MaskedSoftmaxFusedFor(config.train.dtype, config.train.device);
   return sizes;
 }
@@ -225,10 +234,11 @@ int64_t SplitWeightTransient(const Sizes& z, const reference::SliceSpec& slice, 
                              bool creates) {
   const int64_t n = b * t, h = z.model.hidden, vocab = z.model.vocab, moment = n * h * z.e;
   const bool tied_head = slice.has_head && z.model.tied;
+  const bool head_fresh = creates || !z.head_fused;  // a later W adds a fused head's gradient in place
   int64_t running = 0, bytes = 0;  // made less freed so far; the most above where W began
   const auto reach = [&](int64_t transient) { bytes = std::max(bytes, running + transient); };
   if (tied_head) {
-    reach(vocab * h * z.e);
+    if (head_fresh) reach(vocab * h * z.e);
     running += (creates ? vocab * h * z.e : 0) - n * vocab * z.e;  // the logits' gradient goes
   }
   for (int64_t layer = slice.first_layer; layer < slice.end_layer; ++layer) {
@@ -239,7 +249,7 @@ int64_t SplitWeightTransient(const Sizes& z, const reference::SliceSpec& slice, 
   if (slice.has_head) {
     reach(moment);  // the final norm's
     running += (creates ? (z.model.HeadParameterCount() - vocab * h) * z.e : 0) - 2 * n * h * z.e;
-    if (!tied_head) reach(vocab * h * z.e);
+    if (!tied_head && head_fresh) reach(vocab * h * z.e);
   }
   return bytes;
 }
@@ -316,7 +326,8 @@ enum class Pass { kFull, kInput, kWeight };
 // head's saved tensors before the layers, the last layer's SavedAfterScores before its scores.
 // `accumulates`: the parameters' gradients exist already (a later backward, in their own dtype),
 // so each fresh one is a temporary beside the activation gradients of its op until it is added
-// in place: the largest weight of each part counts once. Otherwise (a first backward; under
+// in place: the largest weight of each part counts once; a layer on oneDNN adds its product
+// straight into .grad (Sizes::mlp_fused, projections_on_onednn, head_fused): none. Otherwise (a first backward; under
 // bfloat16 every backward, before the fp32 sums) each gradient B or W makes stays, so the
 // gradients made so far stand beside each op's: the head's at the last layer's MLP, which holds
 // its second weight's beside one ffn-sized gradient (two for llama's gated product; the gradient
@@ -332,6 +343,7 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
   const bool llama = IsLlama(z), keeps_graph = pass == Pass::kInput;
   const bool creates = !keeps_graph && !accumulates;  // gradients made now stay until the step ends
   const int64_t fresh = accumulates ? z.e : 0;       // per element of a fresh parameter gradient
+  const int64_t fresh_mlp = z.mlp_fused ? 0 : fresh, fresh_attention = z.projections_on_onednn ? 0 : fresh;
   const int64_t layers = slice.end_layer - slice.first_layer;
   int64_t bytes = 0;
   if (layers > 0) {
@@ -345,10 +357,10 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
     const int64_t at_mlp =
         keeps_graph ? 2 * n * f * z.e + residual
         : creates   ? head_grads - head + residual + h * f * z.e + (llama ? 2 : 1) * n * f * z.e
-        : llama     ? residual - head + std::max(fresh * h * f + n * f * z.e, 2 * n * f * z.e)
-                    : residual - head + fresh * h * f + n * f * z.e;
+        : llama     ? residual - head + std::max(fresh_mlp * h * f + n * f * z.e, 2 * n * f * z.e)
+                    : residual - head + fresh_mlp * h * f + n * f * z.e;
     const int64_t mlp_freed = keeps_graph ? 0 : LayerSavedAfterScores(z, slice, b, t, tokens);
-    const int64_t attention_weight = creates ? head_grads + (mlp_params + h * h) * z.e : fresh * h * h;
+    const int64_t attention_weight = creates ? head_grads + (mlp_params + h * h) * z.e : fresh_attention * h * h;
     const int64_t at_scores = 2 * scores + 2 * n * h * z.e - mlp_freed - head + attention_weight;
     bytes = std::max({int64_t{0}, at_mlp, at_scores});
     if (creates) {
@@ -373,7 +385,8 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
     // projection's were not seen there.
     const int64_t logits = 2 * z.loss * n * vocab;
     const int64_t norm_made = creates ? (z.model.HeadParameterCount() - vocab * h) * z.e : 0;
-    const int64_t projection = (keeps_graph ? 0 : vocab * h * z.e) + n * h * z.e;
+    const bool projection_fresh = !keeps_graph && !(accumulates && z.head_fused);  // made, or added to .grad
+    const int64_t projection = (projection_fresh ? vocab * h * z.e : 0) + n * h * z.e;
     const int64_t norm = pass == Pass::kInput ? 5 * z.s * n * h
                          : pass == Pass::kFull
                              ? norm_made + (z.e != z.s ? 4 : 3) * z.s * n * h

@@ -3,6 +3,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cstdlib>
 #include <optional>
@@ -66,6 +67,26 @@ torch::Tensor OneDnnProduct(const torch::Tensor& x, const torch::Tensor& weight,
   return TheChoice().onednn->call(x, weight, b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
+// How many FusedWeightGradients guards are alive on this thread.
+thread_local int fused_weight_gradients = 0;
+
+// The weight's .grad, where this backward may add its gradient into it in place: a fusion guard is
+// alive, gradients are not being differentiated (AccumulateGrad, too, adds in place only then,
+// whoever else holds the .grad), the weight is a parameter (a leaf) with no tensor hook, and its
+// gradient exists, dense and contiguous, of the weight's own shape and dtype. Returns nullptr where
+// AccumulateGrad has to do it.
+torch::Tensor* FusableGradient(const torch::Tensor& weight) {
+  if (fused_weight_gradients == 0 || torch::GradMode::is_enabled()) return nullptr;  // create_graph: no
+  if (!weight.is_leaf() || !weight.requires_grad() || !torch::autograd::impl::hooks(weight).empty()) return nullptr;
+  auto& gradient = weight.mutable_grad();
+  if (!gradient.defined() || gradient.is_sparse() || !gradient.is_contiguous() ||
+      gradient.scalar_type() != weight.scalar_type() || gradient.device() != weight.device() ||
+      gradient.sizes() != weight.sizes()) {
+    return nullptr;
+  }
+  return &gradient;
+}
+
 // Autograd for one layer's product (an undefined tensor cannot be a custom function's input, so
 // the layers with a bias and those without are two functions, sharing `Backward`).
 torch::autograd::variable_list Backward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gradient,
@@ -82,7 +103,15 @@ torch::autograd::variable_list Backward(torch::autograd::AutogradContext* ctx, c
     // dW = dyᵀ · x on ATen, as ATen's own linear makes it for a row-major weight (mm_mat2_backward:
     // straight into the weight's layout, so the gradient is kept without a copy).
     // oneDNN's inner product would need dyᵀ as a contiguous copy.
-    if (ctx->needs_input_grad(1)) weight_gradient = flat.t().mm(x.reshape({-1, x.size(-1)}));
+    // Under a FusedWeightGradients guard, a later backward of the step adds dyᵀ · x into the
+    // gradient the first one made (one product with beta = 1) and hands autograd none to add.
+    if (ctx->needs_input_grad(1)) {
+      if (torch::Tensor* sum = FusableGradient(weight)) {
+        sum->addmm_(flat.t(), x.reshape({-1, x.size(-1)}));
+      } else {
+        weight_gradient = flat.t().mm(x.reshape({-1, x.size(-1)}));
+      }
+    }
     if (wants_bias) bias_gradient = flat.sum(0);
   }
   if (!bias) return {x_gradient, weight_gradient};
@@ -140,5 +169,9 @@ torch::Tensor Linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
 }
 
 std::string CpuGemmName() { return TheChoice().name; }
+
+FusedWeightGradients::FusedWeightGradients() { ++fused_weight_gradients; }
+
+FusedWeightGradients::~FusedWeightGradients() { --fused_weight_gradients; }
 
 }  // namespace pipecheck::reference

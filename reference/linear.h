@@ -38,6 +38,24 @@ bool LinearOnOneDnn(torch::Dtype dtype, torch::Device device, int64_t in, int64_
 // A torch::nn::Linear's parameters through Linear.
 torch::Tensor Linear(const torch::nn::Linear& layer, const torch::Tensor& x);
 
+// Gradient-accumulation fusion (Megatron's gradient_accumulation_fusion, here on the CPU): while
+// one is alive on a thread, a backward that thread runs through Linear's oneDNN layers adds each
+// weight's gradient straight into the weight's existing .grad (dW += dyᵀ · x, one product with
+// beta = 1) and hands autograd none for it, where the unfused layer makes dyᵀ · x and AccumulateGrad
+// then adds it: one pass over each weight's gradient fewer and no temporary, for each backward of
+// a step after its first (the first makes .grad as before). Only where that backward accumulates
+// into .grad anyway: a backward that captures gradients (accumulate_grad false, autograd::grad)
+// must not run under one. As with AccumulateGrad, whoever else holds the .grad sees the sum (it
+// adds in place too, outside create_graph); weights with a tensor hook fall back to it. The sum is rounded once per product instead of once per product and once
+// per addition, so it differs from the unfused sum by rounding.
+class FusedWeightGradients {
+ public:
+  FusedWeightGradients();
+  ~FusedWeightGradients();
+  FusedWeightGradients(const FusedWeightGradients&) = delete;
+  FusedWeightGradients& operator=(const FusedWeightGradients&) = delete;
+};
+
 // "onednn" or "aten": the float32 CPU product in effect. Throws (naming the variable and its value)
 // when PIPECHECK_CPU_GEMM is set to anything else, or to onednn where this LibTorch lacks it.
 std::string CpuGemmName();

@@ -11,6 +11,7 @@
 
 #include "reference/device.h"
 #include "reference/host_memory.h"
+#include "reference/linear.h"
 #include "reference/loss.h"
 
 namespace pipecheck::reference {
@@ -160,7 +161,10 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const LossOf
     loss = loss + aux.to(loss.scalar_type());
   }
   phases_.Mark("loss");
-  loss.backward();
+  {
+    const FusedWeightGradients fused;  // a later microbatch adds its weight gradients in place
+    loss.backward();
+  }
   phases_.Mark("backward");
   return loss.detach();
 }

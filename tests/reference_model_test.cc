@@ -5,6 +5,8 @@
 #include <torch/autograd.h>
 #include <torch/utils.h>
 
+#include <optional>
+
 #include "reference/init.h"
 #include "reference/linear.h"
 #include "reference/loss.h"
@@ -397,6 +399,75 @@ TEST(Linear, MakesOnlyTheGradientsAskedFor) {
   EXPECT_TRUE(torch::allclose(only_x[0], upstream.matmul(weight.detach()), 1e-4, 1e-4));
   EXPECT_TRUE(torch::allclose(only_w[0], upstream.reshape({-1, 1024}).t().mm(x.detach().reshape({-1, 512})), 1e-4,
                               1e-4));
+}
+
+// Gradient-accumulation fusion: under a FusedWeightGradients guard a second backward adds its
+// weight gradient into the existing .grad in place, making no weight-sized temporary (1.4 MB here
+// against the input gradient's 11 KB: the meter sees the difference), and the sum is the float64
+// sum within float32 rounding, as without a guard, where the layer hands its gradient to
+// AccumulateGrad; a .grad someone else holds gets the sum either way (AccumulateGrad, too, adds in
+// place), and a weight with a tensor hook is left to AccumulateGrad, the hook seeing its gradient.
+TEST(Linear, FusedWeightGradientsAddInPlaceWithoutATemporary) {
+  if (!reference::LinearOnOneDnn(torch::kFloat32, torch::kCPU, 684, 512)) {
+    GTEST_SKIP() << "this process runs ATen's product (PIPECHECK_CPU_GEMM=aten or no oneDNN): no fusion there";
+  }
+  reference::StartMemoryMeter();
+  torch::manual_seed(17);
+  const auto weight = torch::randn({512, 684}, torch::kFloat32).requires_grad_(true);
+  const auto x1 = torch::randn({1, 4, 684}, torch::kFloat32), x2 = torch::randn({1, 4, 684}, torch::kFloat32);
+  const auto g1 = torch::randn({1, 4, 512}, torch::kFloat32), g2 = torch::randn({1, 4, 512}, torch::kFloat32);
+  const auto product = [](const torch::Tensor& g, const torch::Tensor& x) {
+    return g.reshape({-1, 512}).t().to(torch::kFloat64).mm(x.reshape({-1, 684}).to(torch::kFloat64));
+  };
+  const auto want = product(g1, x1) + product(g2, x2);
+  const auto scale = product(g1.abs(), x1.abs()) + product(g2.abs(), x2.abs());
+  const auto weight_sized = static_cast<int64_t>(weight.numel() * sizeof(float));
+  for (const bool fused : {false, true}) {
+    weight.mutable_grad() = torch::Tensor();
+    reference::Linear(x1, weight).backward(g1);  // the first backward makes .grad either way
+    const void* first = weight.grad().data_ptr();
+    auto y = reference::Linear(x2, weight);
+    const int64_t before = reference::LiveTensorBytes();
+    reference::ResetPeakTensorBytes();
+    {
+      std::optional<reference::FusedWeightGradients> guard;
+      if (fused) guard.emplace();
+      y.backward(g2);
+    }
+    const int64_t transient = reference::PeakTensorBytes() - before;
+    if (fused) {
+      EXPECT_LT(transient, weight_sized / 4) << "a fused backward made a weight-sized gradient";
+    } else {
+      EXPECT_GE(transient, weight_sized) << "the unfused backward made no weight gradient for AccumulateGrad";
+    }
+    EXPECT_EQ(weight.grad().data_ptr(), first) << "fused " << fused;
+    EXPECT_TRUE(((weight.grad().to(torch::kFloat64) - want).abs() <= scale * (8 * 1.2e-7) + 1e-30).all().item<bool>())
+        << "fused " << fused;
+  }
+  // Someone holds the gradient: it is the weight's, and gets the sum in place, fused or not.
+  weight.mutable_grad() = torch::Tensor();
+  reference::Linear(x1, weight).backward(g1);
+  const auto held = weight.grad();
+  {
+    const reference::FusedWeightGradients guard;
+    reference::Linear(x2, weight).backward(g2);
+  }
+  EXPECT_TRUE(held.is_same(weight.grad()));
+  EXPECT_TRUE(((held.to(torch::kFloat64) - want).abs() <= scale * (8 * 1.2e-7) + 1e-30).all().item<bool>());
+  // A hook on the weight sees the second backward's own gradient: that one is not fused.
+  weight.mutable_grad() = torch::Tensor();
+  reference::Linear(x1, weight).backward(g1);
+  torch::Tensor seen;
+  weight.register_hook([&seen](const torch::Tensor& gradient) { seen = gradient.clone(); });
+  {
+    const reference::FusedWeightGradients guard;
+    reference::Linear(x2, weight).backward(g2);
+  }
+  ASSERT_TRUE(seen.defined()) << "the hook saw no gradient: the fused layer bypassed it";
+  EXPECT_TRUE(((seen.to(torch::kFloat64) - product(g2, x2)).abs() <= product(g2.abs(), x2.abs()) * (8 * 1.2e-7) + 1e-30)
+                  .all()
+                  .item<bool>());
+  EXPECT_TRUE(((weight.grad().to(torch::kFloat64) - want).abs() <= scale * (8 * 1.2e-7) + 1e-30).all().item<bool>());
 }
 
 // The one-pass rotary embedding is the composite's result bit for bit, forward and backward, in
