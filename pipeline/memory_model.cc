@@ -29,12 +29,12 @@ struct Sizes {
   int64_t grad = 4;  // an accumulated gradient element (fp32 sums under reduced precision)
   int64_t router = 4;  // a mixture of experts' router element (reference::RouterDtype)
   bool adamw = true;
-  bool projections_on_onednn = false;  // the (h, h) projections run oneDNN's product (reference/linear.h)
-  // A later backward adds the weight gradient of a layer on oneDNN into .grad in place
-  // (reference::FusedWeightGradients): no fresh gradient for the MLP's (h, ffn) weights, the
-  // (h, h) projections' (projections_on_onednn) or the head's (h, vocab) projection.
-  bool mlp_fused = false;
-  bool head_fused = false;
+  // Which products run on oneDNN (reference/linear.h): the (h, h) projections, the MLP's (h, ffn)
+  // weights, the head's (h, vocab). A later backward adds such a layer's weight gradient into
+  // .grad in place (reference::FusedWeightGradients): no fresh gradient for it.
+  bool projections_on_onednn = false;
+  bool mlp_on_onednn = false;
+  bool head_on_onednn = false;
   // Every layer's attention saves the stage's one (b, 1, t, t) keep mask, not a negated copy of
   // its own (reference/score_softmax.h).
   bool mask_shared = false;
@@ -51,10 +51,10 @@ Sizes SizesOf(const PipelineConfig& config) {
   sizes.adamw = config.train.optimizer.kind == reference::OptimizerKind::kAdamW;
   sizes.projections_on_onednn = reference::LinearOnOneDnn(config.train.dtype, config.train.device,
                                                           sizes.model.hidden, sizes.model.hidden);
-  sizes.mlp_fused = reference::LinearOnOneDnn(config.train.dtype, config.train.device, sizes.model.hidden,
-                                              sizes.model.FfnSize());
-  sizes.head_fused = reference::LinearOnOneDnn(config.train.dtype, config.train.device, sizes.model.hidden,
-                                               sizes.model.vocab);
+  sizes.mlp_on_onednn = reference::LinearOnOneDnn(config.train.dtype, config.train.device, sizes.model.hidden,
+                                                  sizes.model.FfnSize());
+  sizes.head_on_onednn = reference::LinearOnOneDnn(config.train.dtype, config.train.device, sizes.model.hidden,
+                                                   sizes.model.vocab);
   sizes.mask_shared = reference::MaskedSoftmaxFusedFor(config.train.dtype, config.train.device);
   return sizes;
 }
@@ -234,7 +234,7 @@ int64_t SplitWeightTransient(const Sizes& z, const reference::SliceSpec& slice, 
                              bool creates) {
   const int64_t n = b * t, h = z.model.hidden, vocab = z.model.vocab, moment = n * h * z.e;
   const bool tied_head = slice.has_head && z.model.tied;
-  const bool head_fresh = creates || !z.head_fused;  // a later W adds a fused head's gradient in place
+  const bool head_fresh = creates || !z.head_on_onednn;  // a later W adds a oneDNN head's gradient in place
   int64_t running = 0, bytes = 0;  // made less freed so far; the most above where W began
   const auto reach = [&](int64_t transient) { bytes = std::max(bytes, running + transient); };
   if (tied_head) {
@@ -327,14 +327,14 @@ enum class Pass { kFull, kInput, kWeight };
 // `accumulates`: the parameters' gradients exist already (a later backward, in their own dtype),
 // so each fresh one is a temporary beside the activation gradients of its op until it is added
 // in place: the largest weight of each part counts once; a layer on oneDNN adds its product
-// straight into .grad (Sizes::mlp_fused, projections_on_onednn, head_fused): none. Otherwise (a first backward; under
-// bfloat16 every backward, before the fp32 sums) each gradient B or W makes stays, so the
-// gradients made so far stand beside each op's: the head's at the last layer's MLP, which holds
-// its second weight's beside one ffn-sized gradient (two for llama's gated product; the gradient
-// of gpt2's GELU replaces its input's, freed, where an I keeps both), and the MLP's and the
-// attention's at the attention's end, where what the MLP saved is gone. A stage of many layers
-// whose gradients outweigh what each layer saved (few tokens beside a wide hidden) grows layer
-// by layer and peaks at its first layer.
+// straight into .grad (Sizes::projections_on_onednn, mlp_on_onednn, head_on_onednn): none.
+// Otherwise (a first backward; under bfloat16 every backward, before the fp32 sums) each gradient
+// B or W makes stays, so the gradients made so far stand beside each op's: the head's at the last
+// layer's MLP, which holds its second weight's beside one ffn-sized gradient (two for llama's gated
+// product; the gradient of gpt2's GELU replaces its input's, freed, where an I keeps both), and the
+// MLP's and the attention's at the attention's end, where what the MLP saved is gone. A stage of
+// many layers whose gradients outweigh what each layer saved (few tokens beside a wide hidden)
+// grows layer by layer and peaks at its first layer.
 // The embedding table's gradient comes last, once the layers' saved tensors (`retained`, all
 // this microbatch keeps on the stage) are released.
 int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int64_t b, int64_t t, int64_t tokens, Pass pass,
@@ -343,7 +343,7 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
   const bool llama = IsLlama(z), keeps_graph = pass == Pass::kInput;
   const bool creates = !keeps_graph && !accumulates;  // gradients made now stay until the step ends
   const int64_t fresh = accumulates ? z.e : 0;       // per element of a fresh parameter gradient
-  const int64_t fresh_mlp = z.mlp_fused ? 0 : fresh, fresh_attention = z.projections_on_onednn ? 0 : fresh;
+  const int64_t fresh_mlp = z.mlp_on_onednn ? 0 : fresh, fresh_attention = z.projections_on_onednn ? 0 : fresh;
   const int64_t layers = slice.end_layer - slice.first_layer;
   int64_t bytes = 0;
   if (layers > 0) {
@@ -385,7 +385,7 @@ int64_t BackwardTransient(const Sizes& z, const reference::SliceSpec& slice, int
     // projection's were not seen there.
     const int64_t logits = 2 * z.loss * n * vocab;
     const int64_t norm_made = creates ? (z.model.HeadParameterCount() - vocab * h) * z.e : 0;
-    const bool projection_fresh = !keeps_graph && !(accumulates && z.head_fused);  // made, or added to .grad
+    const bool projection_fresh = !keeps_graph && !(accumulates && z.head_on_onednn);  // made, or added to .grad
     const int64_t projection = (projection_fresh ? vocab * h * z.e : 0) + n * h * z.e;
     const int64_t norm = pass == Pass::kInput ? 5 * z.s * n * h
                          : pass == Pass::kFull

@@ -46,8 +46,9 @@ torch::Tensor Linear(const torch::nn::Linear& layer, const torch::Tensor& x);
 // a step after its first (the first makes .grad as before). Only where that backward accumulates
 // into .grad anyway: a backward that captures gradients (accumulate_grad false, autograd::grad)
 // must not run under one. As with AccumulateGrad, whoever else holds the .grad sees the sum (it
-// adds in place too, outside create_graph); weights with a tensor hook fall back to it. The sum is rounded once per product instead of once per product and once
-// per addition, so it differs from the unfused sum by rounding.
+// adds in place too, outside create_graph); weights with a tensor hook fall back to it. The product
+// adds into .grad inside its kernel, so the sum may differ from the unfused one by rounding where
+// the kernel splits the token dimension (at 256 tokens a microbatch it was the same bit for bit).
 class FusedWeightGradients {
  public:
   FusedWeightGradients();

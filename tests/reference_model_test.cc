@@ -322,6 +322,13 @@ TEST(Trainer, Bfloat16StepStaysCloseToFloat64OrSaysWhyNot) {
 namespace pipecheck {
 namespace {
 
+// |error| of a float32 dot product of length K: at most K · eps · Σ|terms| (loose by far in
+// practice); 8 · eps · Σ|terms| leaves room for any blocking and rejects any wrong term. `want` and
+// `scale` (Σ|terms| per element) in float64.
+bool WithinFloat32Rounding(const torch::Tensor& got, const torch::Tensor& want, const torch::Tensor& scale) {
+  return ((got.to(torch::kFloat64) - want).abs() <= scale * (8 * 1.2e-7) + 1e-30).all().item<bool>();
+}
+
 // The linear layers' product (reference/linear.h), whichever kernel this process runs: the forward
 // and the three gradients against float64's, within float32 rounding of a length-K dot product.
 TEST(Linear, ProductAndGradientsAreFloat32RoundingOfFloat64s) {
@@ -339,21 +346,16 @@ TEST(Linear, ProductAndGradientsAreFloat32RoundingOfFloat64s) {
     auto b64 = with_bias ? bias.detach().to(torch::kFloat64).requires_grad_(true) : torch::Tensor();
     auto y64 = torch::nn::functional::linear(x64, w64, b64);
     y64.backward(upstream.to(torch::kFloat64));
-    // |error| of a float32 dot product of length K: at most K · eps · Σ|terms| (loose by far in
-    // practice); 8 · eps · Σ|terms| leaves room for any blocking and rejects any wrong term.
-    auto within = [](const torch::Tensor& got, const torch::Tensor& want, const torch::Tensor& scale) {
-      return ((got.to(torch::kFloat64) - want).abs() <= scale * (8 * 1.2e-7) + 1e-30).all().item<bool>();
-    };
     auto y_scale = torch::nn::functional::linear(x64.detach().abs(), w64.detach().abs(),
                                                  with_bias ? b64.detach().abs() : torch::Tensor());
-    EXPECT_TRUE(within(y, y64.detach(), y_scale)) << "bias " << with_bias;
+    EXPECT_TRUE(WithinFloat32Rounding(y, y64.detach(), y_scale)) << "bias " << with_bias;
     const auto g = upstream.to(torch::kFloat64).abs();
-    EXPECT_TRUE(within(x.grad(), x64.grad(), g.matmul(w64.detach().abs()))) << "bias " << with_bias;
-    EXPECT_TRUE(within(weight.grad(), w64.grad(),
+    EXPECT_TRUE(WithinFloat32Rounding(x.grad(), x64.grad(), g.matmul(w64.detach().abs()))) << "bias " << with_bias;
+    EXPECT_TRUE(WithinFloat32Rounding(weight.grad(), w64.grad(),
                        g.reshape({-1, 160}).t().matmul(x64.detach().abs().reshape({-1, 128}))))
         << "bias " << with_bias;
     if (with_bias) {
-      EXPECT_TRUE(within(bias.grad(), b64.grad(), g.reshape({-1, 160}).sum(0)));
+      EXPECT_TRUE(WithinFloat32Rounding(bias.grad(), b64.grad(), g.reshape({-1, 160}).sum(0)));
     }
   }
 }
@@ -441,8 +443,7 @@ TEST(Linear, FusedWeightGradientsAddInPlaceWithoutATemporary) {
       EXPECT_GE(transient, weight_sized) << "the unfused backward made no weight gradient for AccumulateGrad";
     }
     EXPECT_EQ(weight.grad().data_ptr(), first) << "fused " << fused;
-    EXPECT_TRUE(((weight.grad().to(torch::kFloat64) - want).abs() <= scale * (8 * 1.2e-7) + 1e-30).all().item<bool>())
-        << "fused " << fused;
+    EXPECT_TRUE(WithinFloat32Rounding(weight.grad(), want, scale)) << "fused " << fused;
   }
   // Someone holds the gradient: it is the weight's, and gets the sum in place, fused or not.
   weight.mutable_grad() = torch::Tensor();
@@ -453,7 +454,7 @@ TEST(Linear, FusedWeightGradientsAddInPlaceWithoutATemporary) {
     reference::Linear(x2, weight).backward(g2);
   }
   EXPECT_TRUE(held.is_same(weight.grad()));
-  EXPECT_TRUE(((held.to(torch::kFloat64) - want).abs() <= scale * (8 * 1.2e-7) + 1e-30).all().item<bool>());
+  EXPECT_TRUE(WithinFloat32Rounding(held, want, scale));
   // A hook on the weight sees the second backward's own gradient: that one is not fused.
   weight.mutable_grad() = torch::Tensor();
   reference::Linear(x1, weight).backward(g1);
@@ -464,10 +465,8 @@ TEST(Linear, FusedWeightGradientsAddInPlaceWithoutATemporary) {
     reference::Linear(x2, weight).backward(g2);
   }
   ASSERT_TRUE(seen.defined()) << "the hook saw no gradient: the fused layer bypassed it";
-  EXPECT_TRUE(((seen.to(torch::kFloat64) - product(g2, x2)).abs() <= product(g2.abs(), x2.abs()) * (8 * 1.2e-7) + 1e-30)
-                  .all()
-                  .item<bool>());
-  EXPECT_TRUE(((weight.grad().to(torch::kFloat64) - want).abs() <= scale * (8 * 1.2e-7) + 1e-30).all().item<bool>());
+  EXPECT_TRUE(WithinFloat32Rounding(seen, product(g2, x2), product(g2.abs(), x2.abs())));
+  EXPECT_TRUE(WithinFloat32Rounding(weight.grad(), want, scale));
 }
 
 // The one-pass rotary embedding is the composite's result bit for bit, forward and backward, in
