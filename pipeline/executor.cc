@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "pipeline/message.h"
+#include "reference/attention_core.h"
 #include "reference/device.h"
 #include "reference/linear.h"
 #include "reference/loss.h"
@@ -460,6 +461,7 @@ void Executor::Backward(const Action& action, StepState& state) {
   const BackwardRoot start = TakeBackwardRoot(action, state);
   if (!start.passthrough) {
     const reference::FusedWeightGradients fused;  // into .grad, as this backward accumulates there
+    const reference::SingleWalkBackward once;     // the graph goes with it
     BackwardFrom(start.root, start.gradient, start.aux);
   }
   AfterParameterGradients(action);
@@ -494,8 +496,13 @@ void Executor::BackwardInput(const Action& action, StepState& state) {
     for (auto* node : plan.spent) node->add_post_hook(std::make_unique<ReleaseOnceRun>(node));
     torch::autograd::edge_list outputs{input_edge};
     for (const auto& group : plan.groups) outputs.insert(outputs.end(), group.roots.begin(), group.roots.end());
+    // With a plan, W walks from the nodes where the weights' paths leave the input's, never again
+    // down the input's side: what I passes there is walked once. Without one, W walks it all again.
+    std::optional<reference::SingleWalkBackward> once;
+    if (plan.ok) once.emplace();
     const auto gradients = BackwardFrom(start.root, start.gradient, start.aux, outputs, /*keep_graph=*/true,
                                         /*accumulate_grad=*/false);
+    once.reset();
     gradient = gradients[0];
     size_t next = 1;
     for (auto& group : plan.groups) {
@@ -555,6 +562,7 @@ void Executor::BackwardWeight(const Action& action, StepState& state) {
     for (const auto& parameter : module.parameters()) {
       if (parameter.requires_grad()) parameter_edges.push_back(torch::autograd::impl::gradient_edge(parameter));
     }
+    const reference::SingleWalkBackward once;  // the graph goes with this walk
     BackwardFrom(pending.root, pending.gradient, pending.aux, parameter_edges);
   }
   tensors_.AfterWeightGradient(module, before);

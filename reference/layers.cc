@@ -8,10 +8,9 @@
 #include <vector>
 
 #include "reference/device.h"
+#include "reference/attention_core.h"
 #include "reference/linear.h"
 #include "reference/rms_norm.h"
-#include "reference/rotary.h"
-#include "reference/score_softmax.h"
 
 namespace pipecheck::reference {
 namespace {
@@ -128,32 +127,15 @@ AttentionImpl::AttentionImpl(const ModelConfig& config) : config_(config) {
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionContext& context) {
-  const int64_t batch = x.size(0), time = x.size(1);
-  const int64_t heads = config_.heads, kv_heads = config_.KvHeads(), head_dim = config_.HeadDim();
-  auto split_heads = [&](const torch::Tensor& t, int64_t count) {  // (B, T, n·d) -> (B, n, T, d)
-    return t.view({batch, time, count, head_dim}).transpose(1, 2);
-  };
-  auto q = split_heads(Linear(wq_, x), heads);
-  auto k = split_heads(Linear(wk_, x), kv_heads);
-  auto v = split_heads(Linear(wv_, x), kv_heads);
-  if (config_.flavor == Flavor::kLlama) {
-    q = Rotary(q, context.cos, context.sin);
-    k = Rotary(k, context.cos, context.sin);
-  }
-  if (kv_heads != heads) {
-    // Grouped-query attention: query head h attends with key/value head h / (heads / kv_heads),
-    // each key/value head repeated for its group (Hugging Face's repeat_kv).
-    const int64_t group = heads / kv_heads;
-    auto repeat = [&](const torch::Tensor& t) {  // (B, KV, T, d) -> (B, KV·group, T, d)
-      return t.unsqueeze(2).expand({batch, kv_heads, group, time, head_dim}).reshape({batch, heads, time, head_dim});
-    };
-    k = repeat(k);
-    v = repeat(v);
-  }
-  // softmax(masked(q·kᵀ / √head_dim)), the scaling and the mask in one pass (score_softmax.h).
-  auto weights = MaskedSoftmax(torch::matmul(q, k.transpose(-2, -1)), context.keep, head_dim);  // (B, H, T, T)
-  auto mixed = torch::matmul(weights, v);                               // (B, H, T, head_dim)
-  return Linear(wo_, mixed.transpose(1, 2).reshape({batch, time, config_.hidden}));  // (B, T, C)
+  const bool llama = config_.flavor == Flavor::kLlama;
+  // The projections in this order (their nodes' order is the backward's), then what lies between
+  // them and the output projection, one node where it can be (attention_core.h).
+  auto q = Linear(wq_, x);
+  auto k = Linear(wk_, x);
+  auto v = Linear(wv_, x);
+  auto mixed = AttentionCore(q, k, v, context.keep, llama ? context.cos : torch::Tensor(),
+                             llama ? context.sin : torch::Tensor(), config_.heads, config_.KvHeads());
+  return Linear(wo_, mixed);  // (B, T, C)
 }
 
 FeedForwardImpl::FeedForwardImpl(const ModelConfig& config) : FeedForwardImpl(config, config.FfnSize()) {}

@@ -99,9 +99,7 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list gradients) {
     const auto saved = ctx->get_saved_variables();
-    auto dy = gradients[0];
-    if (dy.stride(3) != 1) dy = dy.contiguous();
-    return {Rotated<true>(dy, saved[0], saved[1]), torch::Tensor(), torch::Tensor()};
+    return {RotaryKernel(gradients[0], saved[0], saved[1], /*transpose=*/true), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -115,6 +113,11 @@ bool RotaryFused(const torch::Tensor& x, const torch::Tensor& cos, const torch::
 
 torch::Tensor RotaryComposite(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   return x * cos + RotateHalf(x) * sin;
+}
+
+torch::Tensor RotaryKernel(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool transpose) {
+  if (!transpose) return Rotated<false>(x, cos, sin);
+  return Rotated<true>(x.stride(3) == 1 ? x : x.contiguous(), cos, sin);
 }
 
 torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {

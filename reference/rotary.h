@@ -32,4 +32,9 @@ torch::Tensor RotaryComposite(const torch::Tensor& x, const torch::Tensor& cos, 
 // Whether `Rotary` runs its own kernel for these operands (else the composite).
 bool RotaryFused(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
+// `Rotary`'s kernel outside autograd, for a caller that differentiates it itself (the fused
+// attention, attention_core.h), where `RotaryFused(x, cos, sin)` holds: the rotation, or with
+// `transpose` its transpose (the backward's, which takes any strides of x).
+torch::Tensor RotaryKernel(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool transpose);
+
 }  // namespace pipecheck::reference

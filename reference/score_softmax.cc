@@ -62,11 +62,7 @@ class MaskedSoftmaxFunction : public torch::autograd::Function<MaskedSoftmaxFunc
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& raw,
                                const torch::Tensor& keep, int64_t head_dim) {
-    auto weights = at::empty_like(raw, at::MemoryFormat::Contiguous);
-    AT_DISPATCH_FLOATING_TYPES(raw.scalar_type(), "MaskedSoftmax", [&] {
-      ScaleAndMask<scalar_t>(raw, keep, Divisor<scalar_t>(head_dim), weights);
-    });
-    at::_softmax_out(weights, weights, -1, /*half_to_float=*/false);  // in place, elementwise
+    auto weights = MaskedSoftmaxForward(raw, keep, head_dim);
     ctx->save_for_backward({weights, keep});
     ctx->saved_data["head_dim"] = head_dim;
     return weights;
@@ -78,12 +74,7 @@ class MaskedSoftmaxFunction : public torch::autograd::Function<MaskedSoftmaxFunc
     const auto& weights = saved[0];
     const auto& keep = saved[1];
     const int64_t head_dim = ctx->saved_data["head_dim"].toInt();
-    auto g = at::_softmax_backward_data(gradients[0], weights, -1, weights.scalar_type());
-    if (!g.is_contiguous()) g = g.contiguous();
-    AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "MaskedSoftmaxBackward", [&] {
-      MaskAndScaleGradient<scalar_t>(g, keep, Divisor<scalar_t>(head_dim));
-    });
-    return {g, torch::Tensor(), torch::Tensor()};
+    return {MaskedSoftmaxBackward(gradients[0], weights, keep, head_dim), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -99,6 +90,25 @@ bool MaskedSoftmaxFused(const torch::Tensor& raw, const torch::Tensor& keep) {
   return keep.scalar_type() == torch::kBool && keep.device() == raw.device() && keep.dim() == 4 &&
          keep.is_contiguous() && keep.size(0) == raw.size(0) && keep.size(1) == 1 &&
          keep.size(2) == raw.size(2) && keep.size(3) == raw.size(3);
+}
+
+torch::Tensor MaskedSoftmaxForward(const torch::Tensor& raw, const torch::Tensor& keep, int64_t head_dim) {
+  auto weights = at::empty_like(raw, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES(raw.scalar_type(), "MaskedSoftmax", [&] {
+    ScaleAndMask<scalar_t>(raw, keep, Divisor<scalar_t>(head_dim), weights);
+  });
+  at::_softmax_out(weights, weights, -1, /*half_to_float=*/false);  // in place, elementwise
+  return weights;
+}
+
+torch::Tensor MaskedSoftmaxBackward(const torch::Tensor& gradient, const torch::Tensor& weights,
+                                    const torch::Tensor& keep, int64_t head_dim) {
+  auto g = at::_softmax_backward_data(gradient, weights, -1, weights.scalar_type());
+  if (!g.is_contiguous()) g = g.contiguous();
+  AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "MaskedSoftmaxBackward", [&] {
+    MaskAndScaleGradient<scalar_t>(g, keep, Divisor<scalar_t>(head_dim));
+  });
+  return g;
 }
 
 torch::Tensor MaskedSoftmaxComposite(const torch::Tensor& raw, const torch::Tensor& keep, int64_t head_dim) {

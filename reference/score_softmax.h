@@ -41,4 +41,11 @@ bool MaskedSoftmaxFusedFor(torch::Dtype dtype, torch::Device device);
 // Whether `MaskedSoftmax` runs its own kernel for these operands (else the composite).
 bool MaskedSoftmaxFused(const torch::Tensor& raw, const torch::Tensor& keep);
 
+// `MaskedSoftmax`'s kernels outside autograd, for a caller that differentiates them itself (the
+// fused attention, attention_core.h), where `MaskedSoftmaxFused(raw, keep)` holds: the weights,
+// and the raw scores' gradient from the weights' (any strides).
+torch::Tensor MaskedSoftmaxForward(const torch::Tensor& raw, const torch::Tensor& keep, int64_t head_dim);
+torch::Tensor MaskedSoftmaxBackward(const torch::Tensor& gradient, const torch::Tensor& weights,
+                                    const torch::Tensor& keep, int64_t head_dim);
+
 }  // namespace pipecheck::reference

@@ -9,6 +9,7 @@
 #include <limits>
 #include <utility>
 
+#include "reference/attention_core.h"
 #include "reference/device.h"
 #include "reference/host_memory.h"
 #include "reference/linear.h"
@@ -163,6 +164,7 @@ torch::Tensor ReferenceTrainer::ForwardBackward(const Batch& batch, const LossOf
   phases_.Mark("loss");
   {
     const FusedWeightGradients fused;  // a later microbatch adds its weight gradients in place
+    const SingleWalkBackward once;     // the graph goes with this backward
     loss.backward();
   }
   phases_.Mark("backward");

@@ -7,6 +7,7 @@
 
 #include <optional>
 
+#include "reference/attention_core.h"
 #include "reference/init.h"
 #include "reference/linear.h"
 #include "reference/loss.h"
@@ -550,6 +551,91 @@ TEST(MaskedSoftmax, IsTheCompositeBitForBit) {
   EXPECT_FALSE(reference::MaskedSoftmaxFused(raw, keep));
   EXPECT_TRUE(Bitwise(reference::MaskedSoftmax(raw, keep, 32), reference::MaskedSoftmaxComposite(raw, keep, 32)));
   EXPECT_FALSE(reference::MaskedSoftmaxFused(torch::randn({batch, heads, time, time}).transpose(2, 3), keep));
+}
+
+// The attention between its projections as two nodes is the composite's result bit for bit,
+// forward and backward (every projection's gradient, freeing as it goes or not), in float32 and
+// float64, for llama (rotary), llama with grouped-query attention (two key/value heads for eight)
+// and gpt2 (no rotary), with a causal mask and padded sequences, and runs as its two nodes there (a
+// fallback would pass unseen); bfloat16 and a mask of another shape take the composite.
+TEST(AttentionCore, TwoNodesAreTheCompositeBitForBit) {
+  torch::manual_seed(23);
+  const int64_t batch = 3, time = 19, d = 16;
+  const auto lengths = torch::tensor({19, 11, 1}, torch::kInt64);
+  const auto positions = torch::arange(time, torch::kInt64);
+  const auto causal = positions.unsqueeze(1) >= positions.unsqueeze(0);
+  const auto keep = (causal.unsqueeze(0) & (positions.unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1)).unsqueeze(1);
+  struct Case {
+    const char* name;
+    int64_t heads, kv_heads;
+    bool rotary;
+  };
+  for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    const auto angles = torch::outer(torch::arange(time, torch::kFloat64), torch::rand({d / 2}, torch::kFloat64));
+    const auto table = torch::cat({angles, angles}, -1);
+    const auto cos = table.cos().to(dtype), sin = table.sin().to(dtype);
+    for (const Case& c : {Case{"llama", 4, 4, true}, Case{"llama gqa", 8, 2, true}, Case{"gpt2", 4, 4, false}}) {
+      const auto what = ::testing::Message() << dtype << " " << c.name;
+      const torch::Tensor c_cos = c.rotary ? cos : torch::Tensor(), c_sin = c.rotary ? sin : torch::Tensor();
+      std::vector<torch::Tensor> sources{torch::randn({batch, time, c.heads * d}, dtype),
+                                         torch::randn({batch, time, c.kv_heads * d}, dtype),
+                                         torch::randn({batch, time, c.kv_heads * d}, dtype)};
+      const auto upstream = torch::randn({batch, time, c.heads * d}, dtype);
+      std::vector<torch::Tensor> fused_in, composite_in;
+      for (const auto& source : sources) {
+        fused_in.push_back(source.clone().requires_grad_(true));
+        composite_in.push_back(source.clone().requires_grad_(true));
+      }
+      ASSERT_TRUE(reference::AttentionCoreFused(fused_in[0], fused_in[1], fused_in[2], keep, c_cos, c_sin, c.heads,
+                                                c.kv_heads))
+          << what;
+      const auto fused = reference::AttentionCore(fused_in[0], fused_in[1], fused_in[2], keep, c_cos, c_sin, c.heads,
+                                                  c.kv_heads);
+      const auto composite = reference::AttentionCoreComposite(composite_in[0], composite_in[1], composite_in[2], keep,
+                                                               c_cos, c_sin, c.heads, c.kv_heads);
+      // Two nodes: the mix's leads to the scores' and to v; the scores' to q and k.
+      const auto& scores = fused.grad_fn()->next_edge(0).function;
+      EXPECT_EQ(fused.grad_fn()->next_edge(1).function, torch::autograd::impl::gradient_edge(fused_in[2]).function)
+          << what;
+      for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(scores->next_edge(i).function, torch::autograd::impl::gradient_edge(fused_in[i]).function)
+            << what << " input " << i;
+      }
+      EXPECT_TRUE(fused.is_contiguous()) << what;
+      EXPECT_TRUE(Bitwise(fused, composite)) << what;
+      {
+        const reference::SingleWalkBackward once;
+        fused.backward(upstream);
+      }
+      composite.backward(upstream);
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(Bitwise(fused_in[i].grad(), composite_in[i].grad())) << what << " input " << i;
+        EXPECT_GT(fused_in[i].grad().abs().max().item<double>(), 0.0) << what << " input " << i;
+      }
+      // Without the guard a graph may be walked again (its saved tensors stay to the end); with
+      // it, a second walk is refused rather than computed from nothing.
+      std::vector<torch::Tensor> again;
+      for (const auto& source : sources) again.push_back(source.clone().requires_grad_(true));
+      const auto twice = reference::AttentionCore(again[0], again[1], again[2], keep, c_cos, c_sin, c.heads,
+                                                  c.kv_heads);
+      twice.backward(upstream, /*retain_graph=*/true);
+      twice.backward(upstream);
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(Bitwise(again[i].grad(), composite_in[i].grad() * 2)) << what << " input " << i;
+      }
+      const auto refused = reference::AttentionCore(again[0], again[1], again[2], keep, c_cos, c_sin, c.heads,
+                                                    c.kv_heads);
+      const reference::SingleWalkBackward once;
+      refused.backward(upstream, /*retain_graph=*/true);
+      EXPECT_THROW(refused.backward(upstream), c10::Error) << what;
+    }
+  }
+  const auto q = torch::randn({batch, time, 4 * d}, torch::kBFloat16);
+  EXPECT_FALSE(reference::AttentionCoreFused(q, q, q, keep, torch::Tensor(), torch::Tensor(), 4, 4));
+  EXPECT_TRUE(Bitwise(reference::AttentionCore(q, q, q, keep, torch::Tensor(), torch::Tensor(), 4, 4),
+                      reference::AttentionCoreComposite(q, q, q, keep, torch::Tensor(), torch::Tensor(), 4, 4)));
+  const auto f = q.to(torch::kFloat32);
+  EXPECT_FALSE(reference::AttentionCoreFused(f, f, f, keep.narrow(0, 0, 1), torch::Tensor(), torch::Tensor(), 4, 4));
 }
 
 // The one-pass RMSNorm normalisation runs where the layer's products run on oneDNN, agrees with the
