@@ -6,6 +6,7 @@
 #include <torch/utils.h>
 
 #include <optional>
+#include <vector>
 
 #include "reference/attention_core.h"
 #include "reference/init.h"
@@ -516,6 +517,15 @@ bool Bitwise(const torch::Tensor& a, const torch::Tensor& b) {
   return torch::equal(a.contiguous().view(bits), b.contiguous().view(bits));
 }
 
+// The attention's (B, 1, T, T) keep mask for sequences of these lengths: causal, and no key past a
+// sequence's length.
+torch::Tensor CausalKeep(int64_t time, const std::vector<int64_t>& lengths) {
+  const auto positions = torch::arange(time, torch::kInt64);
+  const auto causal = positions.unsqueeze(1) >= positions.unsqueeze(0);
+  const auto valid = positions.unsqueeze(0) < torch::tensor(lengths, torch::kInt64).unsqueeze(1);
+  return (causal.unsqueeze(0) & valid.unsqueeze(1)).unsqueeze(1);
+}
+
 // The attention's masked, scaled softmax in one pass each way is the composite's result bit for
 // bit, forward and backward, in float32 and float64, with a causal mask and padded sequences (the
 // mask's rows differ by sequence), and runs its own kernel there (a fallback would pass unseen);
@@ -523,10 +533,7 @@ bool Bitwise(const torch::Tensor& a, const torch::Tensor& b) {
 TEST(MaskedSoftmax, IsTheCompositeBitForBit) {
   torch::manual_seed(19);
   const int64_t batch = 3, heads = 4, time = 37;
-  const auto lengths = torch::tensor({37, 20, 1}, torch::kInt64);
-  const auto positions = torch::arange(time, torch::kInt64);
-  const auto causal = positions.unsqueeze(1) >= positions.unsqueeze(0);
-  const auto keep = (causal.unsqueeze(0) & (positions.unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1)).unsqueeze(1);
+  const auto keep = CausalKeep(time, {37, 20, 1});
   for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
     for (const int64_t head_dim : {32, 64, 24}) {  // √d irrational, exact, irrational
       const auto source = torch::randn({batch, heads, time, time}, dtype) * 4.0;
@@ -561,10 +568,7 @@ TEST(MaskedSoftmax, IsTheCompositeBitForBit) {
 TEST(AttentionCore, TwoNodesAreTheCompositeBitForBit) {
   torch::manual_seed(23);
   const int64_t batch = 3, time = 19, d = 16;
-  const auto lengths = torch::tensor({19, 11, 1}, torch::kInt64);
-  const auto positions = torch::arange(time, torch::kInt64);
-  const auto causal = positions.unsqueeze(1) >= positions.unsqueeze(0);
-  const auto keep = (causal.unsqueeze(0) & (positions.unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1)).unsqueeze(1);
+  const auto keep = CausalKeep(time, {19, 11, 1});
   struct Case {
     const char* name;
     int64_t heads, kv_heads;
