@@ -70,7 +70,7 @@ test: build
 
 # The GoogleTest unit suites (no ranks), for the builds that run them apart from CTest: the
 # sanitizer build and the oldest PyTorch's (whose ranks run in the core suite after them).
-UNIT_TESTS := 'MaskedSoftmax.*:Rotary.*:RmsNorm.*:Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*:MemorySizing.*'
+UNIT_TESTS := 'MaskedSoftmax.*:AttentionCore.*:Linear.*:Rotary.*:RmsNorm.*:Action.*:Interleaved.*:ZeroBubble*:DualPipeV.*:InvarianceMatrix.*:PublishedMakespan.*:ScheduleCsv.*:Schedule.*:Simulator.*:DeviceStreams.*:Compare*:BaselineGate.*:NoiseAwareBaseline.*:ParseCsv.*:JUnit.*:Markdown.*:Reports.*:Csv.*:ScenarioLoader.*:Partition*:FlightRecorder.*:ReferenceModel*:ReferenceGradient*:MemorySizing.*'
 
 # The other end of the supported range: PyTorch 2.11 (requirements-oldest.txt) in its own
 # environment and build directory, then the unit tests, the default suite and PyTorch's pipelining

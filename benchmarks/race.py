@@ -6,9 +6,10 @@ twin `NAME`, alternated over rounds (the order of the contenders rotates every r
 noisy machine's drift falls on each in turn), every run judged by pipecheck against the reference
 (a run that does not PASS ends the race). Prints, per twin and rival, the median tokens/s and peak
 tensor bytes of each with their ranges over the rounds, and the ratios of medians (pipecheck over
-the rival); pipecheck's tokens/s over its one-thread reference's (measured in the same run); and
-where each contender's step went, by kind of work (ranks.csv: pipecheck's timeline, or the
-trainer's own "actions_ms"). Every trainer is measured the same way: a step lasts as long as the
+the rival); pipecheck's tokens/s over its one-thread reference's (measured in the same run), beside
+the reference's own rate over the rounds (the same work each round: how far the host's speed
+moved); and where each contender's step went, by kind of work (ranks.csv: pipecheck's timeline, or
+the trainer's own "actions_ms"). Every trainer is measured the same way: a step lasts as long as the
 slowest rank's, tokens/s is over the median step after the warm-up, peak bytes are the counting
 allocator's (CPU) or the CUDA caching allocator's, largest over the ranks.
 
@@ -127,11 +128,17 @@ def main():
                      ) if our_peak and their_peak else "- | - | -"
             print(f"| {name} | {rival} | {spread(ours, lambda v: f'{v:.0f}')} | {spread(theirs, lambda v: f'{v:.0f}')} | "
                   f"{statistics.median(ours) / statistics.median(theirs):.2f} | {peaks} |")
-    print("\npipecheck over its one-thread reference, tokens/s (the same run's; median (min-max) over the rounds)\n")
+    # The reference does the same work in every round of a row, so its rate's spread is how far the
+    # host's own speed moved over the race: a ratio nearer a target than that is within the noise.
+    print("\npipecheck over its one-thread reference, tokens/s (the same run's; median (min-max) over the rounds), "
+          "and the reference's own tokens/s: the same work each round, so its spread is the host's drift\n")
     for name in rivals:
+        references = [run.reference for run in results[name]["pipecheck"] if run.reference]
         ratios = [run.rate / run.reference for run in results[name]["pipecheck"] if run.reference]
         if ratios:
-            print(f"- {name}: {spread(ratios, lambda v: f'{v:.2f}')}")
+            drift = (max(references) - min(references)) / statistics.median(references)
+            print(f"- {name}: {spread(ratios, lambda v: f'{v:.2f}')}; the reference "
+                  f"{spread(references, lambda v: f'{v:.0f}')} tokens/s, a spread of {drift:.1%}")
     # Where each contender's step went: ranks.csv's kinds of work, ms a step (the mean over the
     # ranks), the median over the rounds; a trainer that reports no account of its own shows '-'.
     print("\nms a step by kind of work (mean over the ranks, median over the rounds): F forwards with their loss, "
