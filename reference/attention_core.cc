@@ -184,21 +184,11 @@ bool AttentionCoreFused(const torch::Tensor& q, const torch::Tensor& k, const to
   const int64_t batch = q.size(0), time = q.size(1), d = q.size(2) / heads;
   if (k.size(0) != batch || v.size(0) != batch || k.size(1) != time || v.size(1) != time) return false;
   if (k.size(2) != kv_heads * d || v.size(2) != kv_heads * d) return false;
-  // The softmax's kernel's mask (MaskedSoftmaxFused on the scores this makes).
-  if (keep.scalar_type() != torch::kBool || keep.device() != q.device() || keep.dim() != 4 || !keep.is_contiguous() ||
-      keep.size(0) != batch || keep.size(1) != 1 || keep.size(2) != time || keep.size(3) != time) {
-    return false;
-  }
+  if (!MaskedSoftmaxMaskFits(keep, q.device(), batch, time, time)) return false;  // the scores' mask
   if (!cos.defined() && !sin.defined()) return true;
-  // The rotary kernel's tables (RotaryFused on the heads' views).
-  if (!cos.defined() || !sin.defined() || d % 2 != 0 || cos.requires_grad() || sin.requires_grad()) return false;
-  for (const auto* table : {&cos, &sin}) {
-    if (table->scalar_type() != dtype || table->device() != q.device() || table->dim() != 2 ||
-        table->size(0) != time || table->size(1) != d || !table->is_contiguous()) {
-      return false;
-    }
-  }
-  return true;
+  // The rotary kernel, on the heads' views it rotates (their tables on the same device).
+  if (!cos.defined() || !sin.defined() || cos.device() != q.device() || sin.device() != q.device()) return false;
+  return RotaryFused(SplitHeads(q, heads), cos, sin) && RotaryFused(SplitHeads(k, kv_heads), cos, sin);
 }
 
 torch::Tensor AttentionCore(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -84,12 +84,16 @@ bool MaskedSoftmaxFusedFor(torch::Dtype dtype, torch::Device device) {
   return device.is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kFloat64);
 }
 
+bool MaskedSoftmaxMaskFits(const torch::Tensor& keep, torch::Device device, int64_t batch, int64_t rows,
+                           int64_t columns) {
+  return keep.scalar_type() == torch::kBool && keep.device() == device && keep.dim() == 4 && keep.is_contiguous() &&
+         keep.size(0) == batch && keep.size(1) == 1 && keep.size(2) == rows && keep.size(3) == columns;
+}
+
 bool MaskedSoftmaxFused(const torch::Tensor& raw, const torch::Tensor& keep) {
   if (!MaskedSoftmaxFusedFor(raw.scalar_type(), raw.device())) return false;
   if (raw.dim() != 4 || !raw.is_contiguous() || raw.numel() == 0) return false;
-  return keep.scalar_type() == torch::kBool && keep.device() == raw.device() && keep.dim() == 4 &&
-         keep.is_contiguous() && keep.size(0) == raw.size(0) && keep.size(1) == 1 &&
-         keep.size(2) == raw.size(2) && keep.size(3) == raw.size(3);
+  return MaskedSoftmaxMaskFits(keep, raw.device(), raw.size(0), raw.size(2), raw.size(3));
 }
 
 torch::Tensor MaskedSoftmaxForward(const torch::Tensor& raw, const torch::Tensor& keep, int64_t head_dim) {

@@ -41,6 +41,11 @@ bool MaskedSoftmaxFusedFor(torch::Dtype dtype, torch::Device device);
 // Whether `MaskedSoftmax` runs its own kernel for these operands (else the composite).
 bool MaskedSoftmaxFused(const torch::Tensor& raw, const torch::Tensor& keep);
 
+// Whether its kernel takes `keep` as the mask of (batch, ·, rows, columns) scores on `device`: the
+// mask half of `MaskedSoftmaxFused`, for a caller that has not made the scores yet.
+bool MaskedSoftmaxMaskFits(const torch::Tensor& keep, torch::Device device, int64_t batch, int64_t rows,
+                           int64_t columns);
+
 // `MaskedSoftmax`'s kernels outside autograd, for a caller that differentiates them itself (the
 // fused attention, attention_core.h), where `MaskedSoftmaxFused(raw, keep)` holds: the weights,
 // and the raw scores' gradient from the weights' (any strides).
