@@ -186,8 +186,8 @@ bool AttentionCoreFused(const torch::Tensor& q, const torch::Tensor& k, const to
   if (k.size(2) != kv_heads * d || v.size(2) != kv_heads * d) return false;
   if (!MaskedSoftmaxMaskFits(keep, q.device(), batch, time, time)) return false;  // the scores' mask
   if (!cos.defined() && !sin.defined()) return true;
-  // The rotary kernel, on the heads' views it rotates (their tables on the same device).
-  if (!cos.defined() || !sin.defined() || cos.device() != q.device() || sin.device() != q.device()) return false;
+  // The rotary kernel, on the heads' views it rotates.
+  if (!cos.defined() || !sin.defined()) return false;
   return RotaryFused(SplitHeads(q, heads), cos, sin) && RotaryFused(SplitHeads(k, kv_heads), cos, sin);
 }
 

@@ -58,11 +58,12 @@ void Rotate(const torch::Tensor& in, const torch::Tensor& cos, const torch::Tens
   });
 }
 
-// Rows whose head_dim is contiguous and even, tables (time, head_dim) contiguous, one dtype.
+// Rows whose head_dim is contiguous and even, tables (time, head_dim) contiguous on x's device, one dtype.
 bool Fits(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   if (x.dim() != 4 || x.size(3) % 2 != 0 || x.stride(3) != 1) return false;
   const auto dtype = x.scalar_type();
   if (cos.scalar_type() != dtype || sin.scalar_type() != dtype) return false;
+  if (cos.device() != x.device() || sin.device() != x.device()) return false;  // the kernel reads them beside x
   for (const auto* table : {&cos, &sin}) {
     if (table->dim() != 2 || table->size(0) != x.size(2) || table->size(1) != x.size(3) || !table->is_contiguous()) {
       return false;
