@@ -6,9 +6,9 @@ twin `NAME`, alternated over rounds (the order of the contenders rotates every r
 noisy machine's drift falls on each in turn), every run judged by pipecheck against the reference
 (a run that does not PASS ends the race). Prints, per twin and rival, the median tokens/s and peak
 tensor bytes of each with their ranges over the rounds, and the ratios of medians (pipecheck over
-the rival); pipecheck's tokens/s over its one-thread reference's (measured in the same run), beside
-the reference's own rate over the rounds (the same work each round: how far the host's speed
-moved); and where each contender's step went, by kind of work (ranks.csv: pipecheck's timeline, or
+the rival); pipecheck's tokens/s over its one-thread reference's (measured in the same run: the
+median of the rounds' ratios, each round's, and the ratio of the medians), beside the reference's
+own rate over the rounds (the same work each round: how far the host's speed moved); and where each contender's step went, by kind of work (ranks.csv: pipecheck's timeline, or
 the trainer's own "actions_ms"). Every trainer is measured the same way: a step lasts as long as the
 slowest rank's, tokens/s is over the median step after the warm-up, peak bytes are the counting
 allocator's (CPU) or the CUDA caching allocator's, largest over the ranks.
@@ -130,15 +130,22 @@ def main():
                   f"{statistics.median(ours) / statistics.median(theirs):.2f} | {peaks} |")
     # The reference does the same work in every round of a row, so its rate's spread is how far the
     # host's own speed moved over the race: a ratio nearer a target than that is within the noise.
-    print("\npipecheck over its one-thread reference, tokens/s (the same run's; median (min-max) over the rounds), "
-          "and the reference's own tokens/s: the same work each round, so its spread is the host's drift\n")
+    # Two estimates side by side: the median of each round's own ratio (a round's pipeline and
+    # reference ran minutes apart at most), and the ratio of the two medians; where a drifting host
+    # sets them apart, neither alone is the figure.
+    print("\npipecheck over its one-thread reference, tokens/s (the same run's; median (min-max) over the rounds, "
+          "each round's, and the ratio of the two medians), and the reference's own tokens/s: the same work each "
+          "round, so its spread is the host's drift\n")
     for name in rivals:
-        references = [run.reference for run in results[name]["pipecheck"] if run.reference]
-        ratios = [run.rate / run.reference for run in results[name]["pipecheck"] if run.reference]
+        paired = [run for run in results[name]["pipecheck"] if run.reference]
+        references = [run.reference for run in paired]
+        ratios = [run.rate / run.reference for run in paired]
         if ratios:
             drift = (max(references) - min(references)) / statistics.median(references)
-            print(f"- {name}: {spread(ratios, lambda v: f'{v:.2f}')}; the reference "
-                  f"{spread(references, lambda v: f'{v:.0f}')} tokens/s, a spread of {drift:.1%}")
+            of_medians = statistics.median(run.rate for run in paired) / statistics.median(references)
+            print(f"- {name}: {spread(ratios, lambda v: f'{v:.2f}')}, rounds "
+                  f"{', '.join(f'{v:.2f}' for v in ratios)}, the ratio of the medians {of_medians:.2f}; "
+                  f"the reference {spread(references, lambda v: f'{v:.0f}')} tokens/s, a spread of {drift:.1%}")
     # Where each contender's step went: ranks.csv's kinds of work, ms a step (the mean over the
     # ranks), the median over the rounds; a trainer that reports no account of its own shows '-'.
     print("\nms a step by kind of work (mean over the ranks, median over the rounds): F forwards with their loss, "
