@@ -8,8 +8,9 @@ noisy machine's drift falls on each in turn), every run judged by pipecheck agai
 tensor bytes of each with their ranges over the rounds, and the ratios of medians (pipecheck over
 the rival); pipecheck's tokens/s over its one-thread reference's (measured in the same run: the
 median of the rounds' ratios, each round's, and the ratio of the medians), beside the reference's
-own rate over the rounds (the same work each round: how far the host's speed moved); and where each contender's step went, by kind of work (ranks.csv: pipecheck's timeline, or
-the trainer's own "actions_ms"). Every trainer is measured the same way: a step lasts as long as the
+own rate over the rounds (the same work each round: how far the host's speed moved); and where
+each contender's step went, by kind of work (ranks.csv: pipecheck's timeline, or the trainer's
+own "actions_ms"). Every trainer is measured the same way: a step lasts as long as the
 slowest rank's, tokens/s is over the median step after the warm-up, peak bytes are the counting
 allocator's (CPU) or the CUDA caching allocator's, largest over the ranks.
 
