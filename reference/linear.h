@@ -1,9 +1,10 @@
 // The model's linear layers, y = x · Wᵀ (+ b), with the float32 CPU product on oneDNN's inner
 // product where LibTorch has it (its mkldnn::_linear_pointwise), else ATen's.
 //
-// Why: ATen's float32 CPU matmul is MKL's sgemm, which on an AMD CPU with AVX-512 (the 2-core
-// EPYC this project's figures come from) runs its AVX2 kernels: 108 GFLOP/s on one thread against
-// oneDNN's 224 on the model's shapes, and these products are three quarters of a step. oneDNN's
+// Why: ATen's float32 CPU matmul is MKL's sgemm, which on an AMD CPU with AVX-512 runs its AVX2
+// kernels: 108 GFLOP/s on one thread against oneDNN's 224 on the model's shapes on a Zen 5 EPYC,
+// and these products are three quarters of a step (on a Zen 4 EPYC, whose AVX-512 runs on 256-bit
+// halves, both reach the core's peak, 87-104 against 113: docs/measurements.md). oneDNN's
 // product is plain float32 (no reduced-precision math mode is set), deterministic, and a row of
 // its result does not depend on the other rows of the batch, so a microbatch's rows come out as
 // the whole batch's do, as with MKL.
