@@ -419,6 +419,35 @@ Schedule MakeSchedule(const std::string& name, const PipelineShape& shape) {
   throw ScheduleError(fmt::format("unknown schedule '{}': expected one of {}", name, fmt::join(ScheduleNames(), ", ")));
 }
 
+Schedule SplitDrainBackwards(const Schedule& schedule) {
+  Schedule split = schedule;
+  const PipelineShape& shape = schedule.shape;
+  for (auto& actions : split.ranks) {
+    std::map<int, size_t> last;  // stage -> index of its last backward, B or I
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const Action& a = actions[i];
+      if ((a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) && a.stage > 0 &&
+          shape.RankOfStage(a.stage - 1) != shape.RankOfStage(a.stage)) {
+        last[a.stage] = i;
+      }
+    }
+    std::vector<size_t> at;  // the last backwards still whole, with a forward just before them
+    for (const auto& [stage, index] : last) {
+      if (actions[index].kind != ActionKind::kBackward) continue;
+      size_t before = index;
+      while (before > 0 && !actions[before - 1].IsCompute()) --before;
+      if (before > 0 && actions[before - 1].kind == ActionKind::kForward) at.push_back(index);
+    }
+    std::sort(at.rbegin(), at.rend());  // from the back, so earlier indices stay put
+    for (const size_t i : at) {
+      actions[i].kind = ActionKind::kBackwardInput;
+      actions.insert(actions.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                     Action{ActionKind::kBackwardWeight, actions[i].stage, actions[i].microbatch});
+    }
+  }
+  return split;
+}
+
 std::string FormatActions(const Schedule& schedule) {
   std::string text;
   for (size_t rank = 0; rank < schedule.ranks.size(); ++rank) {

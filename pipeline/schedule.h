@@ -134,6 +134,17 @@ Schedule MakeSchedule(const std::string& name, const PipelineShape& shape);
 // of one round waits for another's. A compute-only schedule in, a compute-only schedule out.
 Schedule RepeatRounds(const Schedule& schedule, int rounds);
 
+// The drain's input gradient sent before the weight gradients: on every stage whose input comes
+// from another rank, its last backward, where that is a whole B with a forward just before it on
+// its rank (1F1B's last stage: F then B), becomes I then W. The rank before it, one backward
+// behind and with only its own last backward left, waits for that forward and the whole B; with
+// the split it starts once I is done, while this rank makes its weight gradients. Where backwards
+// run back to back (GPipe, 1F1B's middle stages) the receiver is still busy when the gradient
+// comes, and a split would only hold the weights' output gradients from I to W. Schedules already
+// split (zero bubble) and stages whose input is a local handoff are left as they are.
+// A compute-only schedule in, a compute-only schedule out; one round (RepeatRounds after it).
+Schedule SplitDrainBackwards(const Schedule& schedule);
+
 // One line per rank: "rank 0: 0F0 0SEND_F0 0F1 ...".
 std::string FormatActions(const Schedule& schedule);
 

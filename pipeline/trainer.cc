@@ -30,12 +30,17 @@ std::atomic<int64_t> g_schedules_built{0};
 
 int64_t SchedulesBuilt() { return g_schedules_built.load(); }
 
+Schedule TrainerRound(const std::string& schedule, const PipelineShape& round) {
+  Schedule named = ScheduleByName(schedule, round);
+  return schedule.rfind("csv:", 0) == 0 ? named : SplitDrainBackwards(named);
+}
+
 std::optional<Schedule> LoweredScheduleWithin(const PipelineConfig& config, int64_t budget) {
   ++g_schedules_built;
   TORCH_CHECK(config.accumulation >= 1 && config.microbatches % config.accumulation == 0, "microbatches ",
               config.microbatches, " are not ", config.accumulation, " rounds of the same count");
   const PipelineShape round{config.world_size, config.virtual_stages, config.microbatches / config.accumulation};
-  return LowerScheduleWithin(RepeatRounds(ScheduleByName(config.schedule, round), config.accumulation), budget,
+  return LowerScheduleWithin(RepeatRounds(TrainerRound(config.schedule, round), config.accumulation), budget,
                              SeamsFor(config, 0).post_receives_first);
 }
 

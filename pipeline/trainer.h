@@ -35,6 +35,12 @@ namespace pipecheck::pipeline {
 constexpr int kTimedSamples = 20;
 constexpr double kTimingBudgetMs = 3000.0;
 
+// One round of the schedule pipecheck's trainer runs for `schedule` (a generator's name or
+// csv:FILE): a generator's lists with the drain's last backwards split (SplitDrainBackwards), so
+// each stage's last input gradient leaves before its weight gradients are made; a CSV file's
+// lists as written.
+Schedule TrainerRound(const std::string& schedule, const PipelineShape& round);
+
 // The validated, lowered schedule every rank of this configuration runs: its accumulation
 // rounds of the named schedule, one after another.
 Schedule BuildSchedule(const PipelineConfig& config);

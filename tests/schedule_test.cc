@@ -513,6 +513,96 @@ TEST(Schedule, ReceivesArePostedBeforeSendsAndTheComputeAheadOfThem) {
             std::string::npos);
 }
 
+TEST(Schedule, TheDrainsLastBackwardsSendTheirInputGradientBeforeTheWeights) {
+  // 1F1B on two ranks: rank 1's last backward becomes I, its send, then W; nothing else moves.
+  const Schedule split = pipeline::SplitDrainBackwards(pipeline::OneFOneBSchedule({2, 1, 4}));
+  const std::string text = pipeline::FormatActions(pipeline::AddCommunication(split));
+  EXPECT_NE(text.find("rank 0: 0F0 0SEND_F0 0RECV_B0 0F1 0SEND_F1 0B0 0RECV_B1 0F2 0SEND_F2 0B1"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("1F3 1I3 1SEND_B3 1W3\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("1B3"), std::string::npos) << text;
+  EXPECT_EQ(text.find("0I"), std::string::npos) << text;  // stage 0 sends no input gradient
+
+  // Every stage with a remote input, and only its last backward where that is a whole B with a
+  // forward just before it, on every generator; the zero-bubble schedules (already split) and a
+  // V's local handoff at its bottom stay as they are.
+  for (const std::string name : {"gpipe", "1f1b", "interleaved", "zbh1", "zbv", "dualpipev", "loopedbfs"}) {
+    const auto* info = pipeline::FindSchedule(name);
+    ASSERT_NE(info, nullptr) << name;
+    const PipelineShape shape{4, info->default_virtual_stages, 8};
+    const Schedule whole = pipeline::MakeSchedule(name, shape);
+    const Schedule drained = pipeline::SplitDrainBackwards(whole);
+    EXPECT_EQ(RejectionOf(pipeline::LowerSchedule(drained)), "") << name;
+    for (int r = 0; r < shape.ranks; ++r) {
+      std::map<int, Action> last;      // stage -> its last backward (B or I) before the split
+      std::map<int, bool> after_f;     // stage -> whether a forward runs just before it
+      bool previous_forward = false;
+      for (const Action& a : whole.ranks[r]) {
+        if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) {
+          last[a.stage] = a;
+          after_f[a.stage] = previous_forward;
+        }
+        previous_forward = a.kind == ActionKind::kForward;
+      }
+      std::vector<Action> expected;
+      for (const Action& a : whole.ranks[r]) {
+        const bool remote = a.stage > 0 && shape.RankOfStage(a.stage - 1) != r;
+        if (a.kind == ActionKind::kBackward && remote && last.at(a.stage) == a && after_f.at(a.stage)) {
+          expected.push_back({ActionKind::kBackwardInput, a.stage, a.microbatch});
+          expected.push_back({ActionKind::kBackwardWeight, a.stage, a.microbatch});
+        } else {
+          expected.push_back(a);
+        }
+      }
+      EXPECT_EQ(pipeline::FormatActions(Schedule{name, shape, {drained.ranks[r]}}),
+                pipeline::FormatActions(Schedule{name, shape, {expected}}))
+          << name << " rank " << r;
+    }
+    // With I + W = B, never a longer step; shorter where the drain's receiver waits (1F1B's last
+    // stage runs F then B while the stage before it runs one B). Splitting every stage's last B
+    // gains nothing more: where backwards run back to back the receiver is busy when the
+    // gradient comes.
+    const pipeline::CostModel costs{1.0, 2.0, 1.0, 1.0, {}};
+    const auto makespan = [&](const Schedule& schedule) {
+      return pipeline::Simulate(pipeline::LowerSchedule(schedule), pipeline::SendSemantics::kBuffered, costs).makespan;
+    };
+    Schedule every = whole;
+    for (int r = 0; r < shape.ranks; ++r) {
+      std::map<int, size_t> last;
+      for (size_t i = 0; i < every.ranks[r].size(); ++i) {
+        const Action& a = every.ranks[r][i];
+        if ((a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) && a.stage > 0 &&
+            shape.RankOfStage(a.stage - 1) != r) {
+          last[a.stage] = i;
+        }
+      }
+      std::vector<size_t> at;
+      for (const auto& [stage, i] : last) {
+        if (every.ranks[r][i].kind == ActionKind::kBackward) at.push_back(i);
+      }
+      std::sort(at.rbegin(), at.rend());
+      for (const size_t i : at) {
+        every.ranks[r][i].kind = ActionKind::kBackwardInput;
+        every.ranks[r].insert(every.ranks[r].begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                              Action{ActionKind::kBackwardWeight, every.ranks[r][i].stage, every.ranks[r][i].microbatch});
+      }
+    }
+    EXPECT_LE(makespan(drained), makespan(whole)) << name;
+    EXPECT_EQ(makespan(drained), makespan(every)) << name;
+    if (name == "1f1b") {
+      EXPECT_EQ(makespan(drained), makespan(whole) - 1) << name;
+    }
+  }
+  for (const int p : {2, 3, 8}) {
+    const pipeline::CostModel costs{1.0, 2.0, 1.0, 1.0, {}};
+    const Schedule whole = pipeline::OneFOneBSchedule({p, 1, 2 * p});
+    EXPECT_EQ(pipeline::Simulate(pipeline::LowerSchedule(pipeline::SplitDrainBackwards(whole)),
+                                 pipeline::SendSemantics::kBuffered, costs).makespan,
+              pipeline::Simulate(pipeline::LowerSchedule(whole), pipeline::SendSemantics::kBuffered, costs).makespan - 1)
+        << p;
+  }
+}
+
 TEST(Schedule, UnknownNameAndVirtualStagesAreRejected) {
   EXPECT_THROW(pipeline::MakeSchedule("zigzag", {2, 1, 4}), pipeline::ScheduleError);
   EXPECT_THROW(pipeline::MakeSchedule("1f1b", {2, 2, 4}), pipeline::ScheduleError);
