@@ -22,6 +22,7 @@
 #include "harness/run_directory.h"
 #include "harness/scenario_model.h"
 #include "pipeline/rank_result.h"
+#include "pipeline/schedule_name.h"
 #include "pipeline/stage.h"
 #include "reference/data.h"
 #include "reference/fingerprint.h"
@@ -54,8 +55,8 @@ nlohmann::json ConfigJson(const scenarios::Scenario& scenario, const pipeline::P
   for (const auto& [column, value] : scenarios::ColumnValues(effective)) config["scenario"][column] = value;
   config["name"] = scenario.name;
   config["schedule"] = scenario.schedule_written.empty() ? scenario.schedule : scenario.schedule_written;
-  if (scenario.schedule.rfind("csv:", 0) == 0) {
-    config["schedule_csv"] = fs::absolute(scenario.schedule.substr(4)).string();
+  if (const auto path = pipeline::ScheduleCsvPath(scenario.schedule)) {
+    config["schedule_csv"] = fs::absolute(*path).string();
   }
   config["world_size"] = scenario.world_size;
   config["virtual_stages"] = scenario.virtual_stages;

@@ -24,6 +24,7 @@
 #include "harness/scenario_model.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "pipeline/schedule_name.h"
 #include "pipeline/stage.h"
 #include "pipeline/trainer.h"
 #include "reports/csv.h"
@@ -66,7 +67,7 @@ std::string PartitionLabel(const std::string& partition) {
 }
 
 std::string Label(const Scenario& s, const Scenario& base, const std::string& partition_label) {
-  std::string label = fmt::format("ws{}.{}", s.world_size, s.schedule.rfind("csv:", 0) == 0 ? "csv" : s.schedule);
+  std::string label = fmt::format("ws{}.{}", s.world_size, pipeline::IsScheduleCsv(s.schedule) ? "csv" : s.schedule);
   if (s.virtual_stages > 1) label += fmt::format(".v{}", s.virtual_stages);
   label += "." + partition_label;
   if (s.microbatches != base.microbatches) label += fmt::format(".m{}", s.microbatches);

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "pipeline/message.h"
+#include "pipeline/schedule_name.h"
 
 namespace pipecheck::pipeline {
 
@@ -325,7 +326,7 @@ class CsvImport {
 }  // namespace
 
 Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const PipelineShape& shape) {
-  Schedule schedule = EmptySchedule("csv:" + file, shape, /*virtual_stages_allowed=*/true);
+  Schedule schedule = EmptySchedule(ScheduleCsvName(file), shape, /*virtual_stages_allowed=*/true);
   const std::vector<std::string> rows = CsvRows(text);
   if (static_cast<int>(rows.size()) != shape.ranks) {
     throw ScheduleError(fmt::format("{}: {} rows, but the scenario has {} ranks (one row per rank)", file, rows.size(),
@@ -344,14 +345,13 @@ Schedule ScheduleFromCsv(const std::string& text, const std::string& file, const
 }
 
 Schedule ScheduleByName(const std::string& name, const PipelineShape& shape) {
-  const std::string prefix = "csv:";
-  if (name.rfind(prefix, 0) != 0) return MakeSchedule(name, shape);
-  const std::string path = name.substr(prefix.size());
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw ScheduleError(fmt::format("{}: cannot open schedule CSV: {}", path, std::strerror(errno)));
+  const auto path = ScheduleCsvPath(name);
+  if (!path) return MakeSchedule(name, shape);
+  std::ifstream stream(*path, std::ios::binary);
+  if (!stream) throw ScheduleError(fmt::format("{}: cannot open schedule CSV: {}", *path, std::strerror(errno)));
   std::stringstream text;
   text << stream.rdbuf();
-  return ScheduleFromCsv(text.str(), path, shape);
+  return ScheduleFromCsv(text.str(), *path, shape);
 }
 
 }  // namespace pipecheck::pipeline

@@ -20,6 +20,7 @@
 #include "pipeline/lowering.h"
 #include "pipeline/message.h"
 #include "pipeline/schedule_csv.h"
+#include "pipeline/schedule_name.h"
 #include "reference/host_memory.h"
 
 namespace pipecheck::pipeline {
@@ -32,7 +33,7 @@ int64_t SchedulesBuilt() { return g_schedules_built.load(); }
 
 Schedule TrainerRound(const std::string& schedule, const PipelineShape& round) {
   Schedule named = ScheduleByName(schedule, round);
-  return schedule.rfind("csv:", 0) == 0 ? named : SplitDrainBackwards(named);
+  return IsScheduleCsv(schedule) ? named : SplitDrainBackwards(named);
 }
 
 std::optional<Schedule> LoweredScheduleWithin(const PipelineConfig& config, int64_t budget) {

@@ -24,6 +24,7 @@
 #include <sstream>
 #include <utility>
 
+#include "pipeline/schedule_name.h"
 #include "scenarios/dtypes.h"
 
 namespace pipecheck::scenarios {
@@ -369,9 +370,8 @@ std::vector<Column> LayoutColumns() {
       IntegerColumn("world_size", &Scenario::world_size, 1, kMaxWorldSize).Means("ranks of one pipeline").InSummary(),
       TextColumn("schedule",
                  [](Scenario& s, const std::string& v) {
-                   const std::string prefix = "csv:";
-                   if (v.rfind(prefix, 0) == 0) {
-                     if (v.size() == prefix.size()) throw ValueProblem{"csv: needs the schedule file's path, as csv:PATH"};
+                   if (const auto path = pipeline::ScheduleCsvPath(v)) {
+                     if (path->empty()) throw ValueProblem{"csv: needs the schedule file's path, as csv:PATH"};
                      s.schedule = v;  // resolved against the suite's folder once the row is read
                    } else {
                      s.schedule = ParseChoice(v, CurrentVocabulary()->schedules);
@@ -742,7 +742,7 @@ void CheckVirtualStages(Scenario& s, unsigned line, const Locator& at) {
     }
     s.virtual_stages = rule->fixed_virtual_stages;
   }
-  const bool several = s.schedule.rfind("csv:", 0) == 0 || (rule != rules.end() && rule->several_stages_per_rank);
+  const bool several = pipeline::IsScheduleCsv(s.schedule) || (rule != rules.end() && rule->several_stages_per_rank);
   if (s.virtual_stages > 1 && !several) {
     std::vector<std::string> allowing;
     for (const auto& r : rules) {
@@ -917,11 +917,10 @@ void CheckResume(Scenario& s, unsigned line, const Locator& at) {
         virtual_stages_given = virtual_stages_given || column == "virtual_stages";
         if (column == "schedule") {  // csv:PATH, relative to the suite file as the row's own
           layout.schedule_written = layout.schedule;
-          const std::string prefix = "csv:";
-          const std::filesystem::path path = layout.schedule.rfind(prefix, 0) == 0 ? layout.schedule.substr(prefix.size()) : "";
+          const std::filesystem::path path = pipeline::ScheduleCsvPath(layout.schedule).value_or("");
           if (!path.empty() && path.is_relative()) {
             const std::string file = s.source.substr(0, s.source.rfind(':'));
-            layout.schedule = prefix + (std::filesystem::path(file).parent_path() / path).string();
+            layout.schedule = pipeline::ScheduleCsvName((std::filesystem::path(file).parent_path() / path).string());
           }
         }
         resume.settings.emplace_back(column, value);
@@ -994,11 +993,12 @@ Scenario ParseRow(const std::array<std::string, kColumnCount>& cells, const Head
       throw at.At(line, column, cells[i], problem.what);
     }
   }
-  const std::string prefix = "csv:";
   scenario.schedule_written = scenario.schedule;
-  if (scenario.schedule.rfind(prefix, 0) == 0) {
-    const std::filesystem::path path = scenario.schedule.substr(prefix.size());
-    if (path.is_relative()) scenario.schedule = prefix + (std::filesystem::path(file).parent_path() / path).string();
+  if (const auto written = pipeline::ScheduleCsvPath(scenario.schedule)) {
+    const std::filesystem::path path = *written;
+    if (path.is_relative()) {
+      scenario.schedule = pipeline::ScheduleCsvName((std::filesystem::path(file).parent_path() / path).string());
+    }
   }
   const std::string external = "external:";
   if (scenario.trainer.rfind(external, 0) == 0) {
@@ -1100,8 +1100,9 @@ std::string Configuration(const Scenario& scenario) {
     const std::string value = column.format(scenario);
     if (column.configuration == InConfiguration::kUnlessDefault && value == column.format(defaults)) continue;
     std::string shown = value;
-    if (column.name == "schedule" && scenario.schedule.rfind("csv:", 0) == 0) {
-      std::ifstream stream(scenario.schedule.substr(4), std::ios::binary);
+    const auto schedule_file = pipeline::ScheduleCsvPath(scenario.schedule);
+    if (column.name == "schedule" && schedule_file) {
+      std::ifstream stream(*schedule_file, std::ios::binary);
       std::stringstream contents;
       contents << stream.rdbuf();
       shown = fmt::format("{}#{}", scenario.schedule_written.empty() ? value : scenario.schedule_written,

@@ -10,6 +10,7 @@
 
 #include "harness/schedule_command.h"
 #include "pipeline/schedule.h"
+#include "pipeline/schedule_name.h"
 
 namespace pipecheck::cli {
 
@@ -20,7 +21,7 @@ CLI::Validator ScheduleName() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
         const auto& names = pipeline::ScheduleNames();
-        if (value.rfind("csv:", 0) == 0 && value.size() > 4) return "";
+        if (const auto path = pipeline::ScheduleCsvPath(value); path && !path->empty()) return "";
         if (std::find(names.begin(), names.end(), value) != names.end()) return "";
         return fmt::format("{} is not a schedule: expected one of {} or csv:PATH", value, fmt::join(names, ", "));
       },
