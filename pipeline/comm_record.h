@@ -49,6 +49,7 @@ class RecordingTransport : public Transport {
   int world_size() const override { return inner_.world_size(); }
   std::string name() const override { return inner_.name(); }
   void OpenChannels(const std::vector<std::pair<int, int>>& channels) override { inner_.OpenChannels(channels); }
+  torch::Tensor SendBuffer(const torch::Tensor& like) override { return inner_.SendBuffer(like); }
   std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
                                     const std::optional<MessageShape>& announced) override;
   std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,

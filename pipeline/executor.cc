@@ -585,9 +585,9 @@ void Executor::SendForward(const Action& action, StepState& state) {
   auto& output = Waiting(state.outputs, {action.stage, action.microbatch}, "output", transport_.rank());
   IssueSend(output.detach(), MessageOf(action), state);
   if (config_.recompute) {
-    output = torch::Tensor();  // the backward makes it again; the send's buffer keeps it until it has left
+    output = torch::Tensor();  // the backward makes it again; the send holds the data (on Gloo a copy)
   } else {
-    ReleaseOutputData(output);  // the send's buffer keeps the data alive only until it has left
+    ReleaseOutputData(output);  // the send holds the data until it has left (on Gloo a copy)
   }
 }
 
@@ -617,6 +617,13 @@ void Executor::Probe(const torch::Tensor& tensor, Direction direction, int stage
 // schedule the simulator accepts under rendezvous semantics.
 void Executor::IssueSend(const torch::Tensor& tensor, const Message& message, StepState& state) {
   const int peer = ReceiverRank(schedule_.shape, message);
+  // The receiver posted the planned shape (a longer message would not fit its buffer): say so
+  // here, at the sender, by name.
+  const MessageShape planned = PlannedMessage(message.microbatch, state);
+  TORCH_CHECK(tensor.scalar_type() == planned.dtype && tensor.sizes().vec() == planned.sizes, "rank ",
+              transport_.rank(), ": the ", message.ToString(), " is ",
+              MessageShape{tensor.scalar_type(), tensor.sizes().vec()}.ToString(), " but the plan expects ",
+              planned.ToString());
   Probe(tensor, message.direction, message.stage, message.microbatch, BoundaryRole::kSent, peer, state);
   auto& in_flight = state.sends[{peer, message.direction}];
   if (in_flight) in_flight->Wait();

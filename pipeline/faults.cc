@@ -253,15 +253,17 @@ class DoubleGradScaling : public Fault {
 };
 
 // send_buffer_reuse: an activation goes out through a staging buffer that is overwritten at once
-// (as a pool handing it back early would), so the peer gets whatever it holds then. A race with
-// the transport's own thread, as the bug is: a message that left before the overwrite arrives
-// whole, so the first one caught may be in any step (seen at step 1 in one run of many).
+// (as a pool handing it back early would), so the peer gets whatever it holds then. The buffer is
+// the transport's own (SendBuffer: sent without a copy), so this is a race with the transport's
+// thread, as the bug is: a message that left before the overwrite arrives whole, so the first one
+// caught may be in any step (seen at step 1 in one run of many).
 class SendBufferReuse : public Fault {
  public:
   using Fault::Fault;
   std::unique_ptr<PendingSend> Send(Transport& inner, const torch::Tensor& tensor, int peer, int tag) override {
     if (!IsActivation(tag)) return inner.Send(tensor, peer, tag, std::nullopt);
-    auto buffer = tensor.clone();  // (b, t, hidden)
+    auto buffer = inner.SendBuffer(tensor);  // (b, t, hidden)
+    buffer.copy_(tensor);
     auto pending = inner.Send(buffer, peer, tag, std::nullopt);
     buffer.zero_();
     return pending;

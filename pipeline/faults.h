@@ -111,6 +111,7 @@ class FaultyTransport : public Transport {
   std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
                                     const std::optional<MessageShape>& expected) override;
   void OpenChannels(const std::vector<std::pair<int, int>>& channels) override { inner_.OpenChannels(channels); }
+  torch::Tensor SendBuffer(const torch::Tensor& like) override { return inner_.SendBuffer(like); }
   std::vector<double> AllGather(double value) override { return inner_.AllGather(value); }
   void Barrier() override { inner_.Barrier(); }
   void CheckReceived() override { inner_.CheckReceived(); }

@@ -463,19 +463,20 @@ class RankWalk {
     return slice.end_layer == slice.first_layer && !slice.has_embedding && !slice.has_head;
   }
 
-  // A receive is posted with its payload buffer.
+  // A receive is posted with its buffer: the header and the planned payload (one buffer on Gloo).
   void Receive(const Action& a) {
     held_ += MessageBytes(a.microbatch) + kMessageHeaderBytes;
     Reach(held_);
   }
 
-  // The received buffer (counted at RECV) becomes the stage's input; its header goes.
+  // The received buffer (counted at RECV) is copied out as the stage's input and goes.
   void Forward(const Action& a) {
     const auto& slice = slices_[a.stage];
     const int mb = a.microbatch;
     const int64_t b = parts_[mb].sequences, t = parts_[mb].time, tokens = parts_[mb].tokens;
     const Input input = InputOf(a.stage, mb);
     const bool remote_input = input == Input::kReceived;
+    if (remote_input) Reach(held_ + MessageBytes(mb));
     // Recomputation keeps the input alone (a received one; the tokens and a local input are held
     // anyway) and builds no graph: its forward holds only what one op at a time makes.
     const int64_t kept = recompute_ ? (input == Input::kReceived ? MessageBytes(mb) : 0) : Retained(z_, slice, input, b, t, tokens);
@@ -500,8 +501,9 @@ class RankWalk {
     Reach(held_ + ForwardTransient(z_, slice, b, t, tokens));
   }
 
-  // The previous message to this peer and direction has left; the data now belongs to the send
-  // (a passthrough's output is its input, still held).
+  // The previous message to this peer and direction has left; the data is copied into the send's
+  // buffer (its header and payload) and the tensor goes, unless it is a passthrough's output: its
+  // input, still held.
   void Send(const Action& a) {
     const int mb = a.microbatch;
     const bool forward = a.kind == ActionKind::kSendForward;
@@ -509,14 +511,10 @@ class RankWalk {
     const SendKey key{PeerOf(shape_, a), static_cast<int>(a.kind)};
     auto& buffer = in_flight_[key];
     held_ -= buffer;
+    buffer = MessageBytes(mb) + kMessageHeaderBytes;
+    Reach(held_ + buffer);  // the copy, beside the tensor it copies
     const int64_t moved = forward && passthrough ? 0 : MessageBytes(mb);
-    buffer = moved + kMessageHeaderBytes;
-    if (forward && passthrough) {
-      shared_input_[key] = {a.stage, mb};
-    } else {
-      shared_input_.erase(key);
-    }
-    held_ += kMessageHeaderBytes;
+    held_ += buffer - moved;
     if (forward) {
       retained_[{a.stage, mb}] -= moved;
     } else {
@@ -538,9 +536,14 @@ class RankWalk {
     // the loss (the head).
     const bool remote_gradient = InputMessage(shape_, {ActionKind::kBackwardInput, a.stage, mb}).has_value();
     const bool local_gradient = a.stage + 1 < shape_.stages() && !remote_gradient && !slice.has_head;
-    const int64_t gradient_in = remote_gradient ? MessageBytes(mb) + kMessageHeaderBytes : 0;
+    // A received gradient is copied out of its buffer (header and payload), which goes.
+    if (remote_gradient && input_part) {
+      Reach(held_ + MessageBytes(mb));
+      held_ -= kMessageHeaderBytes;
+    }
+    const int64_t gradient_in = remote_gradient ? MessageBytes(mb) : 0;
     // A passthrough hands its output gradient on as its input gradient.
-    const int64_t input_gradient = a.stage == 0 ? 0 : passthrough ? -kMessageHeaderBytes : MessageBytes(mb);
+    const int64_t input_gradient = a.stage == 0 || passthrough ? 0 : MessageBytes(mb);
     // Stage 0's I has no input gradient to compute, and an empty stage nothing at all (its W
     // recomputes nothing either): they run nothing.
     const bool runs = !passthrough && (a.kind != ActionKind::kBackwardInput || a.stage > 0);
@@ -587,18 +590,12 @@ class RankWalk {
   void InputPart(const Action& a, bool passthrough, bool local_gradient, int64_t gradient_in, int64_t input_gradient) {
     const StageMicrobatch here{a.stage, a.microbatch};
     held_ += input_gradient;
-    if (a.stage > 0) pending_grad_[here] = passthrough ? gradient_in - kMessageHeaderBytes : input_gradient;
+    if (a.stage > 0) pending_grad_[here] = passthrough ? gradient_in : input_gradient;
     if (a.kind != ActionKind::kBackwardInput) return;
     if (passthrough) {
-      // An empty stage's W runs nothing and keeps nothing: its input goes at I, unless the send of
-      // its output (the same tensor) still holds it until the next send.
-      const SendKey send_key{shape_.RankOfStage(a.stage + 1), static_cast<int>(ActionKind::kSendForward)};
-      const auto shared = shared_input_.find(send_key);
-      if (shared != shared_input_.end() && shared->second == here) {
-        in_flight_[send_key] += retained_[here];
-      } else {
-        held_ -= retained_[here];
-      }
+      // An empty stage's W runs nothing and keeps nothing: its input goes at I (the send of its
+      // output, the same tensor, copied it).
+      held_ -= retained_[here];
       retained_.erase(here);
     }
     // What W still needs: the graph, the output gradient (and W recomputes the input's).
@@ -650,7 +647,6 @@ class RankWalk {
   std::map<StageMicrobatch, int64_t> pending_grad_;      // input gradient waiting for SEND_B (or the next stage)
   std::map<StageMicrobatch, int64_t> held_for_weight_;   // I done: output gradients kept for W
   std::map<SendKey, int64_t> in_flight_;                 // send buffer bytes per (peer, direction)
-  std::map<SendKey, StageMicrobatch> shared_input_;      // an empty stage's forward send shares its input
 };
 
 // After the actions: clipping takes each gradient's squared sum in float64 (a tied weight's two

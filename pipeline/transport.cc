@@ -1,4 +1,4 @@
-// Header-then-payload P2P over c10d Gloo (see transport.h).
+// Header-and-payload P2P over c10d Gloo (see transport.h).
 #include "pipeline/transport.h"
 
 #include <arpa/inet.h>
@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <c10/util/Logging.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
@@ -33,15 +34,32 @@ MessageHeader ReadHeader(const torch::Tensor& header, int peer) {
                        std::vector<int64_t>(values.data() + 3, values.data() + 3 + dims)}};
 }
 
-torch::Tensor MakeHeader(int tag, const MessageShape& shape) {
+namespace {
+
+// The header's fields into `fields` (kMessageHeaderBytes of them, unused sizes zero).
+void WriteHeader(int64_t* fields, int tag, const MessageShape& shape) {
   const int64_t dims = static_cast<int64_t>(shape.sizes.size());
   TORCH_CHECK(dims <= kMaxMessageDims, "cannot send a tensor of ", dims, " dimensions (at most ", kMaxMessageDims, ")");
-  auto header = torch::zeros({kMessageHeaderBytes / 8}, torch::kInt64);
-  auto values = header.accessor<int64_t, 1>();
-  values[0] = tag;
-  values[1] = static_cast<int64_t>(shape.dtype);
-  values[2] = dims;
-  for (int64_t d = 0; d < dims; ++d) values[3 + d] = shape.sizes[d];
+  std::fill(fields, fields + kMessageHeaderBytes / 8, int64_t{0});
+  fields[0] = tag;
+  fields[1] = static_cast<int64_t>(shape.dtype);
+  fields[2] = dims;
+  for (int64_t d = 0; d < dims; ++d) fields[3 + d] = shape.sizes[d];
+}
+
+// Pipeline messages (activations, gradients) travel whole: header and payload in one buffer,
+// received into the planned shape. The rest (the tied gradient, results) as a header, then the
+// payload the header sized.
+bool TravelsWhole(int tag) {
+  const Direction direction = DecodeTag(tag).direction;
+  return direction == Direction::kActivation || direction == Direction::kGradient;
+}
+
+}  // namespace
+
+torch::Tensor MakeHeader(int tag, const MessageShape& shape) {
+  auto header = torch::empty({kMessageHeaderBytes / 8}, torch::kInt64);
+  WriteHeader(header.data_ptr<int64_t>(), tag, shape);
   return header;
 }
 
@@ -77,6 +95,33 @@ namespace {
 constexpr int kHeaderTag = 0;
 constexpr int kPayloadTag = 1;
 
+int64_t PayloadBytes(const MessageShape& shape) {
+  return static_cast<int64_t>(c10::elementSize(shape.dtype)) * c10::multiply_integers(shape.sizes);
+}
+
+// A message's whole buffer: the header's bytes, then the payload's, one uint8 CPU tensor.
+torch::Tensor WholeBuffer(int64_t payload_bytes, bool pinned) {
+  return torch::empty({kMessageHeaderBytes + payload_bytes},
+                      torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pinned));
+}
+
+// The payload part of a whole buffer, as a tensor of `shape` (a view: no copy).
+torch::Tensor PayloadOf(const torch::Tensor& whole, const MessageShape& shape) {
+  return whole.narrow(0, kMessageHeaderBytes, whole.numel() - kMessageHeaderBytes).view(shape.dtype).view(shape.sizes);
+}
+
+// The whole buffer `tensor` is the payload of (SendBuffer's layout: a contiguous CPU tensor that
+// starts right after kMessageHeaderBytes of its storage and ends with it), or an undefined one.
+torch::Tensor WholeAround(const torch::Tensor& tensor) {
+  if (tensor.is_cuda() || !tensor.is_contiguous() || !tensor.has_storage()) return {};
+  const auto& storage = tensor.storage();
+  const int64_t offset = tensor.storage_offset() * static_cast<int64_t>(tensor.element_size());
+  const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+  if (offset != kMessageHeaderBytes || static_cast<int64_t>(storage.nbytes()) != kMessageHeaderBytes + bytes) return {};
+  return torch::empty({0}, tensor.options().dtype(torch::kUInt8))
+      .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
+}
+
 class GlooSend : public PendingSend {
  public:
   GlooSend(compat::WorkHandle header, compat::WorkHandle payload, std::vector<torch::Tensor> buffers)
@@ -98,12 +143,23 @@ class GlooRecv : public PendingRecv {
            const std::optional<MessageShape>& expected)
       : group_(std::move(group)), rank_(rank), peer_(peer), tag_(tag), device_(device), staged_(staged),
         expected_(expected) {
+    if (TravelsWhole(tag_)) {
+      // A pipeline message: one buffer of the header and the planned payload. A shorter message
+      // lands and fails the header's check; a longer one would abort Gloo, which the sender's plan
+      // check (the executor's) rules out.
+      TORCH_CHECK(expected_, "rank ", rank_, ": the receive of ", DescribeTag(tag_), " from rank ", peer_,
+                  " needs its planned shape (a pipeline message travels as one buffer of its header and payload)");
+      whole_ = {WholeBuffer(PayloadBytes(*expected_), staged_)};
+      header_ = group_->recv(whole_, peer_, kHeaderTag);
+      return;
+    }
     header_buffer_ = {torch::empty({kMessageHeaderBytes / 8}, torch::kInt64)};
     header_ = group_->recv(header_buffer_, peer_, kHeaderTag);
     if (expected_) PostPayload(expected_->dtype, expected_->sizes);
   }
 
   torch::Tensor Wait() override {
+    if (!whole_.empty()) return WaitWhole();
     header_->wait();
     const MessageHeader got = ReadHeader(header_buffer_[0], peer_);
     CheckHeader(got, peer_, rank_, tag_, expected_);
@@ -115,6 +171,18 @@ class GlooRecv : public PendingRecv {
   }
 
  private:
+  // The payload is copied out of the whole buffer, which goes at once: what the stage keeps is the
+  // payload alone, as a two-part message's is (staged: the device copy is the payload's own).
+  torch::Tensor WaitWhole() {
+    header_->wait();
+    const auto whole = std::move(whole_[0]);
+    whole_.clear();
+    const MessageHeader got = ReadHeader(whole.narrow(0, 0, kMessageHeaderBytes).view(torch::kInt64), peer_);
+    CheckHeader(got, peer_, rank_, tag_, expected_);
+    const auto payload = PayloadOf(whole, *expected_);
+    return device_.is_cpu() ? payload.clone() : payload.to(device_, /*non_blocking=*/staged_);
+  }
+
   void PostPayload(torch::ScalarType dtype, const std::vector<int64_t>& sizes) {
     payload_ = {torch::empty(sizes, torch::TensorOptions().dtype(dtype).pinned_memory(staged_))};
     if (payload_[0].numel() > 0) payload_work_ = group_->recv(payload_, peer_, kPayloadTag);
@@ -125,8 +193,8 @@ class GlooRecv : public PendingRecv {
   torch::Device device_;
   bool staged_;
   std::optional<MessageShape> expected_;
-  std::vector<torch::Tensor> header_buffer_, payload_;
-  compat::WorkHandle header_, payload_work_;
+  std::vector<torch::Tensor> header_buffer_, payload_, whole_;
+  compat::WorkHandle header_, payload_work_;  // header_: the whole message's, for a pipeline message
 };
 
 // gloo, and staged: CUDA tensors through pinned host memory.
@@ -143,8 +211,9 @@ class GlooTransport : public Transport {
                                     const std::optional<MessageShape>& announced) override {
     TORCH_CHECK(staged_ || !tensor.is_cuda(), "the gloo transport cannot send CUDA tensors (", DescribeTag(tag),
                 "): use staged or nccl");
-    std::vector<torch::Tensor> header = {
-        MakeHeader(tag, announced ? *announced : MessageShape{tensor.scalar_type(), tensor.sizes().vec()})};
+    const MessageShape stated = announced ? *announced : MessageShape{tensor.scalar_type(), tensor.sizes().vec()};
+    if (TravelsWhole(tag)) return SendWhole(tensor, peer, tag, stated);
+    std::vector<torch::Tensor> header = {MakeHeader(tag, stated)};
     torch::Tensor payload;
     if (tensor.is_cuda()) {
       // staged: copied out to pinned host memory now (the copy waits for the device's work on it).
@@ -158,6 +227,13 @@ class GlooTransport : public Transport {
     compat::WorkHandle payload_work;
     if (payload.numel() > 0) payload_work = group_->send(payloads, peer, kPayloadTag);
     return std::make_unique<GlooSend>(header_work, payload_work, std::vector<torch::Tensor>{header[0], payload});
+  }
+
+  // SendWhole's layout, so a tensor made here goes without a copy (pinned for staged).
+  torch::Tensor SendBuffer(const torch::Tensor& like) override {
+    if (like.is_cuda()) return torch::empty_like(like, torch::MemoryFormat::Contiguous);
+    const MessageShape shape{like.scalar_type(), like.sizes().vec()};
+    return PayloadOf(WholeBuffer(PayloadBytes(shape), staged_), shape);
   }
 
   std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
@@ -179,6 +255,24 @@ class GlooTransport : public Transport {
 
   void Barrier() override { group_->barrier()->wait(); }
 
+ private:
+  // A pipeline message goes as one Gloo message, its header and payload in one buffer: half the
+  // messages of a header and a payload apart, each a round of Gloo's ready notices between the
+  // two ranks. The payload is copied in, unless `tensor` is already the payload of such a buffer
+  // (SendBuffer's), whose header bytes are written in place.
+  std::unique_ptr<PendingSend> SendWhole(const torch::Tensor& tensor, int peer, int tag, const MessageShape& stated) {
+    torch::Tensor whole = WholeAround(tensor);
+    if (!whole.defined()) {
+      whole = WholeBuffer(static_cast<int64_t>(tensor.nbytes()), /*pinned=*/tensor.is_cuda());
+      if (tensor.numel() > 0) PayloadOf(whole, {tensor.scalar_type(), tensor.sizes().vec()}).copy_(tensor.detach());
+    }
+    WriteHeader(reinterpret_cast<int64_t*>(whole.data_ptr<uint8_t>()), tag, stated);
+    std::vector<torch::Tensor> buffer = {whole};
+    auto work = group_->send(buffer, peer, kHeaderTag);
+    return std::make_unique<GlooSend>(work, nullptr, std::vector<torch::Tensor>{whole});
+  }
+
+ public:
   // Gloo's ring all-reduce: each chunk is summed on one rank and copied to the others, so every
   // rank gets the same bits. CUDA tensors (staged) go through host memory.
   void AllReduceSum(torch::Tensor& tensor) override {

@@ -16,10 +16,12 @@
 //
 // Transports: gloo (CPU tensors), staged (CUDA tensors through pinned host memory over Gloo,
 // for ranks that share a GPU), nccl (CUDA tensors over c10d's ProcessGroupNCCL, one GPU per
-// rank; CPU tensors such as the final results still go over Gloo). A receiver that knows the
-// shape from its plan posts header and payload at once (the payload lands while it computes);
-// one that does not posts the payload once the header has told it the shape. Not a collective
-// library: only what the pipeline needs (a gather of one number per rank, a barrier).
+// rank; CPU tensors such as the final results still go over Gloo). On Gloo a pipeline message
+// (an activation or a gradient) goes as one buffer, header and payload, received into the shape
+// the receiver's plan gives (the payload lands while it computes) and copied out at its wait; the
+// tied gradient and the results, whose receivers plan no shape, go as a header and then the
+// payload the header sized. Not a collective library: only what the pipeline needs (a gather of
+// one number per rank, a barrier).
 #pragma once
 
 #include <torch/types.h>
@@ -75,6 +77,11 @@ class Transport {
   // header states the tensor's own dtype and shape, or `announced` (only a fault lies so).
   virtual std::unique_ptr<PendingSend> Send(const torch::Tensor& tensor, int peer, int tag,
                                             const std::optional<MessageShape>& announced) = 0;
+  // An empty contiguous tensor like `like` (dtype, shape, device) that Send sends without copying
+  // it; any other tensor is copied into such a buffer first (gloo, staged).
+  virtual torch::Tensor SendBuffer(const torch::Tensor& like) {
+    return torch::empty_like(like, torch::MemoryFormat::Contiguous);
+  }
   // Posts a receive of a message from `peer`; the result lands on `device`. With `expected`,
   // the payload's receive is posted now as well, and a message of another shape is an error.
   virtual std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,

@@ -116,6 +116,41 @@ TEST(TransportDiscipline, MessagesAreMatchedByOrderAndTheHeaderNamesThem) {
   send_b->Wait();
 }
 
+// A pipeline message goes as one buffer, received into the planned shape: a shorter one lands
+// and its header says what it is; a receive with no plan for it is refused. A plain tensor is
+// copied in at Send, so overwriting it then changes nothing; a SendBuffer tensor goes in place,
+// so what it holds when the message leaves (not before the receiver has posted: Gloo's ready
+// notice) is what arrives.
+TEST(TransportDiscipline, APipelineMessageTravelsWholeIntoItsPlannedShape) {
+  auto pair = ConnectPair();
+  const int tag = pipeline::MessageTag(pipeline::Direction::kGradient, 0, 2);
+  const pipeline::MessageShape planned{torch::kFloat32, {2, 3}};
+  auto short_send = pair.ranks[1]->Send(torch::ones({2, 2}), 0, tag, std::nullopt);
+  try {
+    pair.ranks[0]->Recv(1, tag, torch::kCPU, planned)->Wait();
+    FAIL() << "a message shorter than planned was accepted";
+  } catch (const c10::Error& error) {
+    const std::string message = error.what_without_backtrace();
+    EXPECT_NE(message.find("is float32 (2, 2) but the plan expects float32 (2, 3)"), std::string::npos) << message;
+  }
+  short_send->Wait();
+  EXPECT_THROW(pair.ranks[0]->Recv(1, tag, torch::kCPU, std::nullopt), c10::Error);
+
+  auto plain = torch::arange(6, torch::kFloat32).reshape({2, 3});
+  const auto expected = plain.clone();
+  auto copied = pair.ranks[1]->Send(plain, 0, tag, std::nullopt);
+  plain.zero_();
+  EXPECT_TRUE(torch::equal(pair.ranks[0]->Recv(1, tag, torch::kCPU, planned)->Wait(), expected));
+  copied->Wait();
+
+  auto buffer = pair.ranks[1]->SendBuffer(plain);
+  buffer.copy_(expected);
+  auto in_place = pair.ranks[1]->Send(buffer, 0, tag, std::nullopt);
+  buffer.fill_(7.0f);
+  EXPECT_TRUE(torch::equal(pair.ranks[0]->Recv(1, tag, torch::kCPU, planned)->Wait(), torch::full({2, 3}, 7.0f)));
+  in_place->Wait();
+}
+
 // The pairs that carry messages, from the schedule's sends and the tied sum: 1F1B on 3 ranks
 // talks to neighbours both ways; interleaved wraps from the last rank to the first; a tied
 // embedding adds the exchange between the first and last stage's ranks.
