@@ -48,8 +48,8 @@ void WriteHeader(int64_t* fields, int tag, const MessageShape& shape) {
 }
 
 // Pipeline messages (activations, gradients) travel whole: header and payload in one buffer,
-// received into the planned shape. The rest (the tied gradient, results) as a header, then the
-// payload the header sized.
+// received into the planned shape. The rest (results, whose receiver knows no shape, and the
+// tied gradient, one message a step) as a header, then the payload the header sized.
 bool TravelsWhole(int tag) {
   const Direction direction = DecodeTag(tag).direction;
   return direction == Direction::kActivation || direction == Direction::kGradient;
@@ -89,9 +89,10 @@ std::vector<std::pair<int, int>> ChannelsOfRank(const std::vector<std::pair<int,
 
 namespace {
 
-// c10d tags of the Gloo channels: every message between two ranks goes on the same two, header
-// and payload, so Gloo matches them by order as NCCL does (the message's own tag is checked in
-// its header).
+// c10d tags of the Gloo channels: every message between two ranks goes on the same one or two
+// (a pipeline message, header and payload in one buffer, on the first; any other, its header on
+// the first and its payload on the second), so Gloo matches them by order as NCCL does (the
+// message's own tag is checked in its header).
 constexpr int kHeaderTag = 0;
 constexpr int kPayloadTag = 1;
 

@@ -19,8 +19,8 @@
 // rank; CPU tensors such as the final results still go over Gloo). On Gloo a pipeline message
 // (an activation or a gradient) goes as one buffer, header and payload, received into the shape
 // the receiver's plan gives (the payload lands while it computes) and copied out at its wait; the
-// tied gradient and the results, whose receivers plan no shape, go as a header and then the
-// payload the header sized. Not a collective library: only what the pipeline needs (a gather of
+// results (whose receiver knows no shape) and the tied gradient (one message a step) go as a
+// header and then the payload the header sized. Not a collective library: only what the pipeline needs (a gather of
 // one number per rank, a barrier).
 #pragma once
 
@@ -83,7 +83,9 @@ class Transport {
     return torch::empty_like(like, torch::MemoryFormat::Contiguous);
   }
   // Posts a receive of a message from `peer`; the result lands on `device`. With `expected`,
-  // the payload's receive is posted now as well, and a message of another shape is an error.
+  // the payload's receive is posted now as well, and a message of another shape is an error. On
+  // Gloo an activation's or a gradient's receive needs `expected` (its buffer is sized by it) and
+  // throws without it.
   virtual std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
                                             const std::optional<MessageShape>& expected) = 0;
   // Called by every rank before the first message, with the same list everywhere: the ordered

@@ -9,8 +9,9 @@
 // peer (the simulator's kDeviceStreams). Channels are made, and their communicators set up by a
 // first message, before the first step and in one order on every rank (OpenChannels). Waiting for
 // a message makes the current stream wait for it: the host does not. Headers travel ahead of
-// payloads as on every transport; their tags and shapes are read off the device where the step's
-// work is done (CheckReceived), not per message, which would stall the host on every receive.
+// payloads as on every transport (on Gloo, in the same buffer for a pipeline message); their tags
+// and shapes are read off the device where the step's work is done (CheckReceived), not per
+// message, which would stall the host on every receive.
 // CPU tensors (the results sent to rank 0) go over a Gloo group; the clipping norm's gather and
 // the barrier go over the whole group's communicator.
 #include "pipeline/transport_parts.h"
