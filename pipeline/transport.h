@@ -20,8 +20,8 @@
 // (an activation or a gradient) goes as one buffer, header and payload, received into the shape
 // the receiver's plan gives (the payload lands while it computes) and copied out at its wait; the
 // results (whose receiver knows no shape) and the tied gradient (one message a step) go as a
-// header and then the payload the header sized. Not a collective library: only what the pipeline needs (a gather of
-// one number per rank, a barrier).
+// header and then the payload the header sized. Not a collective library: only what the
+// pipeline needs (a gather of one number per rank, a barrier).
 #pragma once
 
 #include <torch/types.h>

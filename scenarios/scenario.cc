@@ -1095,12 +1095,12 @@ std::string Fingerprint(const std::string& configuration) {
 std::string Configuration(const Scenario& scenario) {
   static const Scenario defaults;
   std::vector<std::string> pairs;
+  const auto schedule_file = pipeline::ScheduleCsvPath(scenario.schedule);
   for (const auto& column : Columns()) {
     if (column.configuration == InConfiguration::kNever) continue;
     const std::string value = column.format(scenario);
     if (column.configuration == InConfiguration::kUnlessDefault && value == column.format(defaults)) continue;
     std::string shown = value;
-    const auto schedule_file = pipeline::ScheduleCsvPath(scenario.schedule);
     if (column.name == "schedule" && schedule_file) {
       std::ifstream stream(*schedule_file, std::ios::binary);
       std::stringstream contents;
