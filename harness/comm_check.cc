@@ -20,8 +20,7 @@ bool SameMessage(const MessageRecord& a, const MessageRecord& b) {
 }
 
 bool Matches(const MessageRecord& got, const MessageRecord& planned) {
-  return SameMessage(got, planned) && got.shape.dtype == planned.shape.dtype && got.shape.sizes == planned.shape.sizes &&
-         got.bytes == planned.bytes;
+  return SameMessage(got, planned) && got.shape == planned.shape && got.bytes == planned.bytes;
 }
 
 // What kind of mismatch message `index` is, looking at the messages around it.

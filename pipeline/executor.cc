@@ -620,10 +620,9 @@ void Executor::IssueSend(const torch::Tensor& tensor, const Message& message, St
   // The receiver posted the planned shape (a longer message would not fit its buffer): say so
   // here, at the sender, by name.
   const MessageShape planned = PlannedMessage(message.microbatch, state);
-  TORCH_CHECK(tensor.scalar_type() == planned.dtype && tensor.sizes().vec() == planned.sizes, "rank ",
-              transport_.rank(), ": the ", message.ToString(), " is ",
-              MessageShape{tensor.scalar_type(), tensor.sizes().vec()}.ToString(), " but the plan expects ",
-              planned.ToString());
+  const MessageShape sent{tensor.scalar_type(), tensor.sizes().vec()};
+  TORCH_CHECK(sent == planned, "rank ", transport_.rank(), ": the ", message.ToString(), " is ", sent.ToString(),
+              " but the plan expects ", planned.ToString());
   Probe(tensor, message.direction, message.stage, message.microbatch, BoundaryRole::kSent, peer, state);
   auto& in_flight = state.sends[{peer, message.direction}];
   if (in_flight) in_flight->Wait();

@@ -69,7 +69,7 @@ void CheckHeader(const MessageHeader& got, int peer, int rank, int tag, const st
               ": messages between two ranks are matched by order, and the two ranks posted them in different orders");
   // A receive posted with the planned size would cut or hang on a message of another size, so
   // the header is the check.
-  TORCH_CHECK(!expected || (got.shape.dtype == expected->dtype && got.shape.sizes == expected->sizes),
+  TORCH_CHECK(!expected || got.shape == *expected,
               "message from rank ", peer, " (", DescribeTag(tag), ") is ", got.shape.ToString(),
               " but the plan expects ", expected ? expected->ToString() : std::string());
 }
@@ -230,11 +230,16 @@ class GlooTransport : public Transport {
     return std::make_unique<GlooSend>(header_work, payload_work, std::vector<torch::Tensor>{header[0], payload});
   }
 
-  // SendWhole's layout, so a tensor made here goes without a copy (pinned for staged).
+  // SendWhole's layout, so a tensor made here goes without a copy (pinned for staged). Its storage
+  // is recorded: only a recorded one is written in place (a view of someone else's storage can
+  // have the same layout, and its first bytes are not the transport's to overwrite).
   torch::Tensor SendBuffer(const torch::Tensor& like) override {
     if (like.is_cuda()) return torch::empty_like(like, torch::MemoryFormat::Contiguous);
     const MessageShape shape{like.scalar_type(), like.sizes().vec()};
-    return PayloadOf(WholeBuffer(PayloadBytes(shape), staged_), shape);
+    auto whole = WholeBuffer(PayloadBytes(shape), staged_);
+    ForgetFreedSendBuffers();
+    send_buffers_.push_back(whole.storage().getWeakStorageImpl());
+    return PayloadOf(whole, shape);
   }
 
   std::unique_ptr<PendingRecv> Recv(int peer, int tag, torch::Device device,
@@ -262,7 +267,7 @@ class GlooTransport : public Transport {
   // two ranks. The payload is copied in, unless `tensor` is already the payload of such a buffer
   // (SendBuffer's), whose header bytes are written in place.
   std::unique_ptr<PendingSend> SendWhole(const torch::Tensor& tensor, int peer, int tag, const MessageShape& stated) {
-    torch::Tensor whole = WholeAround(tensor);
+    torch::Tensor whole = FromSendBuffer(tensor) ? WholeAround(tensor) : torch::Tensor();
     if (!whole.defined()) {
       whole = WholeBuffer(static_cast<int64_t>(tensor.nbytes()), /*pinned=*/tensor.is_cuda());
       if (tensor.numel() > 0) PayloadOf(whole, {tensor.scalar_type(), tensor.sizes().vec()}).copy_(tensor.detach());
@@ -271,6 +276,21 @@ class GlooTransport : public Transport {
     std::vector<torch::Tensor> buffer = {whole};
     auto work = group_->send(buffer, peer, kHeaderTag);
     return std::make_unique<GlooSend>(work, nullptr, std::vector<torch::Tensor>{whole});
+  }
+
+  // Whether `tensor`'s storage is one SendBuffer made and is still alive.
+  bool FromSendBuffer(const torch::Tensor& tensor) {
+    if (send_buffers_.empty() || !tensor.has_storage()) return false;
+    ForgetFreedSendBuffers();
+    const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+    return std::any_of(send_buffers_.begin(), send_buffers_.end(),
+                       [&](const auto& made) { return made.lock().get() == storage; });
+  }
+
+  void ForgetFreedSendBuffers() {
+    send_buffers_.erase(std::remove_if(send_buffers_.begin(), send_buffers_.end(),
+                                       [](const auto& made) { return made.expired(); }),
+                        send_buffers_.end());
   }
 
  public:
@@ -288,6 +308,9 @@ class GlooTransport : public Transport {
   compat::GlooGroup group_;
   int rank_, size_;
   bool staged_;
+  // SendBuffer's storages, held weakly: a record lapses with its storage (and, held, its address
+  // cannot be reused by another storage while the record is kept).
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> send_buffers_;
 };
 
 // World size 1: no peers, so any send or receive is a bug in the caller.

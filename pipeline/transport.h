@@ -65,6 +65,8 @@ struct MessageShape {
   torch::ScalarType dtype = torch::kFloat32;
   std::vector<int64_t> sizes;
   std::string ToString() const;  // "float32 (2, 16, 64)"
+  bool operator==(const MessageShape& other) const { return dtype == other.dtype && sizes == other.sizes; }
+  bool operator!=(const MessageShape& other) const { return !(*this == other); }
 };
 
 class Transport {

@@ -120,7 +120,7 @@ TEST(TransportDiscipline, MessagesAreMatchedByOrderAndTheHeaderNamesThem) {
 // and its header says what it is; a receive with no plan for it is refused. A plain tensor is
 // copied in at Send, so overwriting it then changes nothing; a SendBuffer tensor goes in place,
 // so what it holds when the message leaves (not before the receiver has posted: Gloo's ready
-// notice) is what arrives.
+// notice) is what arrives. A tensor laid out as a SendBuffer one but made elsewhere is copied.
 TEST(TransportDiscipline, APipelineMessageTravelsWholeIntoItsPlannedShape) {
   auto pair = ConnectPair();
   const int tag = pipeline::MessageTag(pipeline::Direction::kGradient, 0, 2);
@@ -149,6 +149,19 @@ TEST(TransportDiscipline, APipelineMessageTravelsWholeIntoItsPlannedShape) {
   buffer.fill_(7.0f);
   EXPECT_TRUE(torch::equal(pair.ranks[0]->Recv(1, tag, torch::kCPU, planned)->Wait(), torch::full({2, 3}, 7.0f)));
   in_place->Wait();
+
+  // A look-alike: a view that starts a header's bytes into a storage of its own and ends with it
+  // has SendBuffer's layout, but the transport did not make it, so it is copied and the bytes
+  // before it (someone else's) stay as they were.
+  const int64_t header_floats = pipeline::kMessageHeaderBytes / 4;
+  auto storage = torch::full({header_floats + 6}, -1.0f);
+  auto look_alike = storage.narrow(0, header_floats, 6).view({2, 3});
+  look_alike.copy_(expected);
+  auto copied_again = pair.ranks[1]->Send(look_alike, 0, tag, std::nullopt);
+  look_alike.zero_();
+  EXPECT_TRUE(torch::equal(pair.ranks[0]->Recv(1, tag, torch::kCPU, planned)->Wait(), expected));
+  copied_again->Wait();
+  EXPECT_TRUE(torch::equal(storage.narrow(0, 0, header_floats), torch::full({header_floats}, -1.0f)));
 }
 
 // The pairs that carry messages, from the schedule's sends and the tied sum: 1F1B on 3 ranks
